@@ -1,0 +1,2 @@
+//! Placeholder until the bench suite lands in this commit series.
+fn main() {}

@@ -1,0 +1,72 @@
+//! `sandbox-core`: the domain of session-bound sandboxes — types, the error taxonomy, the ports
+//! adapters implement, and pure policy. No runtime and no I/O: other services depend on this
+//! crate and only the adapters they need, so its dependency list is an allow-list enforced by
+//! `cargo xtask tidy` (serde, thiserror, async-trait, time, event-listener).
+//!
+//! Map:
+//! - [`provider`]: [`SandboxType`] and [`Provider`].
+//! - [`error`]: [`Error`], [`ErrorKind`], [`ErrorCode`], [`Operation`]; [`diagnostics`] keeps
+//!   secrets out of error text.
+//! - [`ids`], [`path`], [`secret`]: validated identifiers, sandbox paths, credentials.
+//! - [`sandbox`], [`exec`], [`fs`], [`terminal`], [`template`]: provider DTOs.
+//! - [`capabilities`]: the declared capability set.
+//! - [`binding`]: binding key, binding schema v1, ownership metadata.
+//! - [`ownership`]: the runtime-free ownership token of the lifecycle lock.
+//! - [`ports`]: [`SandboxProvider`] and its capability traits, [`BindingStore`] and friends,
+//!   [`SessionExistence`], [`Bootstrapper`], [`ConfigLoader`].
+//! - [`config`]: named tenant configs, required fields, identity projection.
+//! - [`policy`]: shell quoting, workspace layout, skills, the script validator.
+//! - [`clock`]: injectable time.
+
+pub mod binding;
+pub mod capabilities;
+pub mod clock;
+pub mod config;
+pub mod diagnostics;
+pub mod error;
+pub mod exec;
+pub mod fs;
+pub mod ids;
+pub mod ownership;
+pub mod path;
+pub mod policy;
+pub mod ports;
+pub mod provider;
+pub mod sandbox;
+pub mod secret;
+pub mod template;
+pub mod terminal;
+pub mod timefmt;
+
+pub use binding::{BINDING_SCHEMA_VERSION, Binding, BindingKey, owner_metadata};
+pub use capabilities::{Capabilities, Capability};
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use config::{SandboxIdentity, TenantSandboxConfig};
+pub use error::{Error, ErrorCode, ErrorKind, Operation, Result, can_replace_binding};
+pub use exec::{Command, ExecRequest, ExecResult, ExecSpec, ExecTimeout, OutputHook, OutputStream};
+pub use fs::{DirEntry, EntryKind, StatEntry};
+pub use ids::{ConfigId, SandboxId, SessionId, SnapshotId, TemplateId, TenantId};
+pub use ownership::{OwnershipSource, OwnershipToken};
+pub use path::SandboxPath;
+pub use ports::provider::{
+    ConnectProbe, Desktop, KeepAlive, SandboxProvider, Snapshots, TemplateCatalog, Terminals,
+    narrow,
+};
+pub use ports::session::{
+    Bootstrapper, ConfigLoader, LoadedConfig, PermissiveSessionExistence, SessionExistence,
+};
+pub use ports::store::{
+    ActivityRegistry, BackgroundActivity, BindingStore, InvalidationReport, LifecycleLock,
+    LockRelease, RewindLock, RewindLocks, TurnLeases, TurnState,
+};
+pub use provider::{Provider, SandboxType};
+pub use sandbox::{
+    ConnectRequest, CreateRequest, IdleTimeout, ListFilter, Metadata, NetworkPolicy, SandboxHandle,
+    SandboxState, SandboxSummary, TimeoutAction, TimeoutPolicy, VolumeMount,
+};
+pub use secret::Secret;
+pub use template::{SnapshotRef, Template};
+pub use terminal::{
+    DesktopOptions, DesktopStream, Terminal, TerminalEvent, TerminalInput, TerminalOptions,
+    TerminalOutput, TerminalSize,
+};

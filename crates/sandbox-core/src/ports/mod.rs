@@ -1,0 +1,5 @@
+//! The ports (traits) adapters implement and the application layer consumes.
+
+pub mod provider;
+pub mod session;
+pub mod store;

@@ -1,0 +1,284 @@
+//! The provider port and its optional capability traits.
+//!
+//! Contract bullets carry a tag in brackets (e.g. `[delete.absent]`); the conformance suite in
+//! `sandbox-testkit` cites the tag of every bullet it checks.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::capabilities::Capabilities;
+use crate::error::Error;
+use crate::exec::{ExecRequest, ExecResult};
+use crate::fs::{DirEntry, StatEntry};
+use crate::ids::{SandboxId, SnapshotId};
+use crate::path::SandboxPath;
+use crate::provider::Provider;
+use crate::sandbox::{ConnectRequest, CreateRequest, ListFilter, SandboxHandle, SandboxSummary};
+use crate::template::{SnapshotRef, Template};
+use crate::terminal::{DesktopOptions, DesktopStream, Terminal, TerminalOptions};
+
+/// A sandbox backend (Docker engine, E2B, Cube, the test kit's fake).
+///
+/// General rules, for every method:
+/// - `[general.concurrency]` Safe for concurrent use from many tasks.
+/// - `[general.cancel]` Every call may be cancelled by dropping its future. A dropped call
+///   leaves nothing running that the adapter started *for the call itself* (an exec'd process
+///   is killed); a dropped [`create`](SandboxProvider::create) may leave a sandbox behind,
+///   which metadata recovery or the orphan reaper reclaims (so `create` must stamp the
+///   request's metadata before it can be observed).
+/// - `[general.errors]` Failures are [`Error`]s with the kind that describes them; in
+///   particular `not_found`/`terminal` only when the provider *proved* the sandbox is gone,
+///   because only those kinds let a caller replace a session's binding.
+#[async_trait]
+pub trait SandboxProvider: Send + Sync + std::fmt::Debug {
+    /// Which backend this is; recorded in bindings to detect provider switches.
+    fn provider(&self) -> Provider;
+
+    /// The static capability set. Callable before [`health`](SandboxProvider::health).
+    fn capabilities(&self) -> Capabilities;
+
+    /// Probes the control plane.
+    /// - `[health.ok]` `Ok(())` when reachable and authenticated.
+    async fn health(&self) -> Result<(), Error>;
+
+    /// Spawns a sandbox.
+    /// - `[create.metadata]` With the `metadata` capability, the request's metadata is stored
+    ///   and returned by `get`/`list`; without it, non-empty metadata is refused with
+    ///   `unsupported` (never silently dropped).
+    /// - `[create.unknown_template]` A template the provider does not know is
+    ///   `invalid_request`.
+    /// - `[create.volumes]` Without the `volumes` capability, non-empty mounts are refused with
+    ///   `unsupported`.
+    /// - `[create.running]` The returned sandbox is running and accepts `exec`.
+    async fn create(&self, request: CreateRequest) -> Result<SandboxHandle, Error>;
+
+    /// Re-attaches to an existing sandbox, resuming it when it is paused or stopped.
+    /// - `[connect.gone]` A deleted, unknown or terminal sandbox is `not_found` or `terminal`
+    ///   (replaceable); every other failure keeps another kind.
+    /// - `[connect.token]` The request's traffic token is carried on the handle when the
+    ///   provider's answer has none.
+    async fn connect(&self, request: ConnectRequest) -> Result<SandboxHandle, Error>;
+
+    /// One sandbox's summary.
+    /// - `[get.absent]` A sandbox that does not exist is `not_found`.
+    /// - `[get.metadata]` With `metadata`, the summary carries the create-time metadata.
+    async fn get(&self, id: &SandboxId) -> Result<SandboxSummary, Error>;
+
+    /// Enumerates sandboxes visible to this client. Requires the `list` capability (otherwise
+    /// `unsupported`).
+    /// - `[list.filter]` Returns exactly the sandboxes that pass [`ListFilter::matches`]
+    ///   (paused ones included when the filter allows them: they are what leaks cost money).
+    async fn list(&self, filter: &ListFilter) -> Result<Vec<SandboxSummary>, Error>;
+
+    /// Destroys a sandbox.
+    /// - `[delete.gone]` Afterwards `get` is `not_found` and `connect` is replaceable.
+    /// - `[delete.absent]` Deleting an absent sandbox is `not_found` (callers treat that as
+    ///   success).
+    async fn delete(&self, id: &SandboxId) -> Result<(), Error>;
+
+    /// Runs one command.
+    /// - `[exec.argv]` The argv form runs the program directly; nothing is interpreted.
+    /// - `[exec.shell]` The shell form needs `posix_shell`; without it, `unsupported`.
+    /// - `[exec.io]` Stdin is delivered then closed; env and cwd apply; stdout and stderr are
+    ///   kept apart and returned whole (at least 1 MiB intact), exit codes exactly.
+    /// - `[exec.stream]` `on_output` sees output while the command runs, not replayed at the
+    ///   end.
+    /// - `[exec.timeout]` A command exceeding its timeout returns promptly with
+    ///   `killed == true`, and (`[exec.timeout.reaped]`) leaves no process behind in the
+    ///   sandbox; a command that itself exits 124 or 137 is *not* reported as killed.
+    /// - `[exec.cancel]` Dropping the call kills what it started.
+    /// - `[exec.concurrent]` Many concurrent execs on one sandbox each get their own result.
+    async fn exec(
+        &self,
+        sandbox: &SandboxHandle,
+        request: ExecRequest,
+    ) -> Result<ExecResult, Error>;
+
+    /// Writes a whole file, creating parent directories.
+    /// - `[files.binary]` Content is binary-safe and round-trips through `read_file` (at least
+    ///   10 MiB).
+    async fn write_file(
+        &self,
+        sandbox: &SandboxHandle,
+        path: &SandboxPath,
+        content: &[u8],
+    ) -> Result<(), Error>;
+
+    /// Reads a whole file.
+    /// - `[files.missing]` A missing path is `not_found`.
+    async fn read_file(
+        &self,
+        sandbox: &SandboxHandle,
+        path: &SandboxPath,
+    ) -> Result<Vec<u8>, Error>;
+
+    /// Lists one directory level (needs `fs_enumeration`).
+    /// - `[files.list]` Entries name their kind (file, dir, other) and size; a missing directory
+    ///   is `not_found`.
+    async fn list_dir(
+        &self,
+        sandbox: &SandboxHandle,
+        path: &SandboxPath,
+    ) -> Result<Vec<DirEntry>, Error>;
+
+    /// Creates a directory and its parents (needs `fs_enumeration`).
+    /// - `[files.mkdir]` An existing directory is success (`mkdir -p`).
+    async fn make_dir(&self, sandbox: &SandboxHandle, path: &SandboxPath) -> Result<(), Error>;
+
+    /// Removes a path recursively (needs `fs_enumeration`).
+    /// - `[files.remove]` Directories go with their contents; `/` is refused with
+    ///   `invalid_request`; a missing path is `not_found`.
+    async fn remove(&self, sandbox: &SandboxHandle, path: &SandboxPath) -> Result<(), Error>;
+
+    /// Metadata of one path, without following a final symlink (needs `fs_enumeration`).
+    /// - `[files.stat]` Kinds are file, dir or other; a missing path is `not_found`.
+    async fn stat(&self, sandbox: &SandboxHandle, path: &SandboxPath) -> Result<StatEntry, Error>;
+
+    /// The snapshot capability's methods, when implemented. Use [`crate::narrow::snapshots`],
+    /// which also checks the flag.
+    fn as_snapshots(&self) -> Option<&dyn Snapshots> {
+        None
+    }
+    /// The template catalog's methods, when implemented.
+    fn as_template_catalog(&self) -> Option<&dyn TemplateCatalog> {
+        None
+    }
+    /// The PTY methods, when implemented.
+    fn as_terminals(&self) -> Option<&dyn Terminals> {
+        None
+    }
+    /// The desktop relay, when implemented.
+    fn as_desktop(&self) -> Option<&dyn Desktop> {
+        None
+    }
+    /// The keep-alive method, when implemented.
+    fn as_keep_alive(&self) -> Option<&dyn KeepAlive> {
+        None
+    }
+    /// The combined connect-and-probe, when implemented.
+    fn as_connect_probe(&self) -> Option<&dyn ConnectProbe> {
+        None
+    }
+}
+
+/// Snapshotting sandboxes into reusable templates (capability `snapshots`).
+#[async_trait]
+pub trait Snapshots: Send + Sync {
+    /// Snapshots a sandbox; `None` lets the provider pick a name. The provider may pause the
+    /// sandbox while the snapshot is taken.
+    /// - `[snapshot.boot]` The returned ID is accepted as a create request's template, and the
+    ///   new sandbox holds the files the source held.
+    async fn create_snapshot(
+        &self,
+        sandbox: &SandboxId,
+        name: Option<&str>,
+    ) -> Result<SnapshotRef, Error>;
+    /// Removes a snapshot.
+    /// - `[snapshot.delete_idempotent]` A missing snapshot is success.
+    async fn delete_snapshot(&self, id: &SnapshotId) -> Result<(), Error>;
+    /// Lists snapshots, all of them or those taken from one sandbox.
+    async fn list_snapshots(&self, source: Option<&SandboxId>) -> Result<Vec<SnapshotRef>, Error>;
+}
+
+/// Template administration (capability `template_catalog`).
+#[async_trait]
+pub trait TemplateCatalog: Send + Sync {
+    /// Lists the templates available to this client.
+    async fn list_templates(&self) -> Result<Vec<Template>, Error>;
+    /// Makes the standard template available (building or pulling it when absent) and returns
+    /// it. Never deletes a usable template.
+    async fn ensure_standard_template(&self) -> Result<Template, Error>;
+}
+
+/// Interactive PTYs (capability `pty`).
+#[async_trait]
+pub trait Terminals: Send + Sync {
+    /// Opens a PTY inside a running sandbox.
+    /// - `[terminal.echo]` Bytes written reach the shell; its output comes back as `Data`.
+    /// - `[terminal.resize]` A resize is visible to programs (`stty size`).
+    /// - `[terminal.exit]` When the shell exits, `Exited` carries its status and the stream
+    ///   ends.
+    /// - `[terminal.close]` Closing a terminal the backend cannot reattach to leaves no shell
+    ///   behind.
+    async fn open_terminal(
+        &self,
+        sandbox: &SandboxHandle,
+        options: TerminalOptions,
+    ) -> Result<Terminal, Error>;
+}
+
+/// A WebSocket relay to the desktop (websockify) port of a sandbox (capability `desktop`).
+#[async_trait]
+pub trait Desktop: Send + Sync {
+    /// Dials the desktop; the stream carries raw RFB bytes in binary frames.
+    async fn dial_desktop(
+        &self,
+        sandbox: &SandboxHandle,
+        options: DesktopOptions,
+    ) -> Result<Box<dyn DesktopStream>, Error>;
+}
+
+/// Explicit refresh of the provider's idle timer (capability `keep_alive`).
+#[async_trait]
+pub trait KeepAlive: Send + Sync {
+    /// Moves the sandbox's idle timeout to `ttl` from now (or records activity, for backends
+    /// whose idle sweep reads an activity marker).
+    async fn keep_alive(&self, sandbox: &SandboxHandle, ttl: Duration) -> Result<(), Error>;
+}
+
+/// Connect and lifecycle probe on one provider handle (capability `connect_probe`), instead of
+/// `get` followed by `connect`.
+#[async_trait]
+pub trait ConnectProbe: Send + Sync {
+    /// Connects and checks the sandbox's state.
+    /// - `[connect_probe.gone]` Terminal or missing sandboxes are `terminal`/`not_found`;
+    ///   transient failures never are.
+    async fn connect_session(&self, request: ConnectRequest) -> Result<SandboxHandle, Error>;
+}
+
+/// Narrowing a provider to an optional capability.
+///
+/// Two signals must agree: the trait is implemented (the `as_*` method returns it) *and* the
+/// capability flag is set. A decorator may carry a method its inner backend cannot serve, so the
+/// method alone is not enough; a flag without the method cannot be called at all.
+pub mod narrow {
+    use super::*;
+
+    /// The snapshot capability, if implemented and declared.
+    pub fn snapshots(provider: &dyn SandboxProvider) -> Option<&dyn Snapshots> {
+        provider
+            .as_snapshots()
+            .filter(|_| provider.capabilities().snapshots)
+    }
+    /// The template catalog, if implemented and declared.
+    pub fn template_catalog(provider: &dyn SandboxProvider) -> Option<&dyn TemplateCatalog> {
+        provider
+            .as_template_catalog()
+            .filter(|_| provider.capabilities().template_catalog)
+    }
+    /// The PTY capability, if implemented and declared.
+    pub fn terminals(provider: &dyn SandboxProvider) -> Option<&dyn Terminals> {
+        provider
+            .as_terminals()
+            .filter(|_| provider.capabilities().pty)
+    }
+    /// The desktop relay, if implemented and declared.
+    pub fn desktop(provider: &dyn SandboxProvider) -> Option<&dyn Desktop> {
+        provider
+            .as_desktop()
+            .filter(|_| provider.capabilities().desktop)
+    }
+    /// Keep-alive, if implemented and declared.
+    pub fn keep_alive(provider: &dyn SandboxProvider) -> Option<&dyn KeepAlive> {
+        provider
+            .as_keep_alive()
+            .filter(|_| provider.capabilities().keep_alive)
+    }
+    /// The combined connect-and-probe, if implemented and declared.
+    pub fn connect_probe(provider: &dyn SandboxProvider) -> Option<&dyn ConnectProbe> {
+        provider
+            .as_connect_probe()
+            .filter(|_| provider.capabilities().connect_probe)
+    }
+}

@@ -1,0 +1,238 @@
+//! The binding store port: the authoritative session → sandbox mapping and the per-session
+//! lifecycle lock, plus the optional turn leases, rewind lock and background-activity registry.
+//!
+//! Stores fail closed: every backend error propagates as an [`Error`] (kind `unavailable` for a
+//! store that cannot be reached); nothing ever degrades to "unbound", because an unbound
+//! session gets a new sandbox, and a second sandbox for a session is exactly the bug this
+//! component exists to prevent.
+
+use std::fmt;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use time::OffsetDateTime;
+
+use crate::binding::{Binding, BindingKey};
+use crate::error::Error;
+use crate::ids::{ConfigId, SandboxId, SessionId, TenantId};
+use crate::ownership::OwnershipToken;
+use crate::provider::Provider;
+use crate::secret::Secret;
+
+/// Persists bindings and serialises lifecycle transitions of each session.
+#[async_trait]
+pub trait BindingStore: Send + Sync + fmt::Debug {
+    /// The current binding, `None` when the session is unbound.
+    /// - `[get.malformed]` A stored value that fails to decode or validate against `key` is an
+    ///   error, never `None`.
+    async fn get(&self, key: &BindingKey) -> Result<Option<Binding>, Error>;
+
+    /// Stores `binding` only if `key` is unbound (create-if-absent), with no expiry.
+    /// Returns whether it was stored.
+    /// - `[create.absent]` A second create for the same key returns `false` and changes
+    ///   nothing.
+    /// - `[create.validate]` A binding whose identity differs from `key` is refused with
+    ///   `invalid_request`.
+    async fn create(&self, key: &BindingKey, binding: &Binding) -> Result<bool, Error>;
+
+    /// Deletes the binding only while it names `provider` and `sandbox` (compare-and-delete).
+    /// Returns whether it deleted.
+    async fn delete_if_match(
+        &self,
+        key: &BindingKey,
+        provider: Provider,
+        sandbox: &SandboxId,
+    ) -> Result<bool, Error>;
+
+    /// Patches the traffic token only while the binding still names `expected`'s provider and
+    /// sandbox, touching no other field (a concurrent stale mark survives). An empty token, or
+    /// one equal to the stored token, changes nothing and returns `false`.
+    async fn replace_traffic_token_if_match(
+        &self,
+        key: &BindingKey,
+        expected: &Binding,
+        token: &Secret,
+    ) -> Result<bool, Error>;
+
+    /// Acquires the session's lifecycle lock, waiting (with jittered retries) until it is free.
+    /// The caller's deadline is the future itself: drop it (or wrap it in a timeout) to stop
+    /// waiting.
+    /// - `[lock.exclusive]` At most one holder per key, across every process sharing the store;
+    ///   different keys never wait for each other.
+    /// - `[lock.ownership]` The returned lock's [`OwnershipToken`] trips if ownership is lost
+    ///   (lease not renewed, key gone), and not merely because the caller went away.
+    /// - `[lock.cancel]` Dropping the acquire future leaves no lock held beyond the store's lease.
+    /// - `[lock.fail_closed]` A store that cannot be reached returns an error; no lock is
+    ///   granted.
+    async fn lock_lifecycle(&self, key: &BindingKey) -> Result<LifecycleLock, Error>;
+
+    /// Marks every binding of `(tenant, config)` stale (never deletes anything) and reports how
+    /// many it marked. Already-stale bindings, other tenants, other configs and legacy bindings
+    /// without a config are left alone. Sessions whose lock could not be taken in a bounded wait
+    /// are reported in [`InvalidationReport::failed`], not silently skipped.
+    async fn invalidate_by_config(
+        &self,
+        tenant: TenantId,
+        config: &ConfigId,
+    ) -> Result<InvalidationReport, Error>;
+
+    /// Turn leases, when the store has them.
+    fn turn_leases(&self) -> Option<&dyn TurnLeases> {
+        None
+    }
+    /// The rewind lock, when the store has it.
+    fn rewind_locks(&self) -> Option<&dyn RewindLocks> {
+        None
+    }
+    /// The background-activity registry, when the store has it.
+    fn activities(&self) -> Option<&dyn ActivityRegistry> {
+        None
+    }
+}
+
+/// A held lifecycle lock.
+///
+/// Release it with [`LifecycleLock::release`] to learn whether ownership held to the end.
+/// Dropping it also releases (a store whose release needs I/O spawns it), so a cancelled holder
+/// never keeps a session locked longer than the store's lease.
+pub struct LifecycleLock {
+    ownership: OwnershipToken,
+    release: Box<dyn LockRelease>,
+}
+
+impl LifecycleLock {
+    /// Wraps a store's release handle and the token that observes ownership.
+    pub fn new(ownership: OwnershipToken, release: Box<dyn LockRelease>) -> Self {
+        LifecycleLock { ownership, release }
+    }
+    /// The ownership token; clone it into cleanup that must outlive the caller.
+    pub fn ownership(&self) -> &OwnershipToken {
+        &self.ownership
+    }
+    /// Releases the lock. Errors when ownership had been lost while held (so the work done
+    /// under it may have raced another holder) or the store could not release.
+    pub async fn release(self) -> Result<(), Error> {
+        self.ownership.check()?;
+        self.release.release().await
+    }
+    /// Splits the lock into its parts, for decorators that wrap the release.
+    pub fn into_parts(self) -> (OwnershipToken, Box<dyn LockRelease>) {
+        (self.ownership, self.release)
+    }
+}
+
+impl fmt::Debug for LifecycleLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LifecycleLock")
+            .field("ownership", &self.ownership)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A store's way of releasing one held lock. Implementations also release on `Drop` when
+/// `release` was never called.
+#[async_trait]
+pub trait LockRelease: Send + Sync {
+    /// Releases the lock (compare-and-delete on the holder's token).
+    async fn release(self: Box<Self>) -> Result<(), Error>;
+}
+
+/// What [`BindingStore::invalidate_by_config`] did.
+#[derive(Debug, Default)]
+pub struct InvalidationReport {
+    /// Bindings newly marked stale.
+    pub marked: usize,
+    /// Sessions that could not be marked, with why.
+    pub failed: Vec<(SessionId, Error)>,
+}
+
+/// The state of a session's chat-turn lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TurnState {
+    /// A turn (or live background work) holds the session.
+    pub active: bool,
+    /// The turn's one allowed rebuild of a stale sandbox has not been spent yet.
+    pub may_rebuild: bool,
+}
+
+/// Chat-turn leases: a stale sandbox is rebuilt at most once per turn, at its first resolve, so
+/// an image change landing mid-turn cannot tear the sandbox down under the running turn.
+#[async_trait]
+pub trait TurnLeases: Send + Sync {
+    /// Opens one turn hold (a counter). The first hold allows one rebuild.
+    /// Refused with code `session_rewind_locked` while a rewind holds the session.
+    async fn begin_turn(&self, key: &BindingKey) -> Result<(), Error>;
+    /// Releases one hold; the last release drops the lease.
+    async fn end_turn(&self, key: &BindingKey) -> Result<(), Error>;
+    /// Whether a turn is open and may still rebuild. Live background work counts as an open
+    /// turn that may not rebuild.
+    async fn turn_state(&self, key: &BindingKey) -> Result<TurnState, Error>;
+    /// Spends the turn's rebuild. On a session without a lease it does nothing (and creates no
+    /// lease).
+    async fn consume_turn_rebuild(&self, key: &BindingKey) -> Result<(), Error>;
+}
+
+/// The exclusive rewind lock of a session.
+#[async_trait]
+pub trait RewindLocks: Send + Sync {
+    /// Takes the rewind lock. Refused with code `session_turn_active` while a turn is open,
+    /// `session_work_active` while background work is live, and `session_rewind_locked` when
+    /// another rewind holds it. The store keeps it alive (renewing it, re-acquiring it with
+    /// the same token after a transient error) until released.
+    async fn try_lock_rewind(&self, key: &BindingKey) -> Result<RewindLock, Error>;
+    /// Whether a rewind holds the session.
+    async fn has_rewind_lock(&self, key: &BindingKey) -> Result<bool, Error>;
+}
+
+/// A held rewind lock; released by [`RewindLock::release`] or on drop.
+pub struct RewindLock {
+    release: Box<dyn LockRelease>,
+}
+
+impl RewindLock {
+    /// Wraps a store's release handle.
+    pub fn new(release: Box<dyn LockRelease>) -> Self {
+        RewindLock { release }
+    }
+    /// Releases the lock.
+    pub async fn release(self) -> Result<(), Error> {
+        self.release.release().await
+    }
+}
+
+impl fmt::Debug for RewindLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("RewindLock")
+    }
+}
+
+/// One piece of background work running in a session outside any chat turn.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackgroundActivity {
+    /// Unique within the session.
+    pub id: String,
+    /// What kind of work (`shell_job`, `desktop`, ...); caps apply per kind.
+    pub kind: String,
+    pub started_at: OffsetDateTime,
+}
+
+/// Leases on background work, visible to the turn state so live work blocks rebuilds and
+/// rewinds.
+#[async_trait]
+pub trait ActivityRegistry: Send + Sync {
+    /// Registers `activity` for `lease`. Refused with `capacity` when the session already has
+    /// `kind_cap` live activities of the same kind.
+    async fn add(
+        &self,
+        key: &BindingKey,
+        activity: &BackgroundActivity,
+        lease: Duration,
+        kind_cap: usize,
+    ) -> Result<(), Error>;
+    /// Extends a lease; `false` when the activity is no longer registered.
+    async fn renew(&self, key: &BindingKey, id: &str, lease: Duration) -> Result<bool, Error>;
+    /// Removes an activity (absent is success).
+    async fn remove(&self, key: &BindingKey, id: &str) -> Result<(), Error>;
+    /// The live activities.
+    async fn list(&self, key: &BindingKey) -> Result<Vec<BackgroundActivity>, Error>;
+}

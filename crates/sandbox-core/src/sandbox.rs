@@ -1,0 +1,656 @@
+//! Lifecycle DTOs: handles, create/connect requests, timeout and network policies, listings.
+
+use std::any::Any;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+
+use crate::error::{Error, ErrorCode, Operation};
+use crate::ids::{SandboxId, TemplateId};
+use crate::path::SandboxPath;
+use crate::provider::Provider;
+use crate::secret::Secret;
+use crate::timefmt;
+
+/// The small key/value bag a provider stores beside a sandbox. Ownership metadata in it is what
+/// lets a restarted process find the sandboxes it created (see [`crate::binding::owner_metadata`]).
+pub type Metadata = BTreeMap<String, String>;
+
+/// An opaque, provider-issued reference to a live sandbox.
+///
+/// Adapters may attach private state (an SDK handle, an envd access token) with
+/// [`SandboxHandle::with_adapter_state`]; callers read only the stable identifiers.
+#[derive(Clone)]
+pub struct SandboxHandle {
+    id: SandboxId,
+    provider: Provider,
+    metadata: Metadata,
+    traffic_token: Option<Secret>,
+    adapter_state: Option<Arc<dyn Any + Send + Sync>>,
+}
+
+impl SandboxHandle {
+    /// A handle for sandbox `id` of `provider`.
+    pub fn new(id: SandboxId, provider: Provider) -> Self {
+        SandboxHandle {
+            id,
+            provider,
+            metadata: Metadata::new(),
+            traffic_token: None,
+            adapter_state: None,
+        }
+    }
+    /// Records the metadata the sandbox was created with.
+    #[must_use]
+    pub fn with_metadata(mut self, metadata: Metadata) -> Self {
+        self.metadata = metadata;
+        self
+    }
+    /// Records the per-sandbox inbound credential. An empty token is treated as none.
+    #[must_use]
+    pub fn with_traffic_token(mut self, token: Option<Secret>) -> Self {
+        self.traffic_token = token.filter(|t| !t.is_empty());
+        self
+    }
+    /// Attaches adapter-private state, retrievable with [`SandboxHandle::adapter_state`].
+    #[must_use]
+    pub fn with_adapter_state(mut self, state: Arc<dyn Any + Send + Sync>) -> Self {
+        self.adapter_state = Some(state);
+        self
+    }
+
+    /// The provider-scoped sandbox ID.
+    pub fn id(&self) -> &SandboxId {
+        &self.id
+    }
+    /// The backend that issued the handle.
+    pub fn provider(&self) -> Provider {
+        self.provider
+    }
+    /// The metadata recorded at creation (empty when the provider keeps none).
+    pub fn metadata(&self) -> &Metadata {
+        &self.metadata
+    }
+    /// The inbound credential, when the provider issues one. Callers persist it in the binding
+    /// so a reconnect after a restart can restore it.
+    pub fn traffic_token(&self) -> Option<&Secret> {
+        self.traffic_token.as_ref()
+    }
+    /// The adapter-private state, if it is a `T`.
+    pub fn adapter_state<T: Any + Send + Sync>(&self) -> Option<&T> {
+        self.adapter_state
+            .as_deref()
+            .and_then(|s| s.downcast_ref::<T>())
+    }
+}
+
+impl fmt::Debug for SandboxHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SandboxHandle")
+            .field("id", &self.id)
+            .field("provider", &self.provider)
+            .field("metadata", &self.metadata)
+            .field(
+                "traffic_token",
+                &self.traffic_token.as_ref().map(|_| "[redacted]"),
+            )
+            .field("adapter_state", &self.adapter_state.is_some())
+            .finish()
+    }
+}
+
+/// What happens when a sandbox's idle timeout elapses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum TimeoutAction {
+    /// Pause and keep the filesystem, resumable later.
+    Pause,
+    /// Destroy and release everything.
+    #[default]
+    Kill,
+}
+
+/// The idle timeout a sandbox is created with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum IdleTimeout {
+    /// Leave it to the provider's configured default.
+    #[default]
+    ServerDefault,
+    /// Act after this long without activity (never zero).
+    After(Duration),
+    /// Never time out (adapters whose provider cannot do this return `unsupported` at create).
+    Never,
+}
+
+/// The longest idle timeout accepted; anything longer is almost certainly a unit mistake.
+pub const MAX_IDLE_TIMEOUT: Duration = Duration::from_secs(366 * 24 * 3600);
+
+impl IdleTimeout {
+    /// An explicit timeout of `seconds`, refusing zero, negative and absurd values.
+    pub fn after_secs(seconds: i64) -> Result<IdleTimeout, Error> {
+        let secs = u64::try_from(seconds)
+            .ok()
+            .filter(|&s| s > 0)
+            .ok_or_else(|| {
+                invalid_timeout(format!(
+                    "idle timeout must be a positive number of seconds, got {seconds}"
+                ))
+            })?;
+        IdleTimeout::after(Duration::from_secs(secs))
+    }
+
+    /// An explicit timeout, refusing zero and durations above [`MAX_IDLE_TIMEOUT`].
+    pub fn after(duration: Duration) -> Result<IdleTimeout, Error> {
+        if duration.is_zero() {
+            return Err(invalid_timeout("idle timeout must not be zero".to_owned()));
+        }
+        if duration > MAX_IDLE_TIMEOUT {
+            return Err(invalid_timeout(format!(
+                "idle timeout {}s exceeds the maximum of {}s",
+                duration.as_secs(),
+                MAX_IDLE_TIMEOUT.as_secs()
+            )));
+        }
+        Ok(IdleTimeout::After(duration))
+    }
+}
+
+pub(crate) fn invalid_timeout(message: String) -> Error {
+    Error::invalid_request(Operation::VALIDATE, message).with_code(ErrorCode::InvalidTimeout)
+}
+
+/// How the provider treats an idle sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(try_from = "TimeoutPolicySpec", into = "TimeoutPolicySpec")]
+pub struct TimeoutPolicy {
+    /// When the action fires.
+    pub idle: IdleTimeout,
+    /// What happens then.
+    pub on_timeout: TimeoutAction,
+    /// Resume a paused sandbox on the next connect. Requires [`TimeoutAction::Pause`].
+    pub auto_resume: bool,
+}
+
+impl TimeoutPolicy {
+    /// Refuses combinations no provider can honour: auto-resume of a killed sandbox, and an
+    /// explicit timeout of zero or beyond [`MAX_IDLE_TIMEOUT`] built by hand.
+    pub fn validate(&self) -> Result<(), Error> {
+        if let IdleTimeout::After(d) = self.idle {
+            IdleTimeout::after(d)?;
+        }
+        if self.auto_resume && self.on_timeout != TimeoutAction::Pause {
+            return Err(invalid_timeout(
+                "auto_resume requires on_timeout = pause".to_owned(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The wire form of [`TimeoutPolicy`]: `{"mode":"explicit","seconds":300,"on_timeout":"pause",
+/// "auto_resume":true}`; `mode` is `server` (default), `explicit` or `never`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TimeoutPolicySpec {
+    #[serde(default = "server_mode")]
+    pub mode: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seconds: Option<i64>,
+    #[serde(default)]
+    pub on_timeout: TimeoutAction,
+    #[serde(default)]
+    pub auto_resume: bool,
+}
+
+fn server_mode() -> String {
+    "server".to_owned()
+}
+
+impl TryFrom<TimeoutPolicySpec> for TimeoutPolicy {
+    type Error = Error;
+    fn try_from(spec: TimeoutPolicySpec) -> Result<Self, Error> {
+        let idle = match (spec.mode.as_str(), spec.seconds) {
+            ("server", None) => IdleTimeout::ServerDefault,
+            ("never", None) => IdleTimeout::Never,
+            ("explicit", Some(seconds)) => IdleTimeout::after_secs(seconds)?,
+            ("explicit", None) => {
+                return Err(invalid_timeout("explicit timeout needs seconds".to_owned()));
+            }
+            ("server" | "never", Some(_)) => {
+                return Err(invalid_timeout(format!(
+                    "timeout mode {:?} takes no seconds",
+                    spec.mode
+                )));
+            }
+            (other, _) => {
+                return Err(invalid_timeout(format!(
+                    "unknown timeout mode {:?}: expected server, explicit or never",
+                    other.chars().take(32).collect::<String>()
+                )));
+            }
+        };
+        let policy = TimeoutPolicy {
+            idle,
+            on_timeout: spec.on_timeout,
+            auto_resume: spec.auto_resume,
+        };
+        policy.validate()?;
+        Ok(policy)
+    }
+}
+
+impl From<TimeoutPolicy> for TimeoutPolicySpec {
+    fn from(policy: TimeoutPolicy) -> Self {
+        let (mode, seconds) = match policy.idle {
+            IdleTimeout::ServerDefault => ("server", None),
+            IdleTimeout::Never => ("never", None),
+            IdleTimeout::After(d) => (
+                "explicit",
+                Some(i64::try_from(d.as_secs()).unwrap_or(i64::MAX)),
+            ),
+        };
+        TimeoutPolicySpec {
+            mode: mode.to_owned(),
+            seconds,
+            on_timeout: policy.on_timeout,
+            auto_resume: policy.auto_resume,
+        }
+    }
+}
+
+/// One credential header the Cube egress proxy injects.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct HeaderInject {
+    pub name: String,
+    pub secret: Secret,
+    /// Template of the header value; empty means the provider's default (`${SECRET}`).
+    #[serde(default)]
+    pub format: String,
+}
+
+/// One CubeEgress L7 rule. `allow` is phrased positively: stored configs say "deny", and the
+/// negation happens exactly once, when the config is resolved.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct CubeEgressRule {
+    pub name: String,
+    #[serde(default)]
+    pub scheme: String,
+    #[serde(default)]
+    pub sni: String,
+    #[serde(default)]
+    pub host: String,
+    #[serde(default)]
+    pub methods: Vec<String>,
+    #[serde(default)]
+    pub path: String,
+    pub allow: bool,
+    #[serde(default)]
+    pub audit: String,
+    #[serde(default)]
+    pub inject: Vec<HeaderInject>,
+}
+
+/// One E2B per-host request transform (headers added to requests to `host`).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct E2bHostRule {
+    pub host: String,
+    #[serde(default)]
+    pub headers: BTreeMap<String, Secret>,
+}
+
+/// The provider-neutral network policy of a new sandbox.
+///
+/// `None` switches mean "not specified"; adapters materialise `allow_internet_access` as `true`
+/// and `allow_public_traffic` as `false` (credential-required inbound), because provider
+/// defaults differ per template and an open inbound default would expose the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct NetworkPolicy {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_internet_access: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_public_traffic: Option<bool>,
+    /// CIDR blocks or domain names reachable even when egress is denied by default.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow_out: Vec<String>,
+    /// CIDR blocks or domain names refused.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deny_out: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cube_rules: Vec<CubeEgressRule>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub e2b_host_rules: Vec<E2bHostRule>,
+}
+
+impl NetworkPolicy {
+    /// Whether outbound traffic falls back to deny, leaving only `allow_out` reachable.
+    ///
+    /// Both spellings count: the top-level switch turned off, or a deny-all CIDR (any `/0`) in
+    /// `deny_out`. Checking only the switch misreads a strict-but-valid policy as an open one.
+    pub fn denies_egress_by_default(&self) -> bool {
+        self.allow_internet_access == Some(false) || self.deny_out.iter().any(|e| is_deny_all(e))
+    }
+}
+
+/// Whether `entry` is a CIDR with prefix length 0 (`0.0.0.0/0`, `::/0`, `10.0.0.0/0`).
+fn is_deny_all(entry: &str) -> bool {
+    let Some((addr, prefix)) = entry.trim().split_once('/') else {
+        return false;
+    };
+    prefix.trim() == "0" && addr.trim().parse::<std::net::IpAddr>().is_ok()
+}
+
+/// A named volume mounted at creation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeMount {
+    name: String,
+    path: SandboxPath,
+}
+
+impl VolumeMount {
+    /// Validates the volume name (1–255 of `[A-Za-z0-9._-]`, not starting with `.` or `-`).
+    pub fn new(name: impl Into<String>, path: SandboxPath) -> Result<Self, Error> {
+        let name = name.into();
+        let ok = !name.is_empty()
+            && name.len() <= 255
+            && !name.starts_with(['.', '-'])
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+        if !ok {
+            return Err(Error::invalid_request(
+                Operation::VALIDATE,
+                format!(
+                    "invalid volume name {:?}",
+                    name.chars().take(64).collect::<String>()
+                ),
+            ));
+        }
+        Ok(VolumeMount { name, path })
+    }
+    /// The volume's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    /// Where it is mounted.
+    pub fn path(&self) -> &SandboxPath {
+        &self.path
+    }
+}
+
+/// Parameters for spawning a new sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CreateRequest {
+    /// The template (image, snapshot) to boot.
+    pub template: TemplateId,
+    /// `template` is a snapshot rather than a base template (some providers refuse env
+    /// overrides on snapshots).
+    pub from_snapshot: bool,
+    pub timeout: TimeoutPolicy,
+    /// Stored beside the sandbox. Providers without metadata support refuse non-empty metadata
+    /// with `unsupported` rather than dropping it.
+    pub metadata: Metadata,
+    pub env: BTreeMap<String, String>,
+    pub network: NetworkPolicy,
+    /// Providers without the `volumes` capability refuse non-empty mounts with `unsupported`.
+    pub volumes: Vec<VolumeMount>,
+}
+
+impl CreateRequest {
+    /// A request for `template` with every other field at its default.
+    pub fn new(template: TemplateId) -> Self {
+        CreateRequest {
+            template,
+            from_snapshot: false,
+            timeout: TimeoutPolicy::default(),
+            metadata: Metadata::new(),
+            env: BTreeMap::new(),
+            network: NetworkPolicy::default(),
+            volumes: Vec::new(),
+        }
+    }
+
+    /// Checks what can be checked without a provider: the timeout policy and env names.
+    pub fn validate(&self) -> Result<(), Error> {
+        self.timeout.validate()?;
+        for name in self.env.keys() {
+            crate::exec::validate_env_name(name)?;
+        }
+        Ok(())
+    }
+}
+
+/// Re-attaches to an existing sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectRequest {
+    pub sandbox_id: SandboxId,
+    /// The inbound credential recovered from the binding; adapters apply it when the provider's
+    /// connect answer omits it, which is the normal case (tokens are issued only at create).
+    pub traffic_token: Option<Secret>,
+}
+
+impl ConnectRequest {
+    /// A connect request without a stored token.
+    pub fn new(sandbox_id: SandboxId) -> Self {
+        ConnectRequest {
+            sandbox_id,
+            traffic_token: None,
+        }
+    }
+}
+
+/// The normalized lifecycle state of a sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SandboxState {
+    /// Up and reachable.
+    Running,
+    /// Paused (or a stopped container); resumable with its filesystem intact.
+    Paused,
+    /// Between states (pausing, resuming, provisioning). Still owned, not yet usable.
+    Transitioning,
+    /// Gone for good. A binding naming it may be replaced.
+    Terminal,
+    /// The adapter could not classify the raw state. Treated as transient: never replaces a
+    /// binding.
+    Unknown,
+}
+
+impl SandboxState {
+    /// Every state.
+    pub const ALL: [SandboxState; 5] = [
+        SandboxState::Running,
+        SandboxState::Paused,
+        SandboxState::Transitioning,
+        SandboxState::Terminal,
+        SandboxState::Unknown,
+    ];
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SandboxState::Running => "running",
+            SandboxState::Paused => "paused",
+            SandboxState::Transitioning => "transitioning",
+            SandboxState::Terminal => "terminal",
+            SandboxState::Unknown => "unknown",
+        }
+    }
+}
+
+impl fmt::Display for SandboxState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The neutral view of one sandbox in a listing or probe.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxSummary {
+    pub id: SandboxId,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<TemplateId>,
+    pub state: SandboxState,
+    /// The provider's own state string, for diagnostics only; never branch on it.
+    #[serde(default)]
+    pub raw_state: String,
+    #[serde(default)]
+    pub metadata: Metadata,
+    #[serde(
+        default,
+        with = "timefmt::rfc3339_option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub started_at: Option<OffsetDateTime>,
+    #[serde(
+        default,
+        with = "timefmt::rfc3339_option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub ended_at: Option<OffsetDateTime>,
+}
+
+/// Narrows a listing. Empty fields mean "no filter".
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ListFilter {
+    /// Only sandboxes whose metadata contains all these pairs.
+    #[serde(default)]
+    pub metadata: Metadata,
+    /// Only sandboxes in one of these states.
+    #[serde(default)]
+    pub states: Vec<SandboxState>,
+}
+
+impl ListFilter {
+    /// Whether `summary` passes the filter. Adapters that cannot filter server-side apply this
+    /// client-side and so return exactly the same set.
+    pub fn matches(&self, summary: &SandboxSummary) -> bool {
+        let states_ok = self.states.is_empty() || self.states.contains(&summary.state);
+        let metadata_ok = self
+            .metadata
+            .iter()
+            .all(|(k, v)| summary.metadata.get(k) == Some(v));
+        states_ok && metadata_ok
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ErrorKind;
+
+    fn spec(json: &str) -> Result<TimeoutPolicy, String> {
+        serde_json::from_str::<TimeoutPolicy>(json).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn timeout_policy_wire_forms() {
+        assert_eq!(spec("{}").unwrap(), TimeoutPolicy::default());
+        let p =
+            spec(r#"{"mode":"explicit","seconds":300,"on_timeout":"pause","auto_resume":true}"#)
+                .unwrap();
+        assert_eq!(p.idle, IdleTimeout::After(Duration::from_secs(300)));
+        assert!(p.auto_resume);
+        assert_eq!(
+            spec(r#"{"mode":"never"}"#).unwrap().idle,
+            IdleTimeout::Never
+        );
+        for (json, needle) in [
+            (r#"{"mode":"explicit","seconds":0}"#, "positive"),
+            (r#"{"mode":"explicit","seconds":-5}"#, "positive"),
+            (r#"{"mode":"explicit","seconds":999999999999}"#, "exceeds"),
+            (r#"{"mode":"explicit"}"#, "needs seconds"),
+            (r#"{"mode":"never","seconds":3}"#, "takes no seconds"),
+            (r#"{"mode":"sometimes"}"#, "unknown timeout mode"),
+            (r#"{"auto_resume":true}"#, "requires on_timeout = pause"),
+            (r#"{"mode":"explicit","seconds":1e3}"#, "invalid type"),
+        ] {
+            let err = spec(json).unwrap_err();
+            assert!(err.contains(needle), "{json}: {err}");
+        }
+        let round = serde_json::to_string(&p).unwrap();
+        assert_eq!(spec(&round).unwrap(), p);
+    }
+
+    #[test]
+    fn idle_timeout_constructors_refuse_zero_negative_overflow() {
+        for bad in [0, -1, i64::MIN, i64::MAX] {
+            let err = IdleTimeout::after_secs(bad).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::InvalidRequest);
+            assert_eq!(err.code(), Some(ErrorCode::InvalidTimeout));
+        }
+        assert!(IdleTimeout::after(Duration::ZERO).is_err());
+        assert!(IdleTimeout::after(MAX_IDLE_TIMEOUT + Duration::from_secs(1)).is_err());
+        assert!(IdleTimeout::after(Duration::from_millis(1)).is_ok());
+    }
+
+    #[test]
+    fn denies_egress_by_default_accepts_both_spellings() {
+        let mut p = NetworkPolicy::default();
+        assert!(!p.denies_egress_by_default());
+        p.allow_internet_access = Some(false);
+        assert!(p.denies_egress_by_default());
+        for deny in ["0.0.0.0/0", " 0.0.0.0/0 ", "10.1.2.3/0", "::/0"] {
+            let p = NetworkPolicy {
+                deny_out: vec![deny.to_owned()],
+                ..NetworkPolicy::default()
+            };
+            assert!(p.denies_egress_by_default(), "{deny}");
+        }
+        for not_all in ["0.0.0.0/8", "example.com", "::/1", "garbage/0"] {
+            let p = NetworkPolicy {
+                deny_out: vec![not_all.to_owned()],
+                ..NetworkPolicy::default()
+            };
+            assert!(!p.denies_egress_by_default(), "{not_all}");
+        }
+    }
+
+    #[test]
+    fn list_filter_matches_metadata_and_state() {
+        let summary = SandboxSummary {
+            id: SandboxId::new("s1").unwrap(),
+            template: None,
+            state: SandboxState::Paused,
+            raw_state: "exited".into(),
+            metadata: [
+                ("a".to_owned(), "1".to_owned()),
+                ("b".to_owned(), "2".to_owned()),
+            ]
+            .into(),
+            started_at: None,
+            ended_at: None,
+        };
+        assert!(ListFilter::default().matches(&summary));
+        let mut f = ListFilter {
+            metadata: [("a".to_owned(), "1".to_owned())].into(),
+            states: vec![],
+        };
+        assert!(f.matches(&summary));
+        f.states = vec![SandboxState::Running];
+        assert!(!f.matches(&summary));
+        f.states.push(SandboxState::Paused);
+        assert!(f.matches(&summary));
+        f.metadata.insert("a".into(), "other".into());
+        assert!(!f.matches(&summary));
+    }
+
+    #[test]
+    fn volume_names_and_handles() {
+        let p = SandboxPath::new("/data").unwrap();
+        assert!(VolumeMount::new("cache-1", p.clone()).is_ok());
+        for bad in ["", "-x", ".x", "a/b", "a b"] {
+            assert!(VolumeMount::new(bad, p.clone()).is_err(), "{bad}");
+        }
+        let h = SandboxHandle::new(SandboxId::new("x").unwrap(), Provider::E2b)
+            .with_traffic_token(Some(Secret::new("")))
+            .with_adapter_state(Arc::new(42_u32));
+        assert!(h.traffic_token().is_none());
+        assert_eq!(h.adapter_state::<u32>(), Some(&42));
+        assert_eq!(h.adapter_state::<String>(), None);
+        let h = h.with_traffic_token(Some(Secret::new("tok")));
+        assert!(!format!("{h:?}").contains("tok\""));
+    }
+}

@@ -1,0 +1,3 @@
+//! The E2B backend of `sandbox_core::SandboxProvider`.
+//!
+//! Not built yet: see this crate's README for what will live here.

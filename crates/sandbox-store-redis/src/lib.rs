@@ -1,0 +1,3 @@
+//! The Redis `sandbox_core::BindingStore`.
+//!
+//! Not built yet: see this crate's README for what will live here.

@@ -1,0 +1,1 @@
+//! Test kit (in progress).

@@ -1,0 +1,113 @@
+//! `cargo xtask bench <suite> [--smoke]`.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use serde_json::Value;
+use xtask::bench::{self, Suite};
+use xtask::process::{self, Output, Stream};
+
+use crate::Ctx;
+
+const FULL_DEADLINE: Duration = Duration::from_secs(3600);
+const SMOKE_DEADLINE: Duration = Duration::from_secs(1200);
+const METADATA_DEADLINE: Duration = Duration::from_secs(120);
+
+pub(crate) fn run(ctx: &Ctx, suite: &Suite, smoke_flag: bool) -> ExitCode {
+    // CI only ever runs benchmarks in smoke mode: numbers from a shared 2-core runner are noise.
+    let smoke = smoke_flag || ctx.ci;
+    if let Err(e) = bench_target_exists(ctx, suite) {
+        eprintln!("error: bench {}: {e}", suite.name);
+        return ExitCode::FAILURE;
+    }
+
+    let args = bench::cargo_args(suite, smoke);
+    let command = format!("cargo {}", args.join(" "));
+    println!("==> {command}");
+    let mut cmd = ctx.cargo_cmd(&args);
+    let mut echo = |stream: Stream, line: &str| match stream {
+        Stream::Stdout => println!("{line}"),
+        Stream::Stderr => eprintln!("{line}"),
+    };
+    let deadline = if smoke { SMOKE_DEADLINE } else { FULL_DEADLINE };
+    let outcome = match process::run_with_deadline(&mut cmd, deadline, Output::Stream(&mut echo)) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if !outcome.success() {
+        eprintln!("error: {}", outcome.describe());
+        return ExitCode::FAILURE;
+    }
+
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".to_owned());
+    let facts = bench::gather_facts(&ctx.root, &rustc);
+    let report = bench::report(suite, smoke, &facts, &command, &outcome.stdout);
+    let path = if smoke {
+        ctx.target.join("bench")
+    } else {
+        ctx.root.join("docs").join("bench")
+    }
+    .join(format!("{}.md", suite.name));
+    let written = path
+        .parent()
+        .map_or(Ok(()), std::fs::create_dir_all)
+        .and_then(|()| std::fs::write(&path, report));
+    if let Err(e) = written {
+        eprintln!("error: cannot write {}: {e}", path.display());
+        return ExitCode::FAILURE;
+    }
+    println!("wrote {}", path.display());
+
+    let headlines = bench::headline_lines(&outcome.stdout);
+    if headlines.is_empty() {
+        eprintln!(
+            "warning: bench {} printed no `BENCH {} <key>=<value>` line",
+            suite.name, suite.name
+        );
+    }
+    println!("==> headline ({})", if smoke { "smoke" } else { "full" });
+    for line in headlines {
+        println!("{line}");
+    }
+    ExitCode::SUCCESS
+}
+
+/// A clear error when the suite's package or bench target does not exist (yet).
+fn bench_target_exists(ctx: &Ctx, suite: &Suite) -> Result<(), String> {
+    let mut cmd = ctx.cargo_cmd(["metadata", "--no-deps", "--format-version", "1"]);
+    let out = process::run_with_deadline(&mut cmd, METADATA_DEADLINE, Output::Capture)?;
+    out.check()
+        .map_err(|e| format!("cannot load the workspace: {e}"))?;
+    let md: Value = serde_json::from_str(&out.stdout)
+        .map_err(|e| format!("cannot parse cargo metadata: {e}"))?;
+    let package = md
+        .get("packages")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .find(|p| p.get("name").and_then(Value::as_str) == Some(suite.package))
+        .ok_or_else(|| format!("package {} is not in the workspace", suite.package))?;
+    let has_bench = package
+        .get("targets")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .any(|t| {
+            t.get("name").and_then(Value::as_str) == Some(suite.bench)
+                && t.get("kind")
+                    .and_then(Value::as_array)
+                    .is_some_and(|k| k.iter().any(|k| k.as_str() == Some("bench")))
+        });
+    if has_bench {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} has no bench target `{}` yet (expected benches/{}.rs with \
+             [[bench]] name = \"{}\", harness = false)",
+            suite.package, suite.bench, suite.bench, suite.bench
+        ))
+    }
+}

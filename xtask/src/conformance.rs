@@ -1,0 +1,400 @@
+//! The conformance registry and the judgement of one adapter's run.
+//!
+//! The suite itself lives in `sandbox-testkit`. Its test binary, given
+//! `SANDBOX_CONFORMANCE_ADAPTER`, registers only the cases the adapter's declared capabilities
+//! make applicable; given also `SANDBOX_CONFORMANCE_DESCRIBE=<path>`, it writes the full case list
+//! (applicable or not, and why) to `<path>` instead of running. Comparing that list with nextest's
+//! JUnit report is how a case that silently disappeared is caught.
+
+use std::fmt::Write as _;
+
+use serde::Deserialize;
+
+use crate::junit::{Counts, Status, TestCase};
+use crate::prereq::Tool;
+
+pub const ENV_ADAPTER: &str = "SANDBOX_CONFORMANCE_ADAPTER";
+pub const ENV_DESCRIBE: &str = "SANDBOX_CONFORMANCE_DESCRIBE";
+
+/// The nextest profile conformance runs use (see `.config/nextest.toml`).
+pub const NEXTEST_PROFILE: &str = "conformance";
+
+/// A service an adapter's suite needs running before it starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Service {
+    /// A Docker engine answering on the default socket.
+    DockerEngine,
+    /// The local `sandbox-busybox:test` image (needs the engine).
+    TestImage,
+}
+
+impl Service {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::DockerEngine => "Docker engine",
+            Self::TestImage => "test image sandbox-busybox:test",
+        }
+    }
+
+    /// Services that must be up before this one.
+    pub fn depends_on(self) -> &'static [Service] {
+        match self {
+            Self::DockerEngine => &[],
+            Self::TestImage => &[Service::DockerEngine],
+        }
+    }
+
+    /// Prerequisites this service needs installed.
+    pub fn tools(self) -> &'static [Tool] {
+        match self {
+            Self::DockerEngine => &[Tool::Docker],
+            Self::TestImage => &[Tool::Docker, Tool::Busybox],
+        }
+    }
+}
+
+/// One row of the registry: an adapter the conformance suite runs against.
+#[derive(Clone, Copy, Debug)]
+pub struct Adapter {
+    /// The value of `SANDBOX_CONFORMANCE_ADAPTER` and of `cargo xtask conformance <name>`.
+    pub name: &'static str,
+    /// The cargo package holding the adapter's conformance test target.
+    pub package: &'static str,
+    /// The `[[test]]` target (`--test <target>`).
+    pub test_target: &'static str,
+    pub services: &'static [Service],
+}
+
+/// Every adapter `cargo xtask test` runs the suite against. Adding one is one line here (plus a
+/// [`Service`] variant if it needs a new kind of service).
+pub const ADAPTERS: &[Adapter] = &[Adapter {
+    name: "fake",
+    package: "sandbox-testkit",
+    test_target: "conformance",
+    services: &[],
+}];
+
+pub fn find(name: &str) -> Option<&'static Adapter> {
+    ADAPTERS.iter().find(|a| a.name == name)
+}
+
+/// The registered adapter names, comma-separated (for error messages).
+pub fn names() -> String {
+    ADAPTERS
+        .iter()
+        .map(|a| a.name)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The services `adapter` needs, dependencies first, without duplicates.
+pub fn services_in_order(adapter: &Adapter) -> Vec<Service> {
+    fn visit(s: Service, out: &mut Vec<Service>) {
+        for &d in s.depends_on() {
+            visit(d, out);
+        }
+        if !out.contains(&s) {
+            out.push(s);
+        }
+    }
+    let mut out = Vec::new();
+    for &s in adapter.services {
+        visit(s, &mut out);
+    }
+    out
+}
+
+/// The prerequisites `adapter`'s suite needs (nextest plus its services' tools).
+pub fn tools(adapter: &Adapter) -> Vec<Tool> {
+    let mut tools = vec![Tool::Nextest];
+    for s in services_in_order(adapter) {
+        for &t in s.tools() {
+            if !tools.contains(&t) {
+                tools.push(t);
+            }
+        }
+    }
+    tools
+}
+
+/// The document the describe mode writes.
+#[derive(Clone, Debug, Deserialize)]
+pub struct Describe {
+    pub adapter: String,
+    pub cases: Vec<DescribedCase>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+pub struct DescribedCase {
+    /// e.g. `conformance::exec_argv_roundtrip`, exactly the nextest test name.
+    pub name: String,
+    pub applicable: bool,
+    /// Capabilities the case needs.
+    #[serde(default)]
+    pub requires: Vec<String>,
+    /// Which of those the adapter does not declare (why it is not applicable).
+    #[serde(default)]
+    pub missing: Vec<String>,
+}
+
+pub fn parse_describe(json: &str) -> Result<Describe, String> {
+    serde_json::from_str(json).map_err(|e| format!("cannot parse the describe document: {e}"))
+}
+
+/// One adapter's results: the table and what is wrong with them.
+#[derive(Clone, Debug, Default)]
+pub struct Report {
+    pub adapter: String,
+    pub counts: Counts,
+    /// (short case name, missing capabilities).
+    pub not_applicable: Vec<(String, Vec<String>)>,
+    pub failed: Vec<String>,
+    pub skipped: Vec<String>,
+    /// Applicable in the describe document but absent from JUnit.
+    pub missing_from_junit: Vec<String>,
+    /// Ran, but the describe document does not know them.
+    pub undescribed: Vec<String>,
+    /// The describe document names another adapter.
+    pub adapter_mismatch: Option<String>,
+}
+
+/// `conformance::exec_argv_roundtrip` → `exec_argv_roundtrip`.
+pub fn short_name(name: &str) -> &str {
+    name.strip_prefix("conformance::").unwrap_or(name)
+}
+
+/// Compares the describe document with what nextest reported.
+pub fn evaluate(adapter: &str, describe: &Describe, junit: &[TestCase]) -> Report {
+    let mut r = Report {
+        adapter: adapter.to_owned(),
+        counts: Counts::of(junit),
+        ..Report::default()
+    };
+    if describe.adapter != adapter {
+        r.adapter_mismatch = Some(describe.adapter.clone());
+    }
+    for case in &describe.cases {
+        if case.applicable {
+            if !junit.iter().any(|t| t.name == case.name) {
+                r.missing_from_junit.push(case.name.clone());
+            }
+        } else {
+            let why = if case.missing.is_empty() {
+                case.requires.clone()
+            } else {
+                case.missing.clone()
+            };
+            r.not_applicable
+                .push((short_name(&case.name).to_owned(), why));
+        }
+    }
+    for t in junit {
+        match t.status {
+            Status::Passed => {}
+            Status::Failed => r.failed.push(t.name.clone()),
+            Status::Skipped => r.skipped.push(t.name.clone()),
+        }
+        if !describe.cases.iter().any(|c| c.name == t.name) {
+            r.undescribed.push(t.name.clone());
+        }
+    }
+    r
+}
+
+impl Report {
+    /// The table printed per adapter.
+    pub fn table(&self) -> String {
+        let c = &self.counts;
+        let mut s = format!("conformance: {}\n", self.adapter);
+        s.push_str("  registered  passed  failed  skipped  not applicable\n");
+        let _ = writeln!(
+            s,
+            "  {:>10}  {:>6}  {:>6}  {:>7}  {:>14}",
+            c.total(),
+            c.passed,
+            c.failed,
+            c.skipped,
+            self.not_applicable.len()
+        );
+        if !self.not_applicable.is_empty() {
+            let list: Vec<String> = self
+                .not_applicable
+                .iter()
+                .map(|(name, why)| {
+                    if why.is_empty() {
+                        name.clone()
+                    } else {
+                        format!("{name} (needs {})", why.join(", "))
+                    }
+                })
+                .collect();
+            let _ = writeln!(s, "  not applicable: {}", list.join(", "));
+        }
+        for (label, list) in [
+            ("failed", &self.failed),
+            ("skipped", &self.skipped),
+            ("applicable but not run", &self.missing_from_junit),
+            ("ran but not described", &self.undescribed),
+        ] {
+            if !list.is_empty() {
+                let names: Vec<&str> = list.iter().map(|n| short_name(n)).collect();
+                let _ = writeln!(s, "  {label}: {}", names.join(", "));
+            }
+        }
+        s
+    }
+
+    /// Reasons this run fails. Under CI a skipped or vanished case fails too: no silent skips.
+    pub fn problems(&self, ci: bool) -> Vec<String> {
+        let mut p = Vec::new();
+        let a = &self.adapter;
+        if let Some(other) = &self.adapter_mismatch {
+            p.push(format!(
+                "{a}: the describe document is for adapter {other:?}"
+            ));
+        }
+        if self.counts.total() == 0 {
+            p.push(format!("{a}: no conformance case ran"));
+        }
+        if !self.failed.is_empty() {
+            p.push(format!("{a}: {} case(s) failed", self.failed.len()));
+        }
+        if ci && !self.skipped.is_empty() {
+            p.push(format!(
+                "{a}: {} registered case(s) were skipped (no silent skips in CI)",
+                self.skipped.len()
+            ));
+        }
+        if ci && !self.missing_from_junit.is_empty() {
+            p.push(format!(
+                "{a}: {} applicable case(s) are missing from the JUnit report",
+                self.missing_from_junit.len()
+            ));
+        }
+        p
+    }
+
+    /// What is suspicious but tolerated (locally, or always for undescribed cases).
+    pub fn warnings(&self, ci: bool) -> Vec<String> {
+        let mut w = Vec::new();
+        let a = &self.adapter;
+        if !ci && !self.skipped.is_empty() {
+            w.push(format!(
+                "{a}: {} registered case(s) were skipped (a failure under CI=true)",
+                self.skipped.len()
+            ));
+        }
+        if !ci && !self.missing_from_junit.is_empty() {
+            w.push(format!(
+                "{a}: {} applicable case(s) are missing from the JUnit report (a failure under CI=true)",
+                self.missing_from_junit.len()
+            ));
+        }
+        if !self.undescribed.is_empty() {
+            w.push(format!(
+                "{a}: {} case(s) ran that the describe document does not list",
+                self.undescribed.len()
+            ));
+        }
+        w
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DESCRIBE: &str = r#"{"adapter":"fake","cases":[
+        {"name":"conformance::exec_argv_roundtrip","applicable":true,"requires":["metadata"],"missing":[]},
+        {"name":"conformance::files_roundtrip","applicable":true,"requires":[],"missing":[]},
+        {"name":"conformance::terminal_roundtrip","applicable":false,"requires":["pty"],"missing":["pty"]},
+        {"name":"conformance::exec_shell_form","applicable":false,"requires":["posix_shell","metadata"],"missing":["posix_shell"]}
+    ]}"#;
+
+    fn case(name: &str, status: Status) -> TestCase {
+        TestCase {
+            name: name.into(),
+            classname: None,
+            status,
+        }
+    }
+
+    #[test]
+    fn all_passed() {
+        let d = parse_describe(DESCRIBE).unwrap();
+        let junit = [
+            case("conformance::exec_argv_roundtrip", Status::Passed),
+            case("conformance::files_roundtrip", Status::Passed),
+        ];
+        let r = evaluate("fake", &d, &junit);
+        assert_eq!(r.problems(true), Vec::<String>::new());
+        assert_eq!(r.warnings(true), Vec::<String>::new());
+        assert_eq!(
+            r.table(),
+            "conformance: fake\n\
+             \x20 registered  passed  failed  skipped  not applicable\n\
+             \x20          2       2       0        0               2\n\
+             \x20 not applicable: terminal_roundtrip (needs pty), exec_shell_form (needs posix_shell)\n"
+        );
+    }
+
+    #[test]
+    fn failures_skips_and_vanished_cases() {
+        let d = parse_describe(DESCRIBE).unwrap();
+        let junit = [
+            case("conformance::exec_argv_roundtrip", Status::Failed),
+            case("conformance::surprise", Status::Skipped),
+        ];
+        let r = evaluate("fake", &d, &junit);
+        assert_eq!(r.failed, vec!["conformance::exec_argv_roundtrip"]);
+        assert_eq!(r.missing_from_junit, vec!["conformance::files_roundtrip"]);
+        assert_eq!(r.undescribed, vec!["conformance::surprise"]);
+        // Locally: only the failure fails; skip and vanished case are warnings.
+        assert_eq!(r.problems(false).len(), 1);
+        assert_eq!(r.warnings(false).len(), 3);
+        // In CI all three fail.
+        assert_eq!(r.problems(true).len(), 3);
+        let table = r.table();
+        assert!(table.contains("  failed: exec_argv_roundtrip\n"), "{table}");
+        assert!(
+            table.contains("  applicable but not run: files_roundtrip\n"),
+            "{table}"
+        );
+    }
+
+    #[test]
+    fn nothing_ran_and_wrong_adapter() {
+        let d = parse_describe(DESCRIBE).unwrap();
+        let r = evaluate("docker", &d, &[]);
+        let p = r.problems(false);
+        assert!(
+            p.iter().any(|p| p.contains("no conformance case ran")),
+            "{p:?}"
+        );
+        assert!(p.iter().any(|p| p.contains("\"fake\"")), "{p:?}");
+    }
+
+    #[test]
+    fn registry_is_consistent() {
+        assert!(find("fake").is_some());
+        assert!(find("nope").is_none());
+        for a in ADAPTERS {
+            assert_eq!(ADAPTERS.iter().filter(|b| b.name == a.name).count(), 1);
+        }
+    }
+
+    #[test]
+    fn services_come_dependencies_first() {
+        let a = Adapter {
+            name: "x",
+            package: "p",
+            test_target: "t",
+            services: &[Service::TestImage, Service::DockerEngine],
+        };
+        assert_eq!(
+            services_in_order(&a),
+            vec![Service::DockerEngine, Service::TestImage]
+        );
+        assert_eq!(tools(&a), vec![Tool::Nextest, Tool::Docker, Tool::Busybox]);
+    }
+}

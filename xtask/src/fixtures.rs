@@ -1,0 +1,345 @@
+//! Services the suites need: the Docker engine and the local test image. Each is started at most
+//! once per run, remembered, and undone by [`Fixtures::cleanup`] (what we started, we stop).
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use xtask::conformance::Service;
+use xtask::process::{self, Output, Stream};
+
+/// The image the Docker adapter's tests run: busybox and nothing else, built locally so tests
+/// never pull from a registry.
+pub(crate) const TEST_IMAGE: &str = "sandbox-busybox:test";
+/// Every container a test creates carries this label, so cleanup can find leftovers.
+pub(crate) const TEST_LABEL: &str = "sandbox.test=1";
+const BUSYBOX: &str = "/bin/busybox";
+const DOCKER_SOCKET: &str = "unix:///var/run/docker.sock";
+
+const DOCKER_PROBE_DEADLINE: Duration = Duration::from_secs(20);
+const DOCKERD_START_DEADLINE: Duration = Duration::from_secs(60);
+const DOCKERD_STOP_DEADLINE: Duration = Duration::from_secs(20);
+const IMAGE_BUILD_DEADLINE: Duration = Duration::from_secs(300);
+const SMOKE_RUN_DEADLINE: Duration = Duration::from_secs(60);
+const DOCKER_CLEANUP_DEADLINE: Duration = Duration::from_secs(120);
+
+/// How many lines of each service log to show when a run fails.
+const LOG_TAIL: usize = 200;
+
+pub(crate) struct Fixtures {
+    logs_dir: PathBuf,
+    engine: Option<Result<(), String>>,
+    image: Option<Result<(), String>>,
+    /// dockerd, when this run started it.
+    dockerd: Option<Child>,
+    /// Whether the test image did not exist before this run built it.
+    remove_image: bool,
+    temp_dirs: Vec<PathBuf>,
+    /// (service, log file) for every service this run started.
+    logs: Vec<(&'static str, PathBuf)>,
+    cleaned: bool,
+}
+
+/// `docker <args>` against the default socket. `DOCKER_HOST` is dropped: the engine xtask checks,
+/// starts and cleans up is the local one, and the tests must see the same one.
+pub(crate) fn docker<I, S>(args: I) -> Command
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
+    let mut cmd = process::command("docker", args);
+    cmd.env_remove("DOCKER_HOST");
+    cmd
+}
+
+impl Fixtures {
+    pub(crate) fn new(target: &Path) -> Self {
+        Self {
+            logs_dir: target.join("xtask").join("logs"),
+            engine: None,
+            image: None,
+            dockerd: None,
+            remove_image: false,
+            temp_dirs: Vec::new(),
+            logs: Vec::new(),
+            cleaned: false,
+        }
+    }
+
+    /// Starts `service` (and what it needs) unless this run already did; the result is cached.
+    pub(crate) fn ensure(&mut self, service: Service) -> Result<(), String> {
+        match service {
+            Service::DockerEngine => {
+                if self.engine.is_none() {
+                    self.engine = Some(self.start_engine());
+                }
+                self.engine.clone().unwrap_or(Ok(()))
+            }
+            Service::TestImage => {
+                self.ensure(Service::DockerEngine)
+                    .map_err(|e| format!("no Docker engine: {e}"))?;
+                if self.image.is_none() {
+                    self.image = Some(self.build_image());
+                }
+                self.image.clone().unwrap_or(Ok(()))
+            }
+        }
+    }
+
+    /// Whether a service failed to start (its logs are then worth showing).
+    pub(crate) fn any_failed(&self) -> bool {
+        [&self.engine, &self.image]
+            .iter()
+            .any(|r| matches!(r, Some(Err(_))))
+    }
+
+    fn start_engine(&mut self) -> Result<(), String> {
+        if let Some(host) = std::env::var_os("DOCKER_HOST") {
+            println!(
+                "    note: ignoring DOCKER_HOST={}: xtask uses the default socket {DOCKER_SOCKET}",
+                host.to_string_lossy()
+            );
+        }
+        if let Some(version) = engine_version(DOCKER_PROBE_DEADLINE) {
+            println!("    Docker engine already running (server {version})");
+            return Ok(());
+        }
+        let dockerd = process::find_executable("dockerd")
+            .ok_or("the Docker engine is not running and dockerd is not installed (apt-get install docker.io)")?;
+        if !process::is_root() {
+            return Err(
+                "the Docker engine is not running and starting dockerd needs root \
+                 (start it yourself, e.g. `sudo dockerd`)"
+                    .into(),
+            );
+        }
+        std::fs::create_dir_all(&self.logs_dir)
+            .map_err(|e| format!("cannot create {}: {e}", self.logs_dir.display()))?;
+        let log_path = self.logs_dir.join("dockerd.log");
+        let log = File::create(&log_path)
+            .map_err(|e| format!("cannot create {}: {e}", log_path.display()))?;
+        let log_err = log
+            .try_clone()
+            .map_err(|e| format!("cannot reopen {}: {e}", log_path.display()))?;
+        println!(
+            "    starting {} --host {DOCKER_SOCKET} (log: {})",
+            dockerd.display(),
+            log_path.display()
+        );
+        let child = Command::new(&dockerd)
+            .args(["--host", DOCKER_SOCKET])
+            .env_remove("DOCKER_HOST")
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log_err)
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", dockerd.display()))?;
+        self.logs.push(("dockerd", log_path));
+        let dockerd = self.dockerd.insert(child);
+
+        let start = Instant::now();
+        while start.elapsed() < DOCKERD_START_DEADLINE {
+            if let Ok(Some(status)) = dockerd.try_wait() {
+                return Err(format!("dockerd exited ({status}) before answering"));
+            }
+            // Short probes: a daemon that is still starting may accept and not answer yet.
+            if let Some(version) = engine_version(Duration::from_secs(5)) {
+                println!(
+                    "    Docker engine up after {} (server {version})",
+                    crate::ui::secs(start.elapsed())
+                );
+                return Ok(());
+            }
+            thread::sleep(Duration::from_millis(500));
+        }
+        Err(format!(
+            "dockerd did not answer `docker version` within {}s",
+            DOCKERD_START_DEADLINE.as_secs()
+        ))
+    }
+
+    fn build_image(&mut self) -> Result<(), String> {
+        if !Path::new(BUSYBOX).is_file() {
+            return Err(format!(
+                "{BUSYBOX} is missing (apt-get install busybox-static)"
+            ));
+        }
+        let existed = run_quiet(
+            docker(["image", "inspect", TEST_IMAGE]),
+            DOCKER_PROBE_DEADLINE,
+        )
+        .is_ok();
+
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let dir =
+            std::env::temp_dir().join(format!("xtask-test-image-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        self.temp_dirs.push(dir.clone());
+        std::fs::copy(BUSYBOX, dir.join("busybox"))
+            .map_err(|e| format!("cannot copy {BUSYBOX}: {e}"))?;
+        // busybox-static needs no loader or libraries, so the image is that one file plus its
+        // applet links; the legacy builder (no BuildKit) needs no registry for `FROM scratch`.
+        let dockerfile = "FROM scratch\n\
+                          COPY busybox /bin/busybox\n\
+                          RUN [\"/bin/busybox\", \"--install\", \"-s\", \"/bin\"]\n";
+        std::fs::write(dir.join("Dockerfile"), dockerfile)
+            .map_err(|e| format!("cannot write the Dockerfile: {e}"))?;
+
+        let mut build = docker(["build", "-t", TEST_IMAGE]);
+        build.arg(&dir).env("DOCKER_BUILDKIT", "0");
+        let mut show = |_: Stream, line: &str| println!("    build | {line}");
+        let outcome = process::run_with_deadline(
+            &mut build,
+            IMAGE_BUILD_DEADLINE,
+            Output::Stream(&mut show),
+        )?;
+        outcome.check()?;
+        if !existed {
+            self.remove_image = true;
+        }
+
+        let mut smoke = docker([
+            "run",
+            "--rm",
+            "--pull=never",
+            "--network",
+            "none",
+            "--label",
+            TEST_LABEL,
+            TEST_IMAGE,
+            "sh",
+            "-c",
+            "echo sandbox-image-ok",
+        ]);
+        let outcome = process::run_with_deadline(&mut smoke, SMOKE_RUN_DEADLINE, Output::Capture)?;
+        outcome.check()?;
+        if outcome.stdout.trim() != "sandbox-image-ok" {
+            return Err(format!(
+                "the smoke run of {TEST_IMAGE} printed {:?} instead of \"sandbox-image-ok\"",
+                outcome.stdout.trim()
+            ));
+        }
+        println!("    {TEST_IMAGE} built and answers (sandbox-image-ok)");
+        Ok(())
+    }
+
+    /// Undoes what this run did: test containers, the test image if we created it, dockerd if
+    /// we started it, temporary directories. Returns what could not be undone.
+    pub(crate) fn cleanup(&mut self) -> Vec<String> {
+        self.cleaned = true;
+        let mut problems = Vec::new();
+        if matches!(self.engine, Some(Ok(()))) {
+            match run_quiet(
+                docker(["ps", "-aq", "--filter", &format!("label={TEST_LABEL}")]),
+                DOCKER_PROBE_DEADLINE,
+            ) {
+                Ok(out) => {
+                    let ids: Vec<&str> = out.split_whitespace().collect();
+                    if !ids.is_empty() {
+                        println!("    removing {} test container(s)", ids.len());
+                        let mut rm = docker(["rm", "-f"]);
+                        rm.args(&ids);
+                        if let Err(e) = run_quiet(rm, DOCKER_CLEANUP_DEADLINE) {
+                            problems.push(e);
+                        }
+                    }
+                }
+                Err(e) => problems.push(e),
+            }
+            if self.remove_image {
+                println!("    removing {TEST_IMAGE} (built by this run)");
+                if let Err(e) = run_quiet(docker(["rmi", TEST_IMAGE]), DOCKER_CLEANUP_DEADLINE) {
+                    problems.push(e);
+                }
+                self.remove_image = false;
+            }
+        }
+        if let Some(mut child) = self.dockerd.take() {
+            println!(
+                "    stopping dockerd (pid {}), which this run started",
+                child.id()
+            );
+            if let Err(e) = stop(&mut child, DOCKERD_STOP_DEADLINE) {
+                problems.push(e);
+            }
+        }
+        for dir in self.temp_dirs.drain(..) {
+            if let Err(e) = std::fs::remove_dir_all(&dir) {
+                problems.push(format!("cannot remove {}: {e}", dir.display()));
+            }
+        }
+        problems
+    }
+
+    /// Prints the last lines of every service log this run started.
+    pub(crate) fn dump_logs(&self) {
+        for (name, path) in &self.logs {
+            println!(
+                "==> last {LOG_TAIL} lines of the {name} log ({})",
+                path.display()
+            );
+            match std::fs::read(path) {
+                Ok(bytes) => {
+                    let text = String::from_utf8_lossy(&bytes);
+                    println!("{}", process::tail_lines(&text, LOG_TAIL));
+                }
+                Err(e) => println!("(cannot read it: {e})"),
+            }
+            println!("<== {name} log");
+        }
+    }
+}
+
+impl Drop for Fixtures {
+    fn drop(&mut self) {
+        // A panic between start and cleanup must not leave a daemon running.
+        if !self.cleaned {
+            for p in self.cleanup() {
+                eprintln!("warning: cleanup: {p}");
+            }
+        }
+    }
+}
+
+/// The server version when an engine answers on the default socket.
+fn engine_version(deadline: Duration) -> Option<String> {
+    run_quiet(
+        docker(["version", "--format", "{{.Server.Version}}"]),
+        deadline,
+    )
+    .ok()
+    .map(|v| v.trim().to_owned())
+}
+
+/// Runs `cmd` capturing output; stdout on success, else a one-paragraph error.
+fn run_quiet(mut cmd: Command, deadline: Duration) -> Result<String, String> {
+    let out = process::run_with_deadline(&mut cmd, deadline, Output::Capture)?;
+    out.check()?;
+    Ok(out.stdout)
+}
+
+/// SIGTERM, then up to `deadline` for a clean exit, then SIGKILL.
+fn stop(child: &mut Child, deadline: Duration) -> Result<(), String> {
+    if let Ok(Some(_)) = child.try_wait() {
+        return Ok(());
+    }
+    process::send_signal(child.id(), "TERM")?;
+    let start = Instant::now();
+    while start.elapsed() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return Ok(());
+        }
+        thread::sleep(Duration::from_millis(200));
+    }
+    process::kill_tree(child);
+    Err(format!(
+        "pid {} ignored SIGTERM for {}s and was killed",
+        child.id(),
+        deadline.as_secs()
+    ))
+}

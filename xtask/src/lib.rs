@@ -1,0 +1,11 @@
+//! The library half of xtask: everything that can be decided without printing (the tidy rules,
+//! the JUnit reader, the conformance and bench registries and reports, process deadlines), kept
+//! here so unit tests and `tests/tidy_live.rs` can reach it. `main.rs` is the command line.
+
+pub mod bench;
+pub mod conformance;
+pub mod junit;
+pub mod prereq;
+pub mod process;
+pub mod tidy;
+pub mod workspace;

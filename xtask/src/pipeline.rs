@@ -1,0 +1,269 @@
+//! `cargo xtask test` (the README's test command, and CI's) and `cargo xtask conformance`.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use xtask::conformance::{self, Adapter};
+use xtask::junit::{self, Counts};
+use xtask::prereq::Tool;
+use xtask::process::{self, Output};
+use xtask::tidy;
+
+use crate::Ctx;
+use crate::fixtures::Fixtures;
+use crate::prereq_stage::{self, Availability};
+use crate::suite::{self, AdapterResult};
+use crate::ui::{Stages, Verdict};
+
+const FMT_DEADLINE: Duration = Duration::from_secs(600);
+/// Clippy and the test build compile the whole workspace; on a cold 2-core machine that is the
+/// bulk of a run.
+const CLIPPY_DEADLINE: Duration = Duration::from_secs(2400);
+const NEXTEST_DEADLINE: Duration = Duration::from_secs(3000);
+const DOCTEST_DEADLINE: Duration = Duration::from_secs(1800);
+
+/// The nextest profile of the hermetic tier.
+const CI_PROFILE: &str = "ci";
+
+/// Everything the pipeline may need.
+const ALL_TOOLS: &[Tool] = &[
+    Tool::Docker,
+    Tool::Busybox,
+    Tool::Nextest,
+    Tool::Rustfmt,
+    Tool::Clippy,
+];
+
+pub(crate) fn test(ctx: &Ctx) -> ExitCode {
+    let mut stages = Stages::new();
+    let mut fixtures = Fixtures::new(&ctx.target);
+    let mut avail = Availability::default();
+    let mut counts: Option<Counts> = None;
+    println!(
+        "xtask test: {} run in {}",
+        if ctx.ci { "CI (CI=true)" } else { "local" },
+        ctx.root.display()
+    );
+
+    stages.run("prerequisites", || {
+        let (a, verdict) = prereq_stage::ensure(ctx, ALL_TOOLS, ctx.ci);
+        avail = a;
+        verdict
+    });
+
+    stages.run("fixtures", || fixtures_stage(ctx, &mut fixtures, &avail));
+
+    stages.run("fmt", || {
+        if let Some(why) = avail.lacking(&[Tool::Rustfmt]) {
+            return Verdict::NotRun(why);
+        }
+        cargo_step(ctx, &["fmt", "--all", "--", "--check"], FMT_DEADLINE)
+    });
+
+    stages.run("clippy", || {
+        if let Some(why) = avail.lacking(&[Tool::Clippy]) {
+            return Verdict::NotRun(why);
+        }
+        cargo_step(
+            ctx,
+            &[
+                "clippy",
+                "--workspace",
+                "--all-targets",
+                "--",
+                "-D",
+                "warnings",
+            ],
+            CLIPPY_DEADLINE,
+        )
+    });
+
+    stages.run("tidy", || tidy_stage(ctx));
+
+    stages.run("hermetic tests", || {
+        if let Some(why) = avail.lacking(&[Tool::Nextest]) {
+            return Verdict::NotRun(why);
+        }
+        hermetic_stage(ctx, &mut counts)
+    });
+
+    stages.run("conformance", || {
+        let results: Vec<AdapterResult> = conformance::ADAPTERS
+            .iter()
+            .map(|a| suite::run_adapter(ctx, &mut fixtures, &avail, a, ctx.ci))
+            .collect();
+        for c in results.iter().filter_map(|r| r.counts) {
+            counts.get_or_insert_default().add(c);
+        }
+        conformance_verdict(&results)
+    });
+
+    finish(ctx, stages, fixtures, counts)
+}
+
+/// `cargo xtask conformance <adapter>`: only what that adapter needs.
+pub(crate) fn conformance_one(ctx: &Ctx, adapter: &Adapter) -> ExitCode {
+    let mut stages = Stages::new();
+    let mut fixtures = Fixtures::new(&ctx.target);
+    let mut avail = Availability::default();
+    let mut counts = None;
+
+    // The adapter was asked for by name: anything that keeps it from running is a failure.
+    stages.run("prerequisites", || {
+        let (a, verdict) = prereq_stage::ensure(ctx, &conformance::tools(adapter), true);
+        avail = a;
+        verdict
+    });
+    stages.run("conformance", || {
+        let r = suite::run_adapter(ctx, &mut fixtures, &avail, adapter, true);
+        counts = r.counts;
+        conformance_verdict(&[r])
+    });
+    finish(ctx, stages, fixtures, counts)
+}
+
+/// Cleanup (always), service logs (after a failure), the summary and the exit code.
+fn finish(
+    ctx: &Ctx,
+    mut stages: Stages,
+    mut fixtures: Fixtures,
+    counts: Option<Counts>,
+) -> ExitCode {
+    stages.always("cleanup", || {
+        let problems = fixtures.cleanup();
+        if problems.is_empty() {
+            Verdict::Passed
+        } else {
+            Verdict::Warned(problems)
+        }
+    });
+    if stages.failed() || fixtures.any_failed() {
+        fixtures.dump_logs();
+    }
+    stages.summary();
+    let code = match stages.first_failure() {
+        Some(stage) => {
+            println!("xtask: FAILED at stage {stage}");
+            ExitCode::FAILURE
+        }
+        None => {
+            println!("xtask: ok{}", if ctx.ci { " (CI)" } else { "" });
+            ExitCode::SUCCESS
+        }
+    };
+    // Last, alone on a line: the totals of every nextest run (hermetic + conformance).
+    if let Some(c) = counts {
+        println!(
+            "tests: {} passed, {} failed, {} skipped",
+            c.passed, c.failed, c.skipped
+        );
+    }
+    code
+}
+
+fn fixtures_stage(ctx: &Ctx, fixtures: &mut Fixtures, avail: &Availability) -> Verdict {
+    if let Some(why) = avail.lacking(&[Tool::Docker, Tool::Busybox]) {
+        return Verdict::NotRun(why);
+    }
+    // Started even when no registered adapter needs them yet: the image and engine are part of
+    // the pipeline's contract, and a broken fixture should show up before the suites need it.
+    let result = fixtures
+        .ensure(conformance::Service::DockerEngine)
+        .and_then(|()| fixtures.ensure(conformance::Service::TestImage));
+    match result {
+        Ok(()) => Verdict::Passed,
+        Err(e) if ctx.ci => Verdict::Failed(e),
+        Err(e) => Verdict::Warned(vec![format!(
+            "{e} (the suites that need Docker will not run; under CI=true this fails)"
+        )]),
+    }
+}
+
+fn cargo_step(ctx: &Ctx, args: &[&str], deadline: Duration) -> Verdict {
+    println!("    cargo {}", args.join(" "));
+    let mut cmd = ctx.cargo_cmd(args);
+    match process::run_with_deadline(&mut cmd, deadline, Output::Inherit) {
+        Ok(o) if o.success() => Verdict::Passed,
+        Ok(o) => Verdict::Failed(o.describe()),
+        Err(e) => Verdict::Failed(e),
+    }
+}
+
+pub(crate) fn tidy_stage(ctx: &Ctx) -> Verdict {
+    match tidy::check_live(&ctx.root) {
+        Ok(v) if v.is_empty() => {
+            println!("    tidy: no violations");
+            Verdict::Passed
+        }
+        Ok(v) => {
+            for line in &v {
+                println!("{line}");
+            }
+            Verdict::Failed(format!("{} violation(s)", v.len()))
+        }
+        Err(e) => Verdict::Failed(e),
+    }
+}
+
+fn hermetic_stage(ctx: &Ctx, counts: &mut Option<Counts>) -> Verdict {
+    let junit = suite::junit_path(&ctx.target, CI_PROFILE);
+    if let Err(e) = suite::remove_stale(&junit) {
+        return Verdict::Failed(e);
+    }
+    let nextest = cargo_step(
+        ctx,
+        &[
+            "nextest",
+            "run",
+            "--workspace",
+            "--profile",
+            CI_PROFILE,
+            "-E",
+            "not binary(conformance)",
+        ],
+        NEXTEST_DEADLINE,
+    );
+    match std::fs::read_to_string(&junit).map(|xml| junit::parse(&xml)) {
+        Ok(Ok(cases)) => {
+            let c = Counts::of(&cases);
+            println!(
+                "    nextest: {} passed, {} failed, {} skipped",
+                c.passed, c.failed, c.skipped
+            );
+            counts.get_or_insert_default().add(c);
+        }
+        Ok(Err(e)) => println!("    warning: cannot read {}: {e}", junit.display()),
+        Err(_) => {}
+    }
+    if !matches!(nextest, Verdict::Passed) {
+        return nextest;
+    }
+    cargo_step(ctx, &["test", "--workspace", "--doc"], DOCTEST_DEADLINE)
+}
+
+fn conformance_verdict(results: &[AdapterResult]) -> Verdict {
+    let problems: Vec<&String> = results.iter().flat_map(|r| &r.problems).collect();
+    if !problems.is_empty() {
+        return Verdict::Failed(
+            problems
+                .iter()
+                .map(|s| s.as_str())
+                .collect::<Vec<_>>()
+                .join("\n"),
+        );
+    }
+    let warnings: Vec<String> = results
+        .iter()
+        .flat_map(|r| {
+            r.not_run
+                .iter()
+                .map(|n| format!("not run: {n}"))
+                .chain(r.warnings.iter().cloned())
+        })
+        .collect();
+    if warnings.is_empty() {
+        Verdict::Passed
+    } else {
+        Verdict::Warned(warnings)
+    }
+}

@@ -1,0 +1,183 @@
+//! Prerequisites: the tools the pipeline needs, how to tell they are there, and how to get them.
+//!
+//! One table, so a later service (redis-server, ...) is one more line.
+
+use std::path::Path;
+use std::time::Duration;
+
+use crate::process::{self, Output};
+
+/// What a prerequisite makes possible; stages and services name the tools they need.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Tool {
+    /// The Docker client and daemon.
+    Docker,
+    /// A static busybox, the only file of the test image.
+    Busybox,
+    Nextest,
+    Rustfmt,
+    Clippy,
+}
+
+/// How to tell a prerequisite is present.
+#[derive(Clone, Copy, Debug)]
+pub enum Probe {
+    /// An executable on `PATH` (or in an sbin directory).
+    Executable(&'static str),
+    /// A file at a fixed path.
+    File(&'static str),
+    /// `cargo <subcommand> --version` succeeds.
+    CargoSubcommand(&'static str),
+}
+
+/// How to get a missing prerequisite.
+#[derive(Clone, Copy, Debug)]
+pub enum Install {
+    /// A Debian package (installed automatically when root and apt-get are available).
+    Apt(&'static str),
+    /// `cargo install <crate> --locked` (run automatically).
+    CargoInstall(&'static str),
+    /// A rustup component: only named, since toolchains cannot be fetched from every machine.
+    RustupComponent(&'static str),
+}
+
+impl Install {
+    /// The command a person would type.
+    pub fn hint(self) -> String {
+        match self {
+            Self::Apt(pkg) => format!("apt-get install {pkg}"),
+            Self::CargoInstall(krate) => format!("cargo install {krate} --locked"),
+            Self::RustupComponent(c) => format!("rustup component add {c}"),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Prerequisite {
+    pub tool: Tool,
+    /// Shown in messages.
+    pub what: &'static str,
+    pub probe: Probe,
+    pub install: Install,
+    /// Why the pipeline needs it.
+    pub reason: &'static str,
+}
+
+/// Everything `cargo xtask test` may need. Add a line per new tool (e.g. redis-server).
+pub const PREREQUISITES: &[Prerequisite] = &[
+    Prerequisite {
+        tool: Tool::Docker,
+        what: "docker",
+        probe: Probe::Executable("docker"),
+        install: Install::Apt("docker.io"),
+        reason: "the Docker client: builds the test image and talks to the engine",
+    },
+    Prerequisite {
+        tool: Tool::Docker,
+        what: "dockerd",
+        probe: Probe::Executable("dockerd"),
+        install: Install::Apt("docker.io"),
+        reason: "the Docker engine, started by xtask when none is running",
+    },
+    Prerequisite {
+        tool: Tool::Busybox,
+        what: "/bin/busybox",
+        probe: Probe::File("/bin/busybox"),
+        install: Install::Apt("busybox-static"),
+        reason: "a static busybox is the whole sandbox-busybox:test image (FROM scratch, no registry)",
+    },
+    Prerequisite {
+        tool: Tool::Nextest,
+        what: "cargo nextest",
+        probe: Probe::CargoSubcommand("nextest"),
+        install: Install::CargoInstall("cargo-nextest"),
+        reason: "runs the hermetic and conformance suites with deadlines and JUnit reports",
+    },
+    Prerequisite {
+        tool: Tool::Rustfmt,
+        what: "cargo fmt",
+        probe: Probe::CargoSubcommand("fmt"),
+        install: Install::RustupComponent("rustfmt"),
+        reason: "the fmt stage",
+    },
+    Prerequisite {
+        tool: Tool::Clippy,
+        what: "cargo clippy",
+        probe: Probe::CargoSubcommand("clippy"),
+        install: Install::RustupComponent("clippy"),
+        reason: "the clippy stage",
+    },
+];
+
+/// The prerequisites for `tools`.
+pub fn for_tools(tools: &[Tool]) -> Vec<&'static Prerequisite> {
+    PREREQUISITES
+        .iter()
+        .filter(|p| tools.contains(&p.tool))
+        .collect()
+}
+
+const PROBE_DEADLINE: Duration = Duration::from_secs(60);
+
+/// Whether `p` is present. `cargo` is the cargo to ask about subcommands.
+pub fn present(p: &Prerequisite, cargo: &Path) -> bool {
+    match p.probe {
+        Probe::Executable(name) => process::find_executable(name).is_some(),
+        Probe::File(path) => Path::new(path).is_file(),
+        Probe::CargoSubcommand(sub) => {
+            let mut cmd = process::command(cargo, [sub, "--version"]);
+            process::run_with_deadline(&mut cmd, PROBE_DEADLINE, Output::Capture)
+                .is_ok_and(|o| o.success())
+        }
+    }
+}
+
+/// The distinct Debian packages among `missing`, in table order.
+pub fn apt_packages(missing: &[&Prerequisite]) -> Vec<&'static str> {
+    let mut pkgs = Vec::new();
+    for p in missing {
+        if let Install::Apt(pkg) = p.install
+            && !pkgs.contains(&pkg)
+        {
+            pkgs.push(pkg);
+        }
+    }
+    pkgs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn apt_packages_are_deduplicated() {
+        let missing = for_tools(&[Tool::Docker, Tool::Busybox, Tool::Nextest]);
+        assert_eq!(missing.len(), 4);
+        assert_eq!(apt_packages(&missing), vec!["docker.io", "busybox-static"]);
+    }
+
+    #[test]
+    fn every_tool_has_a_prerequisite() {
+        for tool in [
+            Tool::Docker,
+            Tool::Busybox,
+            Tool::Nextest,
+            Tool::Rustfmt,
+            Tool::Clippy,
+        ] {
+            assert!(!for_tools(&[tool]).is_empty(), "{tool:?}");
+        }
+    }
+
+    #[test]
+    fn hints_name_the_command() {
+        assert_eq!(
+            Install::Apt("busybox-static").hint(),
+            "apt-get install busybox-static"
+        );
+        assert_eq!(
+            Install::CargoInstall("cargo-nextest").hint(),
+            "cargo install cargo-nextest --locked"
+        );
+    }
+}
