@@ -135,6 +135,10 @@ pub struct DescribedCase {
     /// Which of those the adapter does not declare (why it is not applicable).
     #[serde(default)]
     pub missing: Vec<String>,
+    /// Why the case does not apply, in words ("needs pty", "checks the refusal without
+    /// metadata"); preferred over `missing` when present.
+    #[serde(default)]
+    pub reason: Option<String>,
 }
 
 pub fn parse_describe(json: &str) -> Result<Describe, String> {
@@ -146,8 +150,8 @@ pub fn parse_describe(json: &str) -> Result<Describe, String> {
 pub struct Report {
     pub adapter: String,
     pub counts: Counts,
-    /// (short case name, missing capabilities).
-    pub not_applicable: Vec<(String, Vec<String>)>,
+    /// (short case name, why it does not apply).
+    pub not_applicable: Vec<(String, String)>,
     pub failed: Vec<String>,
     pub skipped: Vec<String>,
     /// Applicable in the describe document but absent from JUnit.
@@ -179,10 +183,11 @@ pub fn evaluate(adapter: &str, describe: &Describe, junit: &[TestCase]) -> Repor
                 r.missing_from_junit.push(case.name.clone());
             }
         } else {
-            let why = if case.missing.is_empty() {
-                case.requires.clone()
-            } else {
-                case.missing.clone()
+            let why = match &case.reason {
+                Some(reason) => reason.clone(),
+                None if !case.missing.is_empty() => format!("needs {}", case.missing.join(", ")),
+                None if !case.requires.is_empty() => format!("needs {}", case.requires.join(", ")),
+                None => String::new(),
             };
             r.not_applicable
                 .push((short_name(&case.name).to_owned(), why));
@@ -224,7 +229,7 @@ impl Report {
                     if why.is_empty() {
                         name.clone()
                     } else {
-                        format!("{name} (needs {})", why.join(", "))
+                        format!("{name} ({why})")
                     }
                 })
                 .collect();

@@ -76,7 +76,7 @@ pub enum TerminalEvent {
 
 /// The reading half of a terminal.
 #[async_trait]
-pub trait TerminalOutput: Send + std::fmt::Debug {
+pub trait TerminalOutput: Send + Sync + std::fmt::Debug {
     /// The next event; `None` once the session has ended (after `Exited`/`Failed`, or after
     /// close). Cancel-safe: dropping the future loses no event.
     async fn next_event(&mut self) -> Option<TerminalEvent>;

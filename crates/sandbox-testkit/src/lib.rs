@@ -1,1 +1,17 @@
-//! Test kit (in progress).
+//! `sandbox-testkit`: what every adapter is judged by.
+//!
+//! - [`conformance`]: the provider conformance suite — plain async cases over
+//!   `&dyn SandboxProvider`, registered per declared capability, with random payloads, and a
+//!   libtest harness ([`conformance::harness::run_main`]) each adapter's `tests/conformance.rs`
+//!   calls.
+//! - [`fake`]: the in-memory fake provider (conformance adapter `fake`) with failure injection.
+//! - [`faults`]: a fault-injecting wrapper for any `BindingStore`.
+//!
+//! This crate is a dev-dependency only; `cargo xtask tidy` refuses it as a normal dependency.
+
+pub mod conformance;
+pub mod fake;
+pub mod faults;
+
+pub use fake::{FakeOp, FakeProvider, fake_capabilities};
+pub use faults::{FaultyStore, StoreOp};

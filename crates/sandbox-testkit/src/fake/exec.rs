@@ -1,0 +1,189 @@
+//! The fake's portable argv vocabulary, run natively (no shell is interpreted):
+//! `echo [-n] ARGS`, `cat [FILE...]`, `pwd`, `env`, `sleep SECONDS`, `exit N`,
+//! `head -c N [FILE]`, `true`, `false`. Anything else exits 127 with "command not found", as a
+//! shell would. Real backends run the same argv as real programs (`exit N` is the exception:
+//! it is a shell builtin, so the conformance suite sends `sh -c 'exit N'` where a POSIX shell
+//! exists).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use sandbox_core::{OutputHook, OutputStream, SandboxPath};
+
+use super::fs::MemFs;
+
+/// Collects a process's output and forwards each chunk to the caller's hook as it is produced.
+#[derive(Debug, Default)]
+pub(crate) struct Output {
+    pub(crate) stdout: Vec<u8>,
+    pub(crate) stderr: Vec<u8>,
+    hook: Option<OutputHook>,
+}
+
+impl Output {
+    pub(crate) fn new(hook: Option<OutputHook>) -> Self {
+        Output {
+            stdout: Vec::new(),
+            stderr: Vec::new(),
+            hook,
+        }
+    }
+    fn out(&mut self, bytes: &[u8]) {
+        self.stdout.extend_from_slice(bytes);
+        if let Some(hook) = &self.hook {
+            hook.emit(OutputStream::Stdout, bytes);
+        }
+    }
+    fn err(&mut self, bytes: &[u8]) {
+        self.stderr.extend_from_slice(bytes);
+        if let Some(hook) = &self.hook {
+            hook.emit(OutputStream::Stderr, bytes);
+        }
+    }
+}
+
+/// Everything a fake process can see.
+pub(crate) struct ProcessEnv {
+    pub(crate) argv: Vec<String>,
+    pub(crate) stdin: Vec<u8>,
+    pub(crate) env: BTreeMap<String, String>,
+    pub(crate) cwd: SandboxPath,
+    /// The sandbox's filesystem, read at the moment a command opens a file.
+    pub(crate) fs: Arc<Mutex<MemFs>>,
+}
+
+/// Runs one process to completion, writing into `output` (shared so that a timeout keeps what
+/// was produced before the kill). Returns the exit status.
+pub(crate) async fn run(process: ProcessEnv, output: Arc<Mutex<Output>>) -> i32 {
+    let emit_out = |bytes: &[u8]| {
+        output
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .out(bytes)
+    };
+    let emit_err = |bytes: &[u8]| {
+        output
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .err(bytes)
+    };
+    let Some((program, args)) = process.argv.split_first() else {
+        emit_err(b"fake: empty command\n");
+        return 127;
+    };
+    match program.as_str() {
+        "true" => 0,
+        "false" => 1,
+        "echo" => {
+            let (newline, words) = match args.first().map(String::as_str) {
+                Some("-n") => (false, &args[1..]),
+                _ => (true, args),
+            };
+            let mut line = words.join(" ").into_bytes();
+            if newline {
+                line.push(b'\n');
+            }
+            emit_out(&line);
+            0
+        }
+        "pwd" => {
+            emit_out(format!("{}\n", process.cwd).as_bytes());
+            0
+        }
+        "env" => {
+            let mut text = String::new();
+            for (k, v) in &process.env {
+                text.push_str(&format!("{k}={v}\n"));
+            }
+            emit_out(text.as_bytes());
+            0
+        }
+        "cat" => {
+            if args.is_empty() {
+                emit_out(&process.stdin);
+                return 0;
+            }
+            let mut status = 0;
+            for name in args {
+                match read_file(&process, name) {
+                    Ok(bytes) => emit_out(&bytes),
+                    Err(message) => {
+                        emit_err(format!("cat: {name}: {message}\n").as_bytes());
+                        status = 1;
+                    }
+                }
+            }
+            status
+        }
+        "head" => match args {
+            [flag, count, rest @ ..] if flag == "-c" && rest.len() <= 1 => {
+                let Ok(count) = count.parse::<usize>() else {
+                    emit_err(format!("head: invalid number of bytes: {count}\n").as_bytes());
+                    return 1;
+                };
+                let bytes = match rest.first() {
+                    None => process.stdin.clone(),
+                    Some(name) => match read_file(&process, name) {
+                        Ok(bytes) => bytes,
+                        Err(message) => {
+                            emit_err(format!("head: {name}: {message}\n").as_bytes());
+                            return 1;
+                        }
+                    },
+                };
+                emit_out(&bytes[..count.min(bytes.len())]);
+                0
+            }
+            _ => {
+                emit_err(b"head: usage: head -c N [FILE]\n");
+                1
+            }
+        },
+        "sleep" => {
+            let secs = args
+                .first()
+                .and_then(|s| s.parse::<f64>().ok())
+                .filter(|s| s.is_finite() && *s >= 0.0);
+            match secs.and_then(|s| Duration::try_from_secs_f64(s).ok()) {
+                Some(duration) => {
+                    tokio::time::sleep(duration).await;
+                    0
+                }
+                None => {
+                    emit_err(b"sleep: invalid time interval\n");
+                    1
+                }
+            }
+        }
+        "exit" => match args.first().map(|s| s.parse::<u8>()) {
+            None => 0,
+            Some(Ok(code)) => i32::from(code),
+            Some(Err(_)) => {
+                emit_err(b"exit: numeric argument 0-255 required\n");
+                2
+            }
+        },
+        other => {
+            emit_err(format!("{other}: command not found\n").as_bytes());
+            127
+        }
+    }
+}
+
+fn read_file(process: &ProcessEnv, name: &str) -> Result<Vec<u8>, String> {
+    let path = if name.starts_with('/') {
+        SandboxPath::new(name)
+    } else {
+        process.cwd.join(name)
+    };
+    let path = path.map_err(|e| e.message().to_owned())?;
+    let fs = process.fs.lock().unwrap_or_else(PoisonError::into_inner);
+    match fs.read(&path) {
+        Ok(bytes) => Ok(bytes.to_vec()),
+        Err(e) if e.kind() == sandbox_core::ErrorKind::NotFound => {
+            Err("No such file or directory".to_owned())
+        }
+        Err(e) => Err(e.message().to_owned()),
+    }
+}

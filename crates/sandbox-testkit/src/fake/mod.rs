@@ -1,0 +1,903 @@
+//! The in-memory fake provider: a faithful state machine of sandboxes, metadata, states, files
+//! and processes, with failure injection, for fast hermetic tests.
+//!
+//! It runs the portable argv vocabulary of [`exec`] natively and interprets no shell, so cases
+//! that need a real POSIX userland sit behind capabilities it does not declare (`posix_shell`,
+//! `pty`). It is a test double: it never stands in for a real backend in an acceptance test.
+//!
+//! What it deliberately does not model: real processes and signals (a timed-out command is a
+//! cancelled future, not a killed PID), users and permissions, symlinks, networking and network
+//! policy, resource limits, provider idle timeouts (nothing pauses on its own; tests call
+//! [`FakeProvider::pause`]), and durable storage (everything lives in this process).
+
+mod exec;
+mod fs;
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use sandbox_core::{
+    Capabilities, Capability, Clock, Command, ConnectProbe, ConnectRequest, CreateRequest,
+    DirEntry, Error, ExecRequest, ExecResult, KeepAlive, ListFilter, Metadata, Operation, Provider,
+    SandboxHandle, SandboxId, SandboxPath, SandboxProvider, SandboxState, SandboxSummary, Secret,
+    SnapshotId, SnapshotRef, Snapshots, StatEntry, SystemClock, Template, TemplateCatalog,
+    TemplateId,
+};
+
+use self::exec::{Output, ProcessEnv};
+use self::fs::MemFs;
+
+/// The template every fake starts with (and its standard template).
+pub const FAKE_TEMPLATE: &str = "fake-base";
+
+/// The exec timeout when a request names none (the reference default).
+pub const DEFAULT_EXEC_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The fake's full capability set: every flag except `posix_shell`, `pty`, `desktop` and
+/// `volumes`, which need a real userland, a real PTY or a real mount.
+pub fn fake_capabilities() -> Capabilities {
+    Capabilities::from_slice(&[
+        Capability::Reconnect,
+        Capability::Metadata,
+        Capability::List,
+        Capability::PauseResume,
+        Capability::TimeoutRefresh,
+        Capability::FsEnumeration,
+        Capability::Snapshots,
+        Capability::TemplateCatalog,
+        Capability::ConnectProbe,
+        Capability::KeepAlive,
+    ])
+}
+
+/// Operations failures, latency and hooks can be attached to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum FakeOp {
+    Health,
+    Create,
+    Connect,
+    ConnectSession,
+    Get,
+    List,
+    Delete,
+    Exec,
+    WriteFile,
+    ReadFile,
+    ListDir,
+    MakeDir,
+    Remove,
+    Stat,
+    CreateSnapshot,
+    DeleteSnapshot,
+    ListSnapshots,
+    ListTemplates,
+    EnsureTemplate,
+    KeepAlive,
+}
+
+/// What a hook sees: the operation and, when it targets one, the sandbox.
+#[derive(Debug, Clone)]
+pub struct FakeCall {
+    pub op: FakeOp,
+    pub sandbox: Option<SandboxId>,
+}
+
+/// A boxed future, for hooks.
+pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// Runs before an operation (after injected latency); an `Err` fails the operation with it.
+/// Hooks can block (a barrier, a channel) to orchestrate races.
+pub type FakeHook = Arc<dyn Fn(FakeCall) -> BoxFuture<Result<(), Error>> + Send + Sync>;
+
+#[derive(Default)]
+struct Faults {
+    next: HashMap<FakeOp, VecDeque<Error>>,
+    always: HashMap<FakeOp, Error>,
+    per_sandbox: HashMap<(FakeOp, SandboxId), Error>,
+    latency: HashMap<FakeOp, Duration>,
+    hooks: HashMap<FakeOp, FakeHook>,
+}
+
+struct FakeSandbox {
+    template: TemplateId,
+    state: SandboxState,
+    metadata: Metadata,
+    env: BTreeMap<String, String>,
+    started_at: time::OffsetDateTime,
+    token: Option<Secret>,
+    fs: Arc<Mutex<MemFs>>,
+    running: Arc<AtomicUsize>,
+    keep_alives: usize,
+}
+
+struct Snapshot {
+    source: SandboxId,
+    name: Option<String>,
+    fs: MemFs,
+    created_at: time::OffsetDateTime,
+}
+
+#[derive(Default)]
+struct State {
+    sandboxes: BTreeMap<SandboxId, FakeSandbox>,
+    snapshots: BTreeMap<SnapshotId, Snapshot>,
+    templates: BTreeMap<TemplateId, Template>,
+    next: u64,
+}
+
+struct Inner {
+    provider: Provider,
+    capabilities: Capabilities,
+    instance: u32,
+    clock: Arc<dyn Clock>,
+    state: Mutex<State>,
+    faults: Mutex<Faults>,
+    calls: Mutex<HashMap<FakeOp, usize>>,
+}
+
+/// The fake provider. Cheap to clone; clones share state.
+#[derive(Clone)]
+pub struct FakeProvider {
+    inner: Arc<Inner>,
+}
+
+/// Builds a [`FakeProvider`].
+#[derive(Debug)]
+pub struct FakeProviderBuilder {
+    provider: Provider,
+    capabilities: Capabilities,
+    templates: Vec<TemplateId>,
+    clock: Option<Arc<dyn Clock>>,
+}
+
+impl FakeProviderBuilder {
+    /// Which provider the fake identifies as (default `e2b`, whose capability set it resembles).
+    /// Two fakes with different providers exercise provider-switch paths.
+    #[must_use]
+    pub fn provider(mut self, provider: Provider) -> Self {
+        self.provider = provider;
+        self
+    }
+    /// Removes a capability. The fake then also refuses the capability's operations, exactly as
+    /// a backend without it would. There is no way to add one: tests may narrow, never widen.
+    #[must_use]
+    pub fn without(mut self, capability: Capability) -> Self {
+        self.capabilities = self.capabilities.with(capability, false);
+        self
+    }
+    /// Registers an extra known template.
+    #[must_use]
+    pub fn template(mut self, template: TemplateId) -> Self {
+        self.templates.push(template);
+        self
+    }
+    /// Uses `clock` for creation times.
+    #[must_use]
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+    /// The provider.
+    pub fn build(self) -> FakeProvider {
+        let mut state = State::default();
+        for id in self.templates {
+            state
+                .templates
+                .insert(id.clone(), template_view(&id, false));
+        }
+        FakeProvider {
+            inner: Arc::new(Inner {
+                provider: self.provider,
+                capabilities: self.capabilities,
+                instance: fastrand::u32(..),
+                clock: self.clock.unwrap_or_else(|| Arc::new(SystemClock)),
+                state: Mutex::new(state),
+                faults: Mutex::new(Faults::default()),
+                calls: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+}
+
+fn template_view(id: &TemplateId, standard: bool) -> Template {
+    Template {
+        id: id.as_str().to_owned(),
+        name: id.as_str().to_owned(),
+        status: "ready".to_owned(),
+        standard,
+        ..Template::default()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Default for FakeProvider {
+    fn default() -> Self {
+        FakeProvider::new()
+    }
+}
+
+impl FakeProvider {
+    /// A fake with the full capability set and the [`FAKE_TEMPLATE`] template.
+    pub fn new() -> Self {
+        FakeProvider::builder().build()
+    }
+
+    /// A builder starting from the full capability set.
+    pub fn builder() -> FakeProviderBuilder {
+        FakeProviderBuilder {
+            provider: Provider::E2b,
+            capabilities: fake_capabilities(),
+            templates: vec![FakeProvider::template()],
+            clock: None,
+        }
+    }
+
+    /// The standard template ([`FAKE_TEMPLATE`]).
+    #[allow(clippy::expect_used)] // A literal that passes validation (pinned by a unit test).
+    pub fn template() -> TemplateId {
+        TemplateId::new(FAKE_TEMPLATE).expect("FAKE_TEMPLATE is a valid template id")
+    }
+
+    // ---- failure injection -------------------------------------------------------------
+
+    /// The next call of `op` fails with `error` (calls queue up).
+    pub fn fail_next(&self, op: FakeOp, error: Error) {
+        lock(&self.inner.faults)
+            .next
+            .entry(op)
+            .or_default()
+            .push_back(error);
+    }
+    /// Every call of `op` fails with `error` until [`clear_faults`](Self::clear_faults).
+    pub fn fail_always(&self, op: FakeOp, error: Error) {
+        lock(&self.inner.faults).always.insert(op, error);
+    }
+    /// Every call of `op` on sandbox `id` fails with `error`.
+    pub fn fail_for(&self, op: FakeOp, id: &SandboxId, error: Error) {
+        lock(&self.inner.faults)
+            .per_sandbox
+            .insert((op, id.clone()), error);
+    }
+    /// Delays every call of `op`.
+    pub fn set_latency(&self, op: FakeOp, latency: Duration) {
+        lock(&self.inner.faults).latency.insert(op, latency);
+    }
+    /// Runs `hook` before every call of `op`.
+    pub fn set_hook(&self, op: FakeOp, hook: FakeHook) {
+        lock(&self.inner.faults).hooks.insert(op, hook);
+    }
+    /// Removes every injected failure, latency and hook.
+    pub fn clear_faults(&self) {
+        *lock(&self.inner.faults) = Faults::default();
+    }
+    /// How many calls of `op` were made (failed ones included).
+    pub fn calls(&self, op: FakeOp) -> usize {
+        lock(&self.inner.calls).get(&op).copied().unwrap_or(0)
+    }
+
+    // ---- state control and inspection ---------------------------------------------------
+
+    /// Pauses a sandbox, as a provider idle timeout would.
+    pub fn pause(&self, id: &SandboxId) -> bool {
+        self.set_state(id, SandboxState::Paused)
+    }
+    /// Marks a sandbox terminal (killed by the provider) without removing it.
+    pub fn terminate(&self, id: &SandboxId) -> bool {
+        self.set_state(id, SandboxState::Terminal)
+    }
+    fn set_state(&self, id: &SandboxId, state: SandboxState) -> bool {
+        let mut st = lock(&self.inner.state);
+        match st.sandboxes.get_mut(id) {
+            Some(sbx) => {
+                sbx.state = state;
+                true
+            }
+            None => false,
+        }
+    }
+    /// The IDs of every sandbox that exists (any state).
+    pub fn sandbox_ids(&self) -> Vec<SandboxId> {
+        lock(&self.inner.state).sandboxes.keys().cloned().collect()
+    }
+    /// The state of one sandbox, `None` when it does not exist.
+    pub fn state_of(&self, id: &SandboxId) -> Option<SandboxState> {
+        lock(&self.inner.state).sandboxes.get(id).map(|s| s.state)
+    }
+    /// Processes currently running in a sandbox.
+    pub fn running_processes(&self, id: &SandboxId) -> usize {
+        lock(&self.inner.state)
+            .sandboxes
+            .get(id)
+            .map_or(0, |s| s.running.load(Ordering::SeqCst))
+    }
+    /// How many keep-alives a sandbox received.
+    pub fn keep_alives(&self, id: &SandboxId) -> usize {
+        lock(&self.inner.state)
+            .sandboxes
+            .get(id)
+            .map_or(0, |s| s.keep_alives)
+    }
+    /// The traffic token issued to a sandbox at create.
+    pub fn issued_token(&self, id: &SandboxId) -> Option<Secret> {
+        lock(&self.inner.state)
+            .sandboxes
+            .get(id)
+            .and_then(|s| s.token.clone())
+    }
+    /// Snapshot IDs that exist.
+    pub fn snapshot_ids(&self) -> Vec<SnapshotId> {
+        lock(&self.inner.state).snapshots.keys().cloned().collect()
+    }
+
+    // ---- internals ----------------------------------------------------------------------
+
+    /// Counts the call, applies latency, runs the hook, then returns the injected failure if any.
+    async fn enter(&self, op: FakeOp, sandbox: Option<&SandboxId>) -> Result<(), Error> {
+        *lock(&self.inner.calls).entry(op).or_insert(0) += 1;
+        let (latency, hook) = {
+            let faults = lock(&self.inner.faults);
+            (
+                faults.latency.get(&op).copied(),
+                faults.hooks.get(&op).cloned(),
+            )
+        };
+        if let Some(latency) = latency {
+            tokio::time::sleep(latency).await;
+        }
+        if let Some(hook) = hook {
+            hook(FakeCall {
+                op,
+                sandbox: sandbox.cloned(),
+            })
+            .await?;
+        }
+        let mut faults = lock(&self.inner.faults);
+        if let Some(err) = faults.next.get_mut(&op).and_then(VecDeque::pop_front) {
+            return Err(err);
+        }
+        if let Some(err) = faults.always.get(&op) {
+            return Err(err.clone());
+        }
+        if let Some(id) = sandbox
+            && let Some(err) = faults.per_sandbox.get(&(op, id.clone()))
+        {
+            return Err(err.clone());
+        }
+        Ok(())
+    }
+
+    fn require(&self, capability: Capability, op: Operation) -> Result<(), Error> {
+        if self.inner.capabilities.has(capability) {
+            Ok(())
+        } else {
+            Err(self.err(Error::unsupported(
+                op,
+                format!("this fake does not declare {capability}"),
+            )))
+        }
+    }
+
+    fn err(&self, error: Error) -> Error {
+        error.with_provider(self.inner.provider)
+    }
+
+    fn summary(&self, id: &SandboxId, sbx: &FakeSandbox) -> SandboxSummary {
+        SandboxSummary {
+            id: id.clone(),
+            template: Some(sbx.template.clone()),
+            state: sbx.state,
+            raw_state: sbx.state.as_str().to_owned(),
+            metadata: if self.inner.capabilities.metadata {
+                sbx.metadata.clone()
+            } else {
+                Metadata::new()
+            },
+            started_at: Some(sbx.started_at),
+            ended_at: None,
+        }
+    }
+
+    fn handle(&self, id: &SandboxId, sbx: &FakeSandbox, token: Option<Secret>) -> SandboxHandle {
+        SandboxHandle::new(id.clone(), self.inner.provider)
+            .with_metadata(if self.inner.capabilities.metadata {
+                sbx.metadata.clone()
+            } else {
+                Metadata::new()
+            })
+            .with_traffic_token(token)
+    }
+
+    /// The sandbox's shared parts for a data-plane call, checking it is running.
+    fn running_parts(&self, id: &SandboxId, op: Operation) -> Result<RunningParts, Error> {
+        let st = lock(&self.inner.state);
+        let sbx = st
+            .sandboxes
+            .get(id)
+            .ok_or_else(|| self.err(Error::not_found(op, format!("sandbox {id} not found"))))?;
+        match sbx.state {
+            SandboxState::Running => Ok(RunningParts {
+                fs: sbx.fs.clone(),
+                running: sbx.running.clone(),
+                env: sbx.env.clone(),
+            }),
+            SandboxState::Terminal => Err(self.err(Error::new(
+                sandbox_core::ErrorKind::Terminal,
+                op,
+                format!("sandbox {id} is terminated"),
+            ))),
+            other => Err(self.err(Error::conflict(
+                op,
+                format!("sandbox {id} is {other}, not running"),
+            ))),
+        }
+    }
+
+    fn fs_of(&self, id: &SandboxId, op: Operation) -> Result<Arc<Mutex<MemFs>>, Error> {
+        self.running_parts(id, op).map(|parts| parts.fs)
+    }
+
+    fn now(&self) -> time::OffsetDateTime {
+        self.inner.clock.now()
+    }
+}
+
+impl fmt::Debug for FakeProvider {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let st = lock(&self.inner.state);
+        f.debug_struct("FakeProvider")
+            .field("provider", &self.inner.provider)
+            .field("instance", &format_args!("{:08x}", self.inner.instance))
+            .field("sandboxes", &st.sandboxes.len())
+            .field("snapshots", &st.snapshots.len())
+            .finish()
+    }
+}
+
+#[async_trait]
+impl SandboxProvider for FakeProvider {
+    fn provider(&self) -> Provider {
+        self.inner.provider
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities
+    }
+
+    async fn health(&self) -> Result<(), Error> {
+        self.enter(FakeOp::Health, None).await
+    }
+
+    async fn create(&self, request: CreateRequest) -> Result<SandboxHandle, Error> {
+        self.enter(FakeOp::Create, None).await?;
+        request
+            .validate()
+            .map_err(|e| self.err(e.with_operation(Operation::CREATE)))?;
+        if !request.metadata.is_empty() && !self.inner.capabilities.metadata {
+            return Err(self.err(Error::unsupported(
+                Operation::CREATE,
+                "this fake does not store metadata",
+            )));
+        }
+        if !request.volumes.is_empty() {
+            return Err(self.err(Error::unsupported(
+                Operation::CREATE,
+                "the fake cannot mount volumes",
+            )));
+        }
+        let now = self.now();
+        let mut st = lock(&self.inner.state);
+        if !st.templates.contains_key(&request.template) {
+            return Err(self.err(Error::invalid_request(
+                Operation::CREATE,
+                format!("unknown template {}", request.template),
+            )));
+        }
+        let fs = match st
+            .snapshots
+            .get(&SnapshotId::new(request.template.as_str())?)
+        {
+            Some(snapshot) => snapshot.fs.clone(),
+            None => MemFs::new(now),
+        };
+        st.next += 1;
+        let id = SandboxId::new(format!("fake-{:08x}-{}", self.inner.instance, st.next))?;
+        // Like E2B with closed inbound traffic: every sandbox gets a token at create, and only
+        // at create.
+        let token = Secret::new(format!("tok-{:016x}", fastrand::u64(..)));
+        let sbx = FakeSandbox {
+            template: request.template.clone(),
+            state: SandboxState::Running,
+            metadata: request.metadata,
+            env: request.env,
+            started_at: now,
+            token: Some(token.clone()),
+            fs: Arc::new(Mutex::new(fs)),
+            running: Arc::new(AtomicUsize::new(0)),
+            keep_alives: 0,
+        };
+        let handle = self.handle(&id, &sbx, Some(token));
+        st.sandboxes.insert(id, sbx);
+        Ok(handle)
+    }
+
+    async fn connect(&self, request: ConnectRequest) -> Result<SandboxHandle, Error> {
+        self.enter(FakeOp::Connect, Some(&request.sandbox_id))
+            .await?;
+        self.require(Capability::Reconnect, Operation::CONNECT)?;
+        self.connect_locked(&request, Operation::CONNECT)
+    }
+
+    async fn get(&self, id: &SandboxId) -> Result<SandboxSummary, Error> {
+        self.enter(FakeOp::Get, Some(id)).await?;
+        let st = lock(&self.inner.state);
+        let sbx = st.sandboxes.get(id).ok_or_else(|| {
+            self.err(Error::not_found(
+                Operation::GET,
+                format!("sandbox {id} not found"),
+            ))
+        })?;
+        Ok(self.summary(id, sbx))
+    }
+
+    async fn list(&self, filter: &ListFilter) -> Result<Vec<SandboxSummary>, Error> {
+        self.enter(FakeOp::List, None).await?;
+        self.require(Capability::List, Operation::LIST)?;
+        let st = lock(&self.inner.state);
+        Ok(st
+            .sandboxes
+            .iter()
+            .map(|(id, sbx)| self.summary(id, sbx))
+            .filter(|s| filter.matches(s))
+            .collect())
+    }
+
+    async fn delete(&self, id: &SandboxId) -> Result<(), Error> {
+        self.enter(FakeOp::Delete, Some(id)).await?;
+        let mut st = lock(&self.inner.state);
+        match st.sandboxes.remove(id) {
+            Some(_) => Ok(()),
+            None => Err(self.err(Error::not_found(
+                Operation::DELETE,
+                format!("sandbox {id} not found"),
+            ))),
+        }
+    }
+
+    async fn exec(
+        &self,
+        sandbox: &SandboxHandle,
+        request: ExecRequest,
+    ) -> Result<ExecResult, Error> {
+        let id = sandbox.id();
+        self.enter(FakeOp::Exec, Some(id)).await?;
+        request
+            .validate()
+            .map_err(|e| self.err(e.with_operation(Operation::EXEC)))?;
+        let argv = match &request.command {
+            Command::Argv { program, args } => std::iter::once(program.clone())
+                .chain(args.iter().cloned())
+                .collect(),
+            Command::Shell(_) => {
+                return Err(self.err(Error::unsupported(
+                    Operation::EXEC,
+                    "the fake interprets no shell (it lacks posix_shell); use the argv form",
+                )));
+            }
+        };
+        let RunningParts {
+            fs,
+            running,
+            env: sandbox_env,
+        } = self.running_parts(id, Operation::EXEC)?;
+        let cwd = request.cwd.clone().unwrap_or_else(|| {
+            SandboxPath::new("/workspace").unwrap_or_else(|_| SandboxPath::root())
+        });
+        if !lock(&fs).is_dir(&cwd) {
+            return Err(self.err(Error::invalid_request(
+                Operation::EXEC,
+                format!("working directory {cwd} does not exist"),
+            )));
+        }
+        let mut env: BTreeMap<String, String> = [
+            ("HOME".to_owned(), "/root".to_owned()),
+            (
+                "PATH".to_owned(),
+                "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_owned(),
+            ),
+        ]
+        .into();
+        env.extend(sandbox_env);
+        env.extend(request.env.clone());
+        let process = ProcessEnv {
+            argv,
+            stdin: request.stdin.clone().unwrap_or_default(),
+            env,
+            cwd,
+            fs,
+        };
+        let output = Arc::new(Mutex::new(Output::new(request.on_output.clone())));
+        let timeout = request.timeout.map_or(DEFAULT_EXEC_TIMEOUT, |t| t.get());
+        // The guard counts the process as running until the future ends, including when the
+        // caller drops it: a dropped exec is a killed process.
+        let _guard = RunningGuard::new(running);
+        let started = Instant::now();
+        let outcome = tokio::time::timeout(timeout, exec::run(process, output.clone())).await;
+        let duration = started.elapsed();
+        let mut out = lock(&output);
+        let (exit_code, killed) = match outcome {
+            Ok(code) => (code, false),
+            Err(_) => (-1, true),
+        };
+        Ok(ExecResult {
+            stdout: std::mem::take(&mut out.stdout),
+            stderr: std::mem::take(&mut out.stderr),
+            exit_code,
+            duration,
+            killed,
+        })
+    }
+
+    async fn write_file(
+        &self,
+        sandbox: &SandboxHandle,
+        path: &SandboxPath,
+        content: &[u8],
+    ) -> Result<(), Error> {
+        self.enter(FakeOp::WriteFile, Some(sandbox.id())).await?;
+        let fs = self.fs_of(sandbox.id(), Operation::WRITE_FILE)?;
+        let now = self.now();
+        let result = lock(&fs).write(path, content.to_vec(), now);
+        result.map_err(|e| self.err(e))
+    }
+
+    async fn read_file(
+        &self,
+        sandbox: &SandboxHandle,
+        path: &SandboxPath,
+    ) -> Result<Vec<u8>, Error> {
+        self.enter(FakeOp::ReadFile, Some(sandbox.id())).await?;
+        let fs = self.fs_of(sandbox.id(), Operation::READ_FILE)?;
+        let result = lock(&fs).read(path).map(<[u8]>::to_vec);
+        result.map_err(|e| self.err(e))
+    }
+
+    async fn list_dir(
+        &self,
+        sandbox: &SandboxHandle,
+        path: &SandboxPath,
+    ) -> Result<Vec<DirEntry>, Error> {
+        self.enter(FakeOp::ListDir, Some(sandbox.id())).await?;
+        self.require(Capability::FsEnumeration, Operation::LIST_DIR)?;
+        let fs = self.fs_of(sandbox.id(), Operation::LIST_DIR)?;
+        let result = lock(&fs).list(path);
+        result.map_err(|e| self.err(e))
+    }
+
+    async fn make_dir(&self, sandbox: &SandboxHandle, path: &SandboxPath) -> Result<(), Error> {
+        self.enter(FakeOp::MakeDir, Some(sandbox.id())).await?;
+        self.require(Capability::FsEnumeration, Operation::MAKE_DIR)?;
+        let fs = self.fs_of(sandbox.id(), Operation::MAKE_DIR)?;
+        let now = self.now();
+        let result = lock(&fs).mkdir_p(path, now, Operation::MAKE_DIR);
+        result.map_err(|e| self.err(e))
+    }
+
+    async fn remove(&self, sandbox: &SandboxHandle, path: &SandboxPath) -> Result<(), Error> {
+        self.enter(FakeOp::Remove, Some(sandbox.id())).await?;
+        self.require(Capability::FsEnumeration, Operation::REMOVE)?;
+        let fs = self.fs_of(sandbox.id(), Operation::REMOVE)?;
+        let result = lock(&fs).remove(path);
+        result.map_err(|e| self.err(e))
+    }
+
+    async fn stat(&self, sandbox: &SandboxHandle, path: &SandboxPath) -> Result<StatEntry, Error> {
+        self.enter(FakeOp::Stat, Some(sandbox.id())).await?;
+        self.require(Capability::FsEnumeration, Operation::STAT)?;
+        let fs = self.fs_of(sandbox.id(), Operation::STAT)?;
+        let result = lock(&fs).stat(path);
+        result.map_err(|e| self.err(e))
+    }
+
+    // The fake implements every optional trait it can; whether a caller may use one is decided
+    // by the flags (see `sandbox_core::narrow`), so a narrowed fake demonstrates the two-signal
+    // rule rather than hiding the methods.
+    fn as_snapshots(&self) -> Option<&dyn Snapshots> {
+        Some(self)
+    }
+    fn as_template_catalog(&self) -> Option<&dyn TemplateCatalog> {
+        Some(self)
+    }
+    fn as_keep_alive(&self) -> Option<&dyn KeepAlive> {
+        Some(self)
+    }
+    fn as_connect_probe(&self) -> Option<&dyn ConnectProbe> {
+        Some(self)
+    }
+}
+
+impl FakeProvider {
+    fn connect_locked(
+        &self,
+        request: &ConnectRequest,
+        op: Operation,
+    ) -> Result<SandboxHandle, Error> {
+        let id = &request.sandbox_id;
+        let mut st = lock(&self.inner.state);
+        let sbx = st
+            .sandboxes
+            .get_mut(id)
+            .ok_or_else(|| self.err(Error::not_found(op, format!("sandbox {id} not found"))))?;
+        match sbx.state {
+            SandboxState::Terminal => {
+                return Err(self.err(Error::new(
+                    sandbox_core::ErrorKind::Terminal,
+                    op,
+                    format!("sandbox {id} is terminated"),
+                )));
+            }
+            // Connect resumes a paused sandbox (auto-resume); transitions settle at once here.
+            SandboxState::Paused | SandboxState::Transitioning | SandboxState::Unknown => {
+                sbx.state = SandboxState::Running;
+            }
+            SandboxState::Running => {}
+        }
+        // Like E2B and Cube, a connect answer carries no token; the handle keeps the caller's.
+        let sbx = &*sbx;
+        Ok(self.handle(id, sbx, request.traffic_token.clone()))
+    }
+}
+
+/// What a data-plane call needs of a running sandbox.
+struct RunningParts {
+    fs: Arc<Mutex<MemFs>>,
+    running: Arc<AtomicUsize>,
+    env: BTreeMap<String, String>,
+}
+
+struct RunningGuard(Arc<AtomicUsize>);
+
+impl RunningGuard {
+    fn new(counter: Arc<AtomicUsize>) -> Self {
+        counter.fetch_add(1, Ordering::SeqCst);
+        RunningGuard(counter)
+    }
+}
+
+impl Drop for RunningGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+#[async_trait]
+impl Snapshots for FakeProvider {
+    async fn create_snapshot(
+        &self,
+        sandbox: &SandboxId,
+        name: Option<&str>,
+    ) -> Result<SnapshotRef, Error> {
+        self.enter(FakeOp::CreateSnapshot, Some(sandbox)).await?;
+        self.require(Capability::Snapshots, Operation::CREATE_SNAPSHOT)?;
+        let now = self.now();
+        let mut st = lock(&self.inner.state);
+        let fs = {
+            let sbx = st.sandboxes.get(sandbox).ok_or_else(|| {
+                self.err(Error::not_found(
+                    Operation::CREATE_SNAPSHOT,
+                    format!("sandbox {sandbox} not found"),
+                ))
+            })?;
+            lock(&sbx.fs).clone()
+        };
+        st.next += 1;
+        let id = SnapshotId::new(format!("snap-{:08x}-{}", self.inner.instance, st.next))?;
+        let template = TemplateId::new(id.as_str())?;
+        st.templates
+            .insert(template.clone(), template_view(&template, false));
+        st.snapshots.insert(
+            id.clone(),
+            Snapshot {
+                source: sandbox.clone(),
+                name: name.map(str::to_owned),
+                fs,
+                created_at: now,
+            },
+        );
+        Ok(SnapshotRef {
+            id,
+            name: name.map(str::to_owned),
+            source: Some(sandbox.clone()),
+            created_at: Some(now),
+        })
+    }
+
+    async fn delete_snapshot(&self, id: &SnapshotId) -> Result<(), Error> {
+        self.enter(FakeOp::DeleteSnapshot, None).await?;
+        self.require(Capability::Snapshots, Operation::DELETE_SNAPSHOT)?;
+        let mut st = lock(&self.inner.state);
+        st.snapshots.remove(id);
+        if let Ok(template) = TemplateId::new(id.as_str()) {
+            st.templates.remove(&template);
+        }
+        Ok(())
+    }
+
+    async fn list_snapshots(&self, source: Option<&SandboxId>) -> Result<Vec<SnapshotRef>, Error> {
+        self.enter(FakeOp::ListSnapshots, None).await?;
+        self.require(Capability::Snapshots, Operation::LIST_SNAPSHOTS)?;
+        let st = lock(&self.inner.state);
+        Ok(st
+            .snapshots
+            .iter()
+            .filter(|(_, s)| source.is_none_or(|src| &s.source == src))
+            .map(|(id, s)| SnapshotRef {
+                id: id.clone(),
+                name: s.name.clone(),
+                source: Some(s.source.clone()),
+                created_at: Some(s.created_at),
+            })
+            .collect())
+    }
+}
+
+#[async_trait]
+impl TemplateCatalog for FakeProvider {
+    async fn list_templates(&self) -> Result<Vec<Template>, Error> {
+        self.enter(FakeOp::ListTemplates, None).await?;
+        self.require(Capability::TemplateCatalog, Operation::LIST_TEMPLATES)?;
+        let standard = FakeProvider::template();
+        let st = lock(&self.inner.state);
+        Ok(st
+            .templates
+            .iter()
+            .filter(|(id, _)| !st.snapshots.keys().any(|s| s.as_str() == id.as_str()))
+            .map(|(id, t)| Template {
+                standard: *id == standard,
+                ..t.clone()
+            })
+            .collect())
+    }
+
+    async fn ensure_standard_template(&self) -> Result<Template, Error> {
+        self.enter(FakeOp::EnsureTemplate, None).await?;
+        self.require(Capability::TemplateCatalog, Operation::ENSURE_TEMPLATE)?;
+        let standard = FakeProvider::template();
+        let mut st = lock(&self.inner.state);
+        let view = template_view(&standard, true);
+        st.templates.entry(standard).or_insert_with(|| view.clone());
+        Ok(view)
+    }
+}
+
+#[async_trait]
+impl KeepAlive for FakeProvider {
+    async fn keep_alive(&self, sandbox: &SandboxHandle, _ttl: Duration) -> Result<(), Error> {
+        self.enter(FakeOp::KeepAlive, Some(sandbox.id())).await?;
+        self.require(Capability::KeepAlive, Operation::KEEP_ALIVE)?;
+        self.running_parts(sandbox.id(), Operation::KEEP_ALIVE)?;
+        let mut st = lock(&self.inner.state);
+        if let Some(sbx) = st.sandboxes.get_mut(sandbox.id()) {
+            sbx.keep_alives += 1;
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl ConnectProbe for FakeProvider {
+    async fn connect_session(&self, request: ConnectRequest) -> Result<SandboxHandle, Error> {
+        self.enter(FakeOp::ConnectSession, Some(&request.sandbox_id))
+            .await?;
+        self.require(Capability::ConnectProbe, Operation::CONNECT_SESSION)?;
+        self.connect_locked(&request, Operation::CONNECT_SESSION)
+    }
+}
