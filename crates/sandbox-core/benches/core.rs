@@ -83,7 +83,10 @@ fn main() {
     });
     let path_raw = measure(rounds, iters, || {
         for p in PATHS {
-            let n = black_box(p).split('/').filter(|c| !c.is_empty() && *c != ".").count();
+            let n = black_box(p)
+                .split('/')
+                .filter(|c| !c.is_empty() && *c != ".")
+                .count();
             black_box(n);
         }
     });
@@ -92,12 +95,21 @@ fn main() {
     println!("rounds: {rounds}, iterations per round: {iters}, best round reported");
     println!("binding decode + validate: {validated:.1} ns/op");
     println!("binding decode, no validation (baseline): {raw:.1} ns/op");
-    println!("path validate ({} paths): {path_validated:.1} ns/op", PATHS.len());
+    println!(
+        "path validate ({} paths): {path_validated:.1} ns/op",
+        PATHS.len()
+    );
     println!("path split walk (baseline): {path_raw:.1} ns/op");
-    println!("elapsed: {:.1?}", started.elapsed().max(Duration::from_millis(1)));
+    println!(
+        "elapsed: {:.1?}",
+        started.elapsed().max(Duration::from_millis(1))
+    );
     println!("BENCH core binding_decode_ns={validated:.1}");
     println!("BENCH core binding_decode_raw_ns={raw:.1}");
     println!("BENCH core binding_decode_ratio={:.2}", validated / raw);
     println!("BENCH core path_validate_ns={path_validated:.1}");
-    println!("BENCH core path_validate_ratio={:.2}", path_validated / path_raw);
+    println!(
+        "BENCH core path_validate_ratio={:.2}",
+        path_validated / path_raw
+    );
 }
