@@ -8,4 +8,5 @@ pub mod junit;
 pub mod prereq;
 pub mod process;
 pub mod tidy;
+pub mod tidy_source;
 pub mod workspace;

@@ -627,6 +627,7 @@ pub fn check_live(root: &Path) -> Result<Vec<Violation>, String> {
     violations.extend(check_manifests(
         manifests.iter().map(|(n, t)| (*n, t.as_str())),
     ));
+    violations.extend(crate::tidy_source::check_crates(&root.join("crates"))?);
     Ok(violations)
 }
 

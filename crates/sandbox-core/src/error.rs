@@ -461,3 +461,103 @@ pub fn can_replace_binding(err: &(dyn std::error::Error + 'static)) -> bool {
     err.downcast_ref::<Error>()
         .is_some_and(Error::can_replace_binding)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_not_found_and_terminal_replace_a_binding() {
+        for kind in ErrorKind::ALL {
+            let replace = Error::new(kind, Operation::CONNECT, "x").can_replace_binding();
+            assert_eq!(
+                replace,
+                matches!(kind, ErrorKind::NotFound | ErrorKind::Terminal),
+                "{kind}"
+            );
+        }
+        // Errors that are not ours (a bare I/O error, a cancellation) preserve the binding.
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "not ours");
+        assert!(!can_replace_binding(&io));
+        let ours = Error::not_found(Operation::CONNECT, "gone");
+        assert!(can_replace_binding(&ours));
+    }
+
+    #[test]
+    fn http_status_table() {
+        let check = |op: Operation, status: u16, want: ErrorKind| {
+            assert_eq!(
+                ErrorKind::from_http_status(op, status),
+                want,
+                "{op} {status}"
+            );
+        };
+        check(Operation::GET, 400, ErrorKind::InvalidRequest);
+        check(Operation::GET, 422, ErrorKind::InvalidRequest);
+        check(Operation::GET, 401, ErrorKind::Authentication);
+        check(Operation::GET, 403, ErrorKind::Authentication);
+        check(Operation::GET, 404, ErrorKind::NotFound);
+        check(Operation::CREATE, 404, ErrorKind::InvalidRequest);
+        check(Operation::CONNECT, 404, ErrorKind::NotFound);
+        check(Operation::GET, 408, ErrorKind::Timeout);
+        check(Operation::GET, 504, ErrorKind::Timeout);
+        check(Operation::GET, 409, ErrorKind::Conflict);
+        check(Operation::GET, 410, ErrorKind::Terminal);
+        check(Operation::GET, 429, ErrorKind::Capacity);
+        check(Operation::GET, 507, ErrorKind::Capacity);
+        check(Operation::GET, 500, ErrorKind::Unavailable);
+        check(Operation::GET, 502, ErrorKind::Unavailable);
+        check(Operation::GET, 418, ErrorKind::Internal);
+        check(Operation::GET, 302, ErrorKind::Internal);
+        let e =
+            Error::from_http_status(Provider::E2b, Operation::CREATE, 404, "template not found");
+        assert_eq!(e.kind(), ErrorKind::InvalidRequest);
+        assert_eq!(e.http_status(), Some(404));
+        assert_eq!(e.provider(), Some(Provider::E2b));
+    }
+
+    #[test]
+    fn display_is_one_line_keeps_the_cause_and_hides_secrets() {
+        let cause = std::io::Error::other("connection reset\nby peer");
+        let e = Error::unavailable(
+            Operation::EXEC,
+            "request failed: Authorization: Bearer sk-live-123",
+        )
+        .with_provider(Provider::Cube)
+        .with_http_status(503)
+        .with_source(cause);
+        let text = e.to_string();
+        assert_eq!(
+            text,
+            "cube exec: unavailable: request failed: Authorization: Bearer [redacted]: connection reset by peer"
+        );
+        assert!(!text.contains('\n') && !text.ends_with('.'));
+        assert!(!format!("{e:?}").contains("sk-live-123"));
+        assert_eq!(
+            e.diagnostics(),
+            "unavailable op=exec http=503 request failed: Authorization: Bearer [redacted]"
+        );
+        let source = std::error::Error::source(&e).expect("cause retained");
+        assert!(source.to_string().contains("connection reset"));
+        let coded =
+            Error::invalid_request(Operation::VALIDATE, "bad").with_code(ErrorCode::InvalidPath);
+        assert_eq!(
+            coded.diagnostics(),
+            "invalid_request op=validate http=- code=invalid_path bad"
+        );
+        assert_eq!(coded.to_string(), "sandbox validate: invalid_request: bad");
+    }
+
+    #[test]
+    fn kind_and_code_wire_names() {
+        for kind in ErrorKind::ALL {
+            assert_eq!(serde_json::to_value(kind).unwrap(), kind.as_str());
+            assert!((400..600).contains(&kind.http_status()));
+        }
+        assert_eq!(ErrorCode::SandboxPaused.as_str(), "session_sandbox_paused");
+        assert_eq!(
+            serde_json::to_value(ErrorCode::InvalidPath).unwrap(),
+            "invalid_path"
+        );
+    }
+}

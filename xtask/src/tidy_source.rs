@@ -1,0 +1,126 @@
+//! Source rules that `cargo metadata` cannot see.
+//!
+//! Rule 9, no global mutable state: process-wide mutable statics make tests order-dependent
+//! and replicas of the service disagree in ways no test reproduces, so clock, IDs, randomness
+//! and registries are passed in instead (ARCHITECTURE.md). A line-based scan is enough: the
+//! forms it looks for are the only ways to declare such state.
+
+use std::path::{Path, PathBuf};
+
+use crate::tidy::Violation;
+
+/// Types whose presence in a `static` makes it mutable state.
+const INTERIOR_MUTABILITY: &[&str] = &[
+    "Mutex",
+    "RwLock",
+    "Atomic",
+    "OnceLock",
+    "OnceCell",
+    "LazyLock",
+    "RefCell",
+    "Cell<",
+    "UnsafeCell",
+];
+
+/// Checks one file's text; `path` is only used in messages.
+pub fn check_source(path: &str, text: &str) -> Vec<Violation> {
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let code = line.split("//").next().unwrap_or("").trim();
+        let is_static = [
+            "static ",
+            "pub static ",
+            "pub(crate) static ",
+            "pub(super) static ",
+        ]
+        .iter()
+        .any(|prefix| code.starts_with(prefix));
+        let offending = code.starts_with("static mut ")
+            || code.contains(" static mut ")
+            || code.contains("lazy_static!")
+            || code.contains("thread_local!")
+            || (is_static && INTERIOR_MUTABILITY.iter().any(|t| code.contains(t)));
+        if offending {
+            out.push(Violation {
+                rule: "global-mutable-state",
+                detail: format!(
+                    "{path}:{}: `{code}` — pass state in instead of a global",
+                    n + 1
+                ),
+            });
+        }
+    }
+    out
+}
+
+/// Every `.rs` file under `dir`, recursively.
+pub fn rust_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let p = entry.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|e| e == "rs") {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Runs rule 9 over the `src/` trees of the crates under `crates_dir`.
+pub fn check_crates(crates_dir: &Path) -> Result<Vec<Violation>, String> {
+    let mut out = Vec::new();
+    let entries = std::fs::read_dir(crates_dir)
+        .map_err(|e| format!("cannot read {}: {e}", crates_dir.display()))?;
+    for entry in entries.flatten() {
+        for file in rust_files(&entry.path().join("src")) {
+            let text = std::fs::read_to_string(&file)
+                .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+            out.extend(check_source(&file.display().to_string(), &text));
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn global_mutable_state_is_refused() {
+        for bad in [
+            "static mut COUNTER: u32 = 0;",
+            "pub static REGISTRY: Mutex<Vec<u8>> = Mutex::new(Vec::new());",
+            "static NEXT_ID: AtomicU64 = AtomicU64::new(0);",
+            "pub(crate) static CONFIG: OnceLock<String> = OnceLock::new();",
+            "static CACHE: LazyLock<HashMap<u8, u8>> = LazyLock::new(HashMap::new);",
+            "thread_local! { static X: RefCell<u8> = RefCell::new(0); }",
+            "lazy_static! { static ref X: u8 = 0; }",
+        ] {
+            let v = check_source("a.rs", bad);
+            assert_eq!(v.len(), 1, "{bad}");
+            assert_eq!(v[0].rule, "global-mutable-state");
+            assert!(v[0].to_string().contains("a.rs:1"), "{}", v[0]);
+        }
+    }
+
+    #[test]
+    fn constants_and_comments_pass() {
+        for ok in [
+            "static GREETING: &str = \"hi\";",
+            "pub const ALL: [u8; 2] = [1, 2];",
+            "// static mut X: u32 = 0; (an example in a comment)",
+            "let mutex = Mutex::new(0); // not a static",
+            "struct Inner { lost: AtomicBool }",
+        ] {
+            assert!(check_source("a.rs", ok).is_empty(), "{ok}");
+        }
+    }
+}
