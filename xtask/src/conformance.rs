@@ -67,12 +67,20 @@ pub struct Adapter {
 
 /// Every adapter `cargo xtask test` runs the suite against. Adding one is one line here (plus a
 /// [`Service`] variant if it needs a new kind of service).
-pub const ADAPTERS: &[Adapter] = &[Adapter {
-    name: "fake",
-    package: "sandbox-testkit",
-    test_target: "conformance",
-    services: &[],
-}];
+pub const ADAPTERS: &[Adapter] = &[
+    Adapter {
+        name: "fake",
+        package: "sandbox-testkit",
+        test_target: "conformance",
+        services: &[],
+    },
+    Adapter {
+        name: "docker",
+        package: "sandbox-provider-docker",
+        test_target: "conformance",
+        services: &[Service::DockerEngine, Service::TestImage],
+    },
+];
 
 pub fn find(name: &str) -> Option<&'static Adapter> {
     ADAPTERS.iter().find(|a| a.name == name)

@@ -175,6 +175,11 @@ pub enum ErrorCode {
     LockOwnershipLost,
     /// An operator has not enabled the requested backend.
     BackendDisabled,
+    /// The network isolation a sandbox needs cannot be installed (not root, no iptables), so
+    /// the sandbox is refused rather than started unprotected.
+    EgressProtectionUnavailable,
+    /// The image (template) is not present and the pull policy forbids fetching it.
+    ImageNotPresent,
 }
 
 impl ErrorCode {
@@ -200,6 +205,8 @@ impl ErrorCode {
             ErrorCode::SessionWorkActive => "session_work_active",
             ErrorCode::LockOwnershipLost => "lock_ownership_lost",
             ErrorCode::BackendDisabled => "backend_disabled",
+            ErrorCode::EgressProtectionUnavailable => "egress_protection_unavailable",
+            ErrorCode::ImageNotPresent => "image_not_present",
         }
     }
 }

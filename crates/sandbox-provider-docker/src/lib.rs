@@ -1,3 +1,31 @@
-//! The Docker backend of `sandbox_core::SandboxProvider`.
+//! `sandbox-provider-docker`: the Docker backend of `sandbox_core::SandboxProvider`, on
+//! bollard.
 //!
-//! Not built yet: see this crate's README for what will live here.
+//! A Docker socket is root on its host, so the backend is off until an operator enables it
+//! ([`config::ensure_enabled`]). Sandboxes are long-lived containers with every capability
+//! dropped but a minimal set, `no-new-privileges`, an init process, memory/CPU/PID limits and
+//! either no network or the adapter's own egress-protected bridge ([`egress`]) — never
+//! `docker0`. Commands run through exec with the timeout enforced inside the container
+//! ([`exec`]); files go through exec as an explicit user ([`files`]); terminals are TTY execs
+//! whose whole session is hung up on close ([`terminal`]); snapshots are commits into the
+//! adapter's own image namespace ([`snapshots`]); an idle sweep reclaims abandoned containers of
+//! the adapter's namespace only ([`sweeper`]).
+//!
+//! Map: `config.rs` (settings, opt-in gate), `engine.rs` (endpoint, API negotiation),
+//! `client.rs` (the provider: lifecycle), `errors.rs` (engine errors → core taxonomy),
+//! `labels.rs` (ownership and metadata labels).
+
+pub mod client;
+pub mod config;
+pub mod egress;
+pub mod engine;
+pub mod errors;
+pub mod exec;
+pub mod files;
+pub mod labels;
+pub mod snapshots;
+pub mod sweeper;
+pub mod terminal;
+
+pub use client::{DockerProvider, docker_capabilities};
+pub use config::{DockerConfig, NetworkMode, PullPolicy};

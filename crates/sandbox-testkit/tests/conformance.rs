@@ -13,11 +13,13 @@ fn main() -> ExitCode {
     run_main(
         "fake",
         fake_capabilities(),
-        Arc::new(|| {
-            Ok(Target {
-                provider: Arc::new(FakeProvider::new()),
-                template: FakeProvider::template(),
-                declared: fake_capabilities(),
+        Arc::new(|_namespace| {
+            Box::pin(async {
+                Ok(Target {
+                    provider: Arc::new(FakeProvider::new()),
+                    template: FakeProvider::template(),
+                    declared: fake_capabilities(),
+                })
             })
         }),
     )

@@ -9,7 +9,9 @@
 //!   `<path>` and exit without running anything.
 //! - `SANDBOX_CONFORMANCE_SEED=<u64>`: replay a run's payloads.
 
+use std::future::Future;
 use std::io::Write as _;
+use std::pin::Pin;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,8 +25,12 @@ use super::{Case, CaseFuture, Ctx, Failure, Target, all_cases, ensure, ensure_eq
 /// loaded 2-core machine are slow, and nextest's own slow-timeout is the outer bound).
 pub const CASE_DEADLINE: Duration = Duration::from_secs(240);
 
-/// Builds the provider under test inside the trial's runtime.
-pub type TargetFactory = Arc<dyn Fn() -> Result<Target, String> + Send + Sync>;
+/// Builds the provider under test inside the trial's runtime, given the run's namespace (an
+/// adapter that scopes its resources by namespace uses it, so everything a run creates is
+/// countable and removable by that label).
+pub type TargetFactory = Arc<
+    dyn Fn(String) -> Pin<Box<dyn Future<Output = Result<Target, String>> + Send>> + Send + Sync,
+>;
 
 /// Cases every adapter runs, about the declaration itself.
 pub fn builtin_cases() -> Vec<Case> {
@@ -84,14 +90,39 @@ async fn declared_capabilities_are_callable(ctx: &Ctx) -> Result<(), Failure> {
 }
 
 /// Runs the suite for `adapter` and returns the process exit code. `declared` must be known
-/// without contacting the backend, so describing the suite needs no running service.
+/// without contacting the backend, so describing the suite needs no running service. The suite
+/// runs when `SANDBOX_CONFORMANCE_ADAPTER` names this adapter or is unset (hermetic adapters such
+/// as the fake run in plain `cargo test`).
 pub fn run_main(
     adapter: &'static str,
     declared: sandbox_core::Capabilities,
     factory: TargetFactory,
 ) -> ExitCode {
-    if let Ok(selected) = std::env::var("SANDBOX_CONFORMANCE_ADAPTER")
-        && !selected.is_empty()
+    run(adapter, declared, factory, false)
+}
+
+/// [`run_main`] for adapters that need a service (an engine, a server): unless
+/// `SANDBOX_CONFORMANCE_ADAPTER` names this adapter, every case is registered as *ignored* with
+/// the command that runs it, so a plain `cargo test` on a machine without the service reports
+/// what it did not run instead of failing or passing vacuously.
+pub fn run_main_when_selected(
+    adapter: &'static str,
+    declared: sandbox_core::Capabilities,
+    factory: TargetFactory,
+) -> ExitCode {
+    run(adapter, declared, factory, true)
+}
+
+fn run(
+    adapter: &'static str,
+    declared: sandbox_core::Capabilities,
+    factory: TargetFactory,
+    needs_selection: bool,
+) -> ExitCode {
+    let selected = std::env::var("SANDBOX_CONFORMANCE_ADAPTER")
+        .ok()
+        .filter(|s| !s.is_empty());
+    if let Some(selected) = &selected
         && selected != adapter
     {
         let _ = writeln!(
@@ -113,6 +144,7 @@ pub fn run_main(
             }
         };
     }
+    let ignore_all = needs_selection && selected.is_none();
     let seed = std::env::var("SANDBOX_CONFORMANCE_SEED")
         .ok()
         .and_then(|s| s.parse::<u64>().ok())
@@ -130,6 +162,12 @@ pub fn run_main(
             })
         })
         .collect();
+    if ignore_all {
+        let _ = writeln!(
+            std::io::stderr(),
+            "conformance: adapter {adapter:?} needs its service; its cases are ignored here. Run them with `cargo xtask conformance {adapter}`"
+        );
+    }
     libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
 }
 
@@ -139,8 +177,9 @@ fn run_case(case: Case, factory: &TargetFactory, namespace: &str, seed: u64) -> 
         .enable_all()
         .build()
         .map_err(|e| Failed::from(format!("cannot start a runtime: {e}")))?;
-    let target =
-        factory().map_err(|e| Failed::from(format!("cannot build the adapter under test: {e}")))?;
+    let target = runtime
+        .block_on(factory(namespace.to_owned()))
+        .map_err(|e| Failed::from(format!("cannot build the adapter under test: {e}")))?;
     // Mix the case name into the seed so cases draw different payloads from one run seed.
     let case_seed = case
         .name

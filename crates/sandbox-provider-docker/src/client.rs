@@ -1,0 +1,765 @@
+//! `DockerProvider`: the `SandboxProvider` on one Docker engine.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use bollard::Docker;
+use bollard::models::{
+    ContainerCreateBody, ContainerStateStatusEnum, ContainerSummaryStateEnum, HostConfig,
+};
+use bollard::query_parameters::{
+    CreateContainerOptions, CreateImageOptions, InspectContainerOptions, ListContainersOptions,
+    RemoveContainerOptions, StartContainerOptions,
+};
+use futures_util::StreamExt;
+use sandbox_core::{
+    Capabilities, Capability, ConnectProbe, ConnectRequest, CreateRequest, DirEntry, Error,
+    ErrorCode, ErrorKind, ExecRequest, ExecResult, IdleTimeout, KeepAlive, ListFilter, Operation,
+    Provider, SandboxHandle, SandboxId, SandboxPath, SandboxProvider, SandboxState, SandboxSummary,
+    Snapshots, StatEntry, TemplateCatalog, TemplateId, Terminals, TimeoutAction,
+};
+
+use crate::config::{DockerConfig, NetworkMode, PullPolicy};
+use crate::egress::{EgressGuard, EgressPolicy};
+use crate::engine::{self, EngineVersion};
+use crate::errors::{self, no_such_sandbox, provider_error};
+use crate::exec::{self, ACTIVITY_MARKER};
+use crate::{files, labels, snapshots};
+
+/// Capabilities linux containers on a Docker engine give: everything but `timeout_refresh` (the
+/// daemon has no TTL to refresh; idle reclamation is the adapter's own sweep), `volumes` (not
+/// mapped onto named volumes yet: advertising it would let a tenant configure mounts that never
+/// appear) and `desktop` (no gateway to the container's websockify port yet).
+pub fn docker_capabilities() -> Capabilities {
+    Capabilities::from_slice(&[
+        Capability::Reconnect,
+        Capability::Metadata,
+        Capability::List,
+        Capability::PauseResume,
+        Capability::FsEnumeration,
+        Capability::Snapshots,
+        Capability::TemplateCatalog,
+        Capability::ConnectProbe,
+        Capability::KeepAlive,
+        Capability::Pty,
+        Capability::PosixShell,
+    ])
+}
+
+/// Capabilities dropped from the default set are all of them except these: what package
+/// managers and ordinary file ownership changes need, and `KILL` so a shell can signal its jobs.
+const CAP_ADD: &[&str] = &[
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "FOWNER",
+    "FSETID",
+    "SETGID",
+    "SETUID",
+    "KILL",
+];
+
+/// How long a fresh container may take to report running.
+const START_DEADLINE: Duration = Duration::from_secs(15);
+
+pub(crate) struct Inner {
+    pub(crate) docker: Docker,
+    pub(crate) config: DockerConfig,
+    pub(crate) engine: EngineVersion,
+    egress: Option<EgressGuard>,
+    /// When the idle sweep last started against this engine (it runs at most once per
+    /// `sweep_interval`).
+    pub(crate) last_sweep: std::sync::Mutex<Option<Instant>>,
+}
+
+/// The Docker backend. Cheap to clone; safe for concurrent use (the engine client is, and the
+/// provider holds no mutable state).
+#[derive(Clone)]
+pub struct DockerProvider {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl fmt::Debug for DockerProvider {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DockerProvider")
+            .field("namespace", &self.inner.config.namespace)
+            .field("engine", &self.inner.engine.version)
+            .field("api", &self.inner.docker.client_version())
+            .finish()
+    }
+}
+
+impl DockerProvider {
+    /// Connects to the engine the config names (after the operator gate and validation) and
+    /// negotiates the API version.
+    pub async fn connect(config: DockerConfig) -> Result<Self, Error> {
+        config.validate()?;
+        let endpoint = engine::resolve_endpoint(
+            config.host.as_deref(),
+            std::env::var("DOCKER_HOST").ok().as_deref(),
+            config.tls_cert_path.as_deref(),
+        )?;
+        let (docker, version) = engine::connect(&endpoint, config.rpc_timeout).await?;
+        let egress = match config.network {
+            NetworkMode::Bridge => Some(EgressGuard::new(docker.clone(), &config.namespace)?),
+            NetworkMode::None => None,
+        };
+        Ok(DockerProvider {
+            inner: Arc::new(Inner {
+                docker,
+                config,
+                engine: version,
+                egress,
+                last_sweep: std::sync::Mutex::new(None),
+            }),
+        })
+    }
+
+    /// The engine's version answer.
+    pub fn engine(&self) -> &EngineVersion {
+        &self.inner.engine
+    }
+
+    /// The negotiated Engine API version, e.g. `1.41`.
+    pub fn api_version(&self) -> String {
+        let v = self.inner.docker.client_version();
+        format!("{}.{}", v.major_version, v.minor_version)
+    }
+
+    /// The underlying engine client.
+    pub fn docker(&self) -> &Docker {
+        &self.inner.docker
+    }
+
+    /// The adapter's namespace.
+    pub fn namespace(&self) -> &str {
+        &self.inner.config.namespace
+    }
+
+    fn docker_ref(&self) -> &Docker {
+        &self.inner.docker
+    }
+
+    /// Inspects a container this namespace owns; anything else is `not_found`.
+    pub(crate) async fn inspect_owned(
+        &self,
+        op: Operation,
+        id: &str,
+    ) -> Result<bollard::models::ContainerInspectResponse, Error> {
+        let inspect = self
+            .docker_ref()
+            .inspect_container(id, None::<InspectContainerOptions>)
+            .await
+            .map_err(|e| errors::map(op, e))?;
+        let owned = labels::owned_by(
+            inspect.config.as_ref().and_then(|c| c.labels.as_ref()),
+            &self.inner.config.namespace,
+        );
+        if !owned {
+            return Err(no_such_sandbox(op, id));
+        }
+        Ok(inspect)
+    }
+
+    /// Makes sure `image` is present, pulling it per the pull policy. Snapshot images are local
+    /// commits and never pulled.
+    pub(crate) async fn ensure_image(&self, op: Operation, image: &str) -> Result<(), Error> {
+        let present = match self.docker_ref().inspect_image(image).await {
+            Ok(_) => true,
+            Err(e) => {
+                let mapped = errors::map(op, e);
+                if mapped.http_status() != Some(404) {
+                    return Err(mapped);
+                }
+                false
+            }
+        };
+        let policy = self.inner.config.pull_policy;
+        let must_pull = match policy {
+            PullPolicy::Never => false,
+            PullPolicy::Missing => !present,
+            PullPolicy::Always => true,
+        };
+        if snapshots::is_snapshot_ref(image) || !must_pull {
+            if present {
+                return Ok(());
+            }
+            let why = if snapshots::is_snapshot_ref(image) {
+                "snapshot images are local and never pulled".to_owned()
+            } else {
+                "the pull policy is never".to_owned()
+            };
+            return Err(Error::invalid_request(
+                op,
+                format!("image {image} is not present on the Docker engine and {why}"),
+            )
+            .with_code(ErrorCode::ImageNotPresent)
+            .with_provider(Provider::Docker));
+        }
+        self.pull(op, image).await
+    }
+
+    async fn pull(&self, op: Operation, image: &str) -> Result<(), Error> {
+        let options = CreateImageOptions {
+            from_image: Some(image.to_owned()),
+            ..Default::default()
+        };
+        let mut progress = self.docker_ref().create_image(Some(options), None, None);
+        while let Some(update) = progress.next().await {
+            match update {
+                Ok(_) => {}
+                Err(e) => {
+                    let mapped = errors::map(op, e);
+                    let text = mapped.message().to_ascii_lowercase();
+                    // A registry that answers "no such image" is the caller's bad template; a
+                    // registry that cannot be reached may come back.
+                    let kind = if text.contains("manifest unknown")
+                        || text.contains("not found")
+                        || text.contains("does not exist")
+                        || text.contains("repository does not exist")
+                        || text.contains("pull access denied")
+                    {
+                        ErrorKind::InvalidRequest
+                    } else {
+                        ErrorKind::Unavailable
+                    };
+                    return Err(Error::new(
+                        kind,
+                        op,
+                        format!("pulling {image}: {}", mapped.message()),
+                    )
+                    .with_provider(Provider::Docker)
+                    .with_code(ErrorCode::ImageNotPresent));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts or unpauses a container that is not running, then waits until it runs.
+    pub(crate) async fn ensure_running(&self, op: Operation, id: &str) -> Result<(), Error> {
+        let inspect = self.inspect_owned(op, id).await?;
+        let status = inspect.state.as_ref().and_then(|s| s.status);
+        match status {
+            Some(ContainerStateStatusEnum::RUNNING) => return Ok(()),
+            Some(ContainerStateStatusEnum::DEAD) => {
+                return Err(provider_error(
+                    ErrorKind::Terminal,
+                    op,
+                    format!("sandbox {id} is dead"),
+                ));
+            }
+            Some(ContainerStateStatusEnum::PAUSED) => {
+                self.docker_ref()
+                    .unpause_container(id)
+                    .await
+                    .map_err(|e| errors::map(op, e))?;
+            }
+            _ => {
+                self.docker_ref()
+                    .start_container(id, None::<StartContainerOptions>)
+                    .await
+                    .map_err(|e| errors::map(op, e))?;
+            }
+        }
+        self.wait_running(op, id).await
+    }
+
+    async fn wait_running(&self, op: Operation, id: &str) -> Result<(), Error> {
+        let deadline = Instant::now() + START_DEADLINE;
+        loop {
+            let inspect = self.inspect_owned(op, id).await?;
+            match inspect.state.as_ref().and_then(|s| s.status) {
+                Some(ContainerStateStatusEnum::RUNNING) => return Ok(()),
+                Some(ContainerStateStatusEnum::DEAD) => {
+                    return Err(provider_error(
+                        ErrorKind::Terminal,
+                        op,
+                        format!("sandbox {id} died while starting"),
+                    ));
+                }
+                Some(ContainerStateStatusEnum::EXITED) => {
+                    let detail = inspect.state.and_then(|s| s.error).unwrap_or_default();
+                    return Err(provider_error(
+                        ErrorKind::Conflict,
+                        op,
+                        format!("sandbox {id} exited while starting {detail}"),
+                    ));
+                }
+                _ => {}
+            }
+            if Instant::now() > deadline {
+                return Err(provider_error(
+                    ErrorKind::Timeout,
+                    op,
+                    format!("sandbox {id} did not start within 15s"),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn handle(
+        &self,
+        id: &str,
+        labels: Option<&HashMap<String, String>>,
+    ) -> Result<SandboxHandle, Error> {
+        Ok(SandboxHandle::new(SandboxId::new(id)?, Provider::Docker)
+            .with_metadata(labels::labels_to_metadata(labels)))
+    }
+
+    async fn connect_inner(
+        &self,
+        op: Operation,
+        request: ConnectRequest,
+    ) -> Result<SandboxHandle, Error> {
+        let id = request.sandbox_id.as_str();
+        self.ensure_running(op, id).await?;
+        let inspect = self.inspect_owned(op, id).await?;
+        let full_id = inspect.id.clone().unwrap_or_else(|| id.to_owned());
+        // Docker issues no traffic token; the caller's stored one (if any) rides along unchanged.
+        Ok(self
+            .handle(
+                &full_id,
+                inspect.config.as_ref().and_then(|c| c.labels.as_ref()),
+            )?
+            .with_traffic_token(request.traffic_token))
+    }
+
+    /// Runs an exec, retrying once when the container had stopped in between (an idle daemon
+    /// restart, a host reboot): the handle is still good, the container just needs starting.
+    async fn exec_with_retry(&self, id: &str, request: ExecRequest) -> Result<ExecResult, Error> {
+        let default_timeout = self.inner.config.default_exec_timeout;
+        match exec::run(self.docker_ref(), id, request.clone(), default_timeout).await {
+            Err(e) if errors::is_not_running(&e) => {
+                self.ensure_running(Operation::EXEC, id).await?;
+                exec::run(self.docker_ref(), id, request, default_timeout).await
+            }
+            other => other,
+        }
+    }
+}
+
+fn state_of(status: Option<ContainerStateStatusEnum>) -> SandboxState {
+    match status {
+        Some(ContainerStateStatusEnum::RUNNING) => SandboxState::Running,
+        // A stopped container keeps its filesystem and a connect restarts it: paused, not gone.
+        Some(
+            ContainerStateStatusEnum::PAUSED
+            | ContainerStateStatusEnum::EXITED
+            | ContainerStateStatusEnum::CREATED,
+        ) => SandboxState::Paused,
+        Some(
+            ContainerStateStatusEnum::RESTARTING
+            | ContainerStateStatusEnum::REMOVING
+            | ContainerStateStatusEnum::STOPPING,
+        ) => SandboxState::Transitioning,
+        Some(ContainerStateStatusEnum::DEAD) => SandboxState::Terminal,
+        _ => SandboxState::Unknown,
+    }
+}
+
+fn summary_state_of(status: Option<ContainerSummaryStateEnum>) -> SandboxState {
+    match status {
+        Some(ContainerSummaryStateEnum::RUNNING) => SandboxState::Running,
+        Some(
+            ContainerSummaryStateEnum::PAUSED
+            | ContainerSummaryStateEnum::EXITED
+            | ContainerSummaryStateEnum::CREATED,
+        ) => SandboxState::Paused,
+        Some(
+            ContainerSummaryStateEnum::RESTARTING
+            | ContainerSummaryStateEnum::REMOVING
+            | ContainerSummaryStateEnum::STOPPING,
+        ) => SandboxState::Transitioning,
+        Some(ContainerSummaryStateEnum::DEAD) => SandboxState::Terminal,
+        _ => SandboxState::Unknown,
+    }
+}
+
+fn parse_created(raw: Option<&str>) -> Option<time::OffsetDateTime> {
+    raw.and_then(|s| sandbox_core::timefmt::parse(s).ok())
+}
+
+#[async_trait]
+impl SandboxProvider for DockerProvider {
+    fn provider(&self) -> Provider {
+        Provider::Docker
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        docker_capabilities()
+    }
+
+    async fn health(&self) -> Result<(), Error> {
+        self.docker_ref()
+            .ping()
+            .await
+            .map(drop)
+            .map_err(|e| errors::map(Operation::HEALTH, e))
+    }
+
+    async fn create(&self, request: CreateRequest) -> Result<SandboxHandle, Error> {
+        let op = Operation::CREATE;
+        request
+            .validate()
+            .map_err(|e| e.with_operation(op).with_provider(Provider::Docker))?;
+        if !request.volumes.is_empty() {
+            return Err(provider_error(
+                ErrorKind::Unsupported,
+                op,
+                "the Docker backend does not mount volumes yet",
+            ));
+        }
+        if request.timeout.on_timeout == TimeoutAction::Pause || request.timeout.auto_resume {
+            return Err(provider_error(
+                ErrorKind::Unsupported,
+                op,
+                "the Docker backend reclaims idle containers; it cannot pause them on timeout (use on_timeout = kill)",
+            ));
+        }
+        let ttl_secs = match request.timeout.idle {
+            IdleTimeout::ServerDefault => self.inner.config.idle_ttl.as_secs(),
+            IdleTimeout::After(d) => d.as_secs().max(1),
+            IdleTimeout::Never => 0,
+        };
+        let config = &self.inner.config;
+        let mut container_labels = labels::metadata_labels(&request.metadata)?;
+        for (k, v) in &config.extra_labels {
+            container_labels.insert(k.clone(), v.clone());
+        }
+        container_labels.insert(labels::MANAGED.to_owned(), "true".to_owned());
+        container_labels.insert(labels::NAMESPACE.to_owned(), config.namespace.clone());
+        container_labels.insert(labels::IDLE_TTL.to_owned(), ttl_secs.to_string());
+
+        let image = request.template.as_str();
+        self.ensure_image(op, image).await?;
+
+        // No egress at all when the policy denies it by default (a Docker network cannot
+        // allow-list destinations), else the adapter's own protected bridge — never docker0.
+        let network_mode = match (
+            config.network,
+            request.network.denies_egress_by_default(),
+            &self.inner.egress,
+        ) {
+            (NetworkMode::None, _, _) | (_, true, _) => "none".to_owned(),
+            (NetworkMode::Bridge, false, Some(guard)) => {
+                guard
+                    .ensure(EgressPolicy {
+                        allow_private: config.allow_private_endpoints,
+                    })
+                    .await?
+                    .name
+            }
+            (NetworkMode::Bridge, false, None) => {
+                return Err(provider_error(
+                    ErrorKind::Internal,
+                    op,
+                    "bridge mode without an egress guard",
+                ));
+            }
+        };
+        let env: Vec<String> = request
+            .env
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        let body = ContainerCreateBody {
+            image: Some(image.to_owned()),
+            user: Some("0".to_owned()),
+            // The entrypoint replaces the image's, so any image becomes a sandbox: it creates the
+            // activity marker (world-writable, so commands under other accounts still record
+            // activity) and then idles until commands arrive through exec.
+            entrypoint: Some(vec![
+                "/bin/sh".to_owned(),
+                "-c".to_owned(),
+                format!(
+                    "mkdir -p /var/lib 2>/dev/null; touch {ACTIVITY_MARKER}; chmod 666 {ACTIVITY_MARKER} 2>/dev/null; exec sleep infinity"
+                ),
+            ]),
+            cmd: Some(Vec::new()),
+            working_dir: Some(sandbox_core::policy::workspace::WORKSPACE_ROOT.to_owned()),
+            env: Some(env),
+            labels: Some(container_labels),
+            host_config: Some(HostConfig {
+                // Memory = memory + swap: swap would let a sandbox trade the host's disk I/O for
+                // a memory limit it is not supposed to exceed.
+                memory: Some(config.memory_bytes),
+                memory_swap: Some(config.memory_bytes),
+                nano_cpus: Some((config.cpu_limit * 1e9) as i64),
+                pids_limit: Some(config.pids_limit),
+                cap_drop: Some(vec!["ALL".to_owned()]),
+                cap_add: Some(CAP_ADD.iter().map(|c| (*c).to_owned()).collect()),
+                security_opt: Some(vec!["no-new-privileges".to_owned()]),
+                // An init process reaps the zombies agents' background jobs leave behind.
+                init: Some(true),
+                runtime: config.runtime.clone(),
+                network_mode: Some(network_mode),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let name = format!(
+            "sbx-{}-{:012x}",
+            config.namespace,
+            fastrand::u64(..) & 0xffff_ffff_ffff
+        );
+        let created = self
+            .docker_ref()
+            .create_container(
+                Some(CreateContainerOptions {
+                    name: Some(name),
+                    ..Default::default()
+                }),
+                body,
+            )
+            .await
+            .map_err(|e| errors::map(op, e))?;
+        let id = created.id;
+        let started = async {
+            self.docker_ref()
+                .start_container(&id, None::<StartContainerOptions>)
+                .await
+                .map_err(|e| errors::map(op, e))?;
+            self.wait_running(op, &id).await
+        };
+        if let Err(err) = started.await {
+            // A container that cannot start is removed, not left for the sweeper.
+            let _ = self
+                .docker_ref()
+                .remove_container(
+                    &id,
+                    Some(RemoveContainerOptions {
+                        force: true,
+                        v: true,
+                        ..Default::default()
+                    }),
+                )
+                .await;
+            return Err(err);
+        }
+        crate::sweeper::trigger(self);
+        let handle = SandboxHandle::new(SandboxId::new(&id)?, Provider::Docker)
+            .with_metadata(request.metadata);
+        Ok(handle)
+    }
+
+    async fn connect(&self, request: ConnectRequest) -> Result<SandboxHandle, Error> {
+        let handle = self.connect_inner(Operation::CONNECT, request).await?;
+        crate::sweeper::trigger(self);
+        Ok(handle)
+    }
+
+    async fn get(&self, id: &SandboxId) -> Result<SandboxSummary, Error> {
+        let inspect = self.inspect_owned(Operation::GET, id.as_str()).await?;
+        let labels = inspect.config.as_ref().and_then(|c| c.labels.as_ref());
+        let status = inspect.state.as_ref().and_then(|s| s.status);
+        Ok(SandboxSummary {
+            id: SandboxId::new(inspect.id.clone().unwrap_or_else(|| id.as_str().to_owned()))?,
+            template: inspect
+                .config
+                .as_ref()
+                .and_then(|c| c.image.clone())
+                .and_then(|i| TemplateId::new(i).ok()),
+            state: state_of(status),
+            raw_state: status.map(|s| s.to_string()).unwrap_or_default(),
+            metadata: labels::labels_to_metadata(labels),
+            started_at: parse_created(inspect.created.as_deref()),
+            ended_at: None,
+        })
+    }
+
+    async fn list(&self, filter: &ListFilter) -> Result<Vec<SandboxSummary>, Error> {
+        let config = &self.inner.config;
+        let mut label_filters = vec![
+            format!("{}=true", labels::MANAGED),
+            format!("{}={}", labels::NAMESPACE, config.namespace),
+        ];
+        for (k, v) in &filter.metadata {
+            labels::validate_label_key(k)?;
+            label_filters.push(format!("{}{k}={v}", labels::META_PREFIX));
+        }
+        let options = ListContainersOptions {
+            all: true,
+            filters: Some(HashMap::from([("label".to_owned(), label_filters)])),
+            ..Default::default()
+        };
+        let containers = self
+            .docker_ref()
+            .list_containers(Some(options))
+            .await
+            .map_err(|e| errors::map(Operation::LIST, e))?;
+        let mut out = Vec::with_capacity(containers.len());
+        for c in containers {
+            let Some(id) = c.id.as_deref().and_then(|i| SandboxId::new(i).ok()) else {
+                continue;
+            };
+            // The engine filtered by label; re-check ownership so a filter bug can never hand a
+            // foreign container to the caller.
+            if !labels::owned_by(c.labels.as_ref(), &config.namespace) {
+                continue;
+            }
+            let summary = SandboxSummary {
+                id,
+                template: c.image.clone().and_then(|i| TemplateId::new(i).ok()),
+                state: summary_state_of(c.state),
+                raw_state: c.state.map(|s| s.to_string()).unwrap_or_default(),
+                metadata: labels::labels_to_metadata(c.labels.as_ref()),
+                started_at: c
+                    .created
+                    .and_then(|t| time::OffsetDateTime::from_unix_timestamp(t).ok()),
+                ended_at: None,
+            };
+            if filter.matches(&summary) {
+                out.push(summary);
+            }
+        }
+        Ok(out)
+    }
+
+    async fn delete(&self, id: &SandboxId) -> Result<(), Error> {
+        // Ownership first: a tenant-supplied ID must never remove a container this namespace
+        // does not own.
+        self.inspect_owned(Operation::DELETE, id.as_str()).await?;
+        self.docker_ref()
+            .remove_container(
+                id.as_str(),
+                Some(RemoveContainerOptions {
+                    force: true,
+                    v: true,
+                    ..Default::default()
+                }),
+            )
+            .await
+            .map_err(|e| errors::map(Operation::DELETE, e))
+    }
+
+    async fn exec(
+        &self,
+        sandbox: &SandboxHandle,
+        request: ExecRequest,
+    ) -> Result<ExecResult, Error> {
+        self.exec_with_retry(sandbox.id().as_str(), request).await
+    }
+
+    async fn write_file(
+        &self,
+        sandbox: &SandboxHandle,
+        path: &SandboxPath,
+        content: &[u8],
+    ) -> Result<(), Error> {
+        files::write(self.docker_ref(), sandbox.id().as_str(), path, content).await
+    }
+
+    async fn read_file(
+        &self,
+        sandbox: &SandboxHandle,
+        path: &SandboxPath,
+    ) -> Result<Vec<u8>, Error> {
+        files::read(self.docker_ref(), sandbox.id().as_str(), path).await
+    }
+
+    async fn list_dir(
+        &self,
+        sandbox: &SandboxHandle,
+        path: &SandboxPath,
+    ) -> Result<Vec<DirEntry>, Error> {
+        files::list(self.docker_ref(), sandbox.id().as_str(), path).await
+    }
+
+    async fn make_dir(&self, sandbox: &SandboxHandle, path: &SandboxPath) -> Result<(), Error> {
+        files::make_dir(self.docker_ref(), sandbox.id().as_str(), path).await
+    }
+
+    async fn remove(&self, sandbox: &SandboxHandle, path: &SandboxPath) -> Result<(), Error> {
+        files::remove(self.docker_ref(), sandbox.id().as_str(), path).await
+    }
+
+    async fn stat(&self, sandbox: &SandboxHandle, path: &SandboxPath) -> Result<StatEntry, Error> {
+        files::stat(self.docker_ref(), sandbox.id().as_str(), path).await
+    }
+
+    fn as_snapshots(&self) -> Option<&dyn Snapshots> {
+        Some(self)
+    }
+    fn as_template_catalog(&self) -> Option<&dyn TemplateCatalog> {
+        Some(self)
+    }
+    fn as_terminals(&self) -> Option<&dyn Terminals> {
+        Some(self)
+    }
+    fn as_keep_alive(&self) -> Option<&dyn KeepAlive> {
+        Some(self)
+    }
+    fn as_connect_probe(&self) -> Option<&dyn ConnectProbe> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl KeepAlive for DockerProvider {
+    /// A no-op exec: the wrapper touches the activity marker, which is all the idle sweeper
+    /// reads, so `ttl` is not needed.
+    async fn keep_alive(&self, sandbox: &SandboxHandle, _ttl: Duration) -> Result<(), Error> {
+        let result = self
+            .exec_with_retry(
+                sandbox.id().as_str(),
+                ExecRequest::argv("true", Vec::<String>::new()),
+            )
+            .await?;
+        if result.exit_code != 0 {
+            return Err(provider_error(
+                ErrorKind::Internal,
+                Operation::KEEP_ALIVE,
+                format!("keep-alive exec exited {}", result.exit_code),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl ConnectProbe for DockerProvider {
+    /// Connect already inspects the container (dead ⇒ terminal, missing ⇒ not_found) and resumes
+    /// a stopped one, so the probe is the connect itself.
+    async fn connect_session(&self, request: ConnectRequest) -> Result<SandboxHandle, Error> {
+        self.connect_inner(Operation::CONNECT_SESSION, request)
+            .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn states_normalize_exited_to_paused_and_dead_to_terminal() {
+        assert_eq!(
+            state_of(Some(ContainerStateStatusEnum::EXITED)),
+            SandboxState::Paused
+        );
+        assert_eq!(
+            state_of(Some(ContainerStateStatusEnum::CREATED)),
+            SandboxState::Paused
+        );
+        assert_eq!(
+            state_of(Some(ContainerStateStatusEnum::PAUSED)),
+            SandboxState::Paused
+        );
+        assert_eq!(
+            state_of(Some(ContainerStateStatusEnum::DEAD)),
+            SandboxState::Terminal
+        );
+        assert_eq!(
+            state_of(Some(ContainerStateStatusEnum::REMOVING)),
+            SandboxState::Transitioning
+        );
+        assert_eq!(state_of(None), SandboxState::Unknown);
+        assert_eq!(
+            summary_state_of(Some(ContainerSummaryStateEnum::EXITED)),
+            SandboxState::Paused
+        );
+    }
+}

@@ -1,0 +1,243 @@
+//! The idle sweeper: Docker has no provider TTL, so the adapter reclaims containers nobody has
+//! used for their idle TTL.
+//!
+//! Activity is the mtime of [`ACTIVITY_MARKER`] inside the container, touched by every exec (and
+//! by open terminals). A marker dated more than [`CLOCK_SKEW`] into the future is not trusted —
+//! code inside the sandbox can set any mtime — and the container's creation time is used
+//! instead, so forging a date cannot keep a container alive past its TTL. Idleness is checked
+//! again right before each delete, because an exec may have arrived while the sweep ran. The
+//! sweep only ever lists containers labelled with this adapter's namespace.
+
+use std::sync::PoisonError;
+use std::time::{Duration, Instant};
+
+use bollard::query_parameters::{
+    ContainerArchiveInfoOptions, ListContainersOptions, RemoveContainerOptions,
+};
+use sandbox_core::{Error, Operation, SandboxId};
+use time::OffsetDateTime;
+
+use crate::client::DockerProvider;
+use crate::errors;
+use crate::exec::ACTIVITY_MARKER;
+use crate::labels;
+
+/// How far in the future a marker may be and still count (clock skew between engine and us).
+pub const CLOCK_SKEW: Duration = Duration::from_secs(120);
+/// Budget of one sweep.
+pub const SWEEP_BUDGET: Duration = Duration::from_secs(120);
+
+const OP: Operation = Operation::new("idle_sweep");
+
+/// What one sweep did.
+#[derive(Debug, Default)]
+pub struct SweepReport {
+    pub reaped: Vec<SandboxId>,
+    pub kept: usize,
+    /// Containers whose check or delete failed; the sweep went on with the rest.
+    pub failures: Vec<(String, Error)>,
+}
+
+/// Whether a container is idle. `ttl_secs == 0` means never idle.
+pub fn is_idle(
+    now: OffsetDateTime,
+    ttl_secs: u64,
+    marker: Option<OffsetDateTime>,
+    created: Option<OffsetDateTime>,
+) -> bool {
+    if ttl_secs == 0 {
+        return false;
+    }
+    let skew = time::Duration::try_from(CLOCK_SKEW).unwrap_or(time::Duration::ZERO);
+    let trusted_marker = marker.filter(|m| *m <= now + skew);
+    let Some(last) = trusted_marker.or(created) else {
+        // Nothing to judge by: keeping a container costs memory, deleting one costs a workspace.
+        return false;
+    };
+    let ttl = time::Duration::seconds(i64::try_from(ttl_secs).unwrap_or(i64::MAX));
+    now - last > ttl
+}
+
+/// Starts a sweep in the background, at most once per `sweep_interval` per provider, and never
+/// for providers built for connectivity checks.
+pub fn trigger(provider: &DockerProvider) {
+    let config = &provider.inner.config;
+    if !config.idle_sweep {
+        return;
+    }
+    {
+        let mut last = provider
+            .inner
+            .last_sweep
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if last.is_some_and(|t: Instant| t.elapsed() < config.sweep_interval) {
+            return;
+        }
+        *last = Some(Instant::now());
+    }
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        let provider = provider.clone();
+        runtime.spawn(async move {
+            let _ = tokio::time::timeout(SWEEP_BUDGET, sweep(&provider)).await;
+        });
+    }
+}
+
+/// One pass over this namespace's containers.
+pub async fn sweep(provider: &DockerProvider) -> Result<SweepReport, Error> {
+    let config = &provider.inner.config;
+    let filters = vec![
+        format!("{}=true", labels::MANAGED),
+        format!("{}={}", labels::NAMESPACE, config.namespace),
+    ];
+    let options = ListContainersOptions {
+        all: true,
+        filters: Some(std::collections::HashMap::from([(
+            "label".to_owned(),
+            filters,
+        )])),
+        ..Default::default()
+    };
+    let containers = provider
+        .docker()
+        .list_containers(Some(options))
+        .await
+        .map_err(|e| errors::map(OP, e))?;
+    let mut report = SweepReport::default();
+    for c in containers {
+        let Some(id) = c.id.clone() else { continue };
+        if !labels::owned_by(c.labels.as_ref(), &config.namespace) {
+            continue;
+        }
+        let ttl = c
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(labels::IDLE_TTL))
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(config.idle_ttl.as_secs());
+        let created = c
+            .created
+            .and_then(|t| OffsetDateTime::from_unix_timestamp(t).ok());
+        match idle_now(provider, &id, ttl, created).await {
+            Ok(false) => report.kept += 1,
+            Err(e) => report.failures.push((id, e)),
+            Ok(true) => {
+                // Re-check right before deleting: an exec may have touched the marker since.
+                match idle_now(provider, &id, ttl, created).await {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        report.kept += 1;
+                        continue;
+                    }
+                    Err(e) => {
+                        report.failures.push((id, e));
+                        continue;
+                    }
+                }
+                let removed = provider
+                    .docker()
+                    .remove_container(
+                        &id,
+                        Some(RemoveContainerOptions {
+                            force: true,
+                            v: true,
+                            ..Default::default()
+                        }),
+                    )
+                    .await;
+                match removed {
+                    Ok(()) => {
+                        if let Ok(sid) = SandboxId::new(id) {
+                            report.reaped.push(sid);
+                        }
+                    }
+                    Err(e) => report.failures.push((id, errors::map(OP, e))),
+                }
+            }
+        }
+    }
+    Ok(report)
+}
+
+async fn idle_now(
+    provider: &DockerProvider,
+    id: &str,
+    ttl: u64,
+    created: Option<OffsetDateTime>,
+) -> Result<bool, Error> {
+    let marker = marker_mtime(provider, id).await?;
+    Ok(is_idle(
+        provider.inner.config.clock.now(),
+        ttl,
+        marker,
+        created,
+    ))
+}
+
+/// The marker's mtime through the archive-stat endpoint (works on stopped containers too, and
+/// starts nothing inside the container). A missing marker is `None`.
+async fn marker_mtime(
+    provider: &DockerProvider,
+    id: &str,
+) -> Result<Option<OffsetDateTime>, Error> {
+    let options = ContainerArchiveInfoOptions {
+        path: ACTIVITY_MARKER.to_owned(),
+    };
+    match provider
+        .docker()
+        .get_container_archive_info(id, Some(options))
+        .await
+    {
+        Ok(stat) => Ok(stat
+            .modification_time
+            .as_deref()
+            .and_then(|t| sandbox_core::timefmt::parse(t).ok())),
+        Err(e) => {
+            let mapped = errors::map(OP, e);
+            if mapped.http_status() == Some(404) {
+                Ok(None)
+            } else {
+                Err(mapped)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn idleness_rules() {
+        let now = OffsetDateTime::from_unix_timestamp(1_800_000_000).unwrap();
+        let ago = |s: i64| Some(now - time::Duration::seconds(s));
+        let ahead = |s: i64| Some(now + time::Duration::seconds(s));
+        assert!(is_idle(now, 60, ago(61), ago(3600)), "old marker is idle");
+        assert!(!is_idle(now, 60, ago(59), ago(3600)), "fresh marker is not");
+        assert!(
+            !is_idle(now, 0, ago(1_000_000), ago(1_000_000)),
+            "ttl 0 is never idle"
+        );
+        assert!(
+            !is_idle(now, 60, ahead(60), ago(3600)),
+            "small skew counts as recent activity"
+        );
+        assert!(
+            is_idle(now, 60, ahead(86_400), ago(3600)),
+            "a forged far-future marker falls back to creation"
+        );
+        assert!(
+            !is_idle(now, 60, ahead(86_400), ago(10)),
+            "... which is recent here"
+        );
+        assert!(
+            is_idle(now, 60, None, ago(61)),
+            "no marker falls back to creation"
+        );
+        assert!(
+            !is_idle(now, 60, None, None),
+            "nothing to judge by keeps the container"
+        );
+    }
+}

@@ -1,0 +1,48 @@
+//! The conformance suite against the real Docker engine (adapter `docker`).
+//!
+//! `cargo xtask conformance docker` (and `cargo xtask test`) start the engine, build the local
+//! `sandbox-busybox:test` image and select this adapter with `SANDBOX_CONFORMANCE_ADAPTER=docker`.
+//! Without that selection (a plain `cargo test`, perhaps on a machine with no engine) every case
+//! is listed as ignored with the command that runs it.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use sandbox_core::TemplateId;
+use sandbox_provider_docker::{
+    DockerConfig, DockerProvider, NetworkMode, PullPolicy, docker_capabilities,
+};
+use sandbox_testkit::conformance::Target;
+use sandbox_testkit::conformance::harness::run_main_when_selected;
+
+/// The image xtask builds without a registry (`FROM scratch` + Debian's busybox-static).
+const TEST_IMAGE: &str = "sandbox-busybox:test";
+
+fn main() -> ExitCode {
+    run_main_when_selected(
+        "docker",
+        docker_capabilities(),
+        Arc::new(|namespace: String| {
+            Box::pin(async move {
+                let image = TemplateId::new(TEST_IMAGE).map_err(|e| e.to_string())?;
+                let mut config = DockerConfig::new(image.clone(), &namespace);
+                // The test acts as the operator who opts in.
+                config.enabled = true;
+                config.pull_policy = PullPolicy::Never;
+                config.network = NetworkMode::None;
+                config.idle_sweep = false;
+                config
+                    .extra_labels
+                    .insert("sandbox.test".to_owned(), "1".to_owned());
+                let provider = DockerProvider::connect(config)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok(Target {
+                    provider: Arc::new(provider),
+                    template: image,
+                    declared: docker_capabilities(),
+                })
+            })
+        }),
+    )
+}
