@@ -207,9 +207,19 @@ impl DockerProvider {
             ..Default::default()
         };
         let mut progress = self.docker_ref().create_image(Some(options), None, None);
+        tracing::info!(image, "pulling image");
+        let mut last_status = String::new();
         while let Some(update) = progress.next().await {
             match update {
-                Ok(_) => {}
+                Ok(info) => {
+                    // Progress for operators watching a first start: one line per status
+                    // change, not one per byte-count update.
+                    let status = info.status.unwrap_or_default();
+                    if status != last_status {
+                        tracing::info!(image, layer = info.id.as_deref().unwrap_or(""), %status, "pull progress");
+                        last_status = status;
+                    }
+                }
                 Err(e) => {
                     let mapped = errors::map(op, e);
                     let text = mapped.message().to_ascii_lowercase();
@@ -540,6 +550,7 @@ impl SandboxProvider for DockerProvider {
                 .await;
             return Err(err);
         }
+        tracing::debug!(sandbox = %id, namespace = %config.namespace, "created sandbox container");
         crate::sweeper::trigger(self);
         let handle = SandboxHandle::new(SandboxId::new(&id)?, Provider::Docker)
             .with_metadata(request.metadata);

@@ -148,6 +148,7 @@ pub async fn sweep(provider: &DockerProvider) -> Result<SweepReport, Error> {
                     .await;
                 match removed {
                     Ok(()) => {
+                        tracing::info!(sandbox = %id, ttl_secs = ttl, "idle sweep reclaimed a container");
                         if let Ok(sid) = SandboxId::new(id) {
                             report.reaped.push(sid);
                         }

@@ -1,0 +1,523 @@
+//! Docker-specific behaviour on the real engine, beyond the conformance suite: isolation
+//! defaults, ownership scoping, resuming stopped and paused containers, the kill of a dropped
+//! exec, the idle sweeper, and bad input.
+//!
+//! These need a Docker engine and the locally built `sandbox-busybox:test` image, so they are
+//! ignored in a plain `cargo test`; `cargo xtask test` starts both and runs them with
+//! `--run-ignored ignored-only`. Every container is labelled `sandbox.test=1` and scoped to a
+//! namespace unique to the test, which is also what every count below is taken over.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // Test binary: a failed unwrap is a failed test.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bollard::models::ContainerCreateBody;
+use bollard::query_parameters::{
+    CreateContainerOptions, InspectContainerOptions, RemoveContainerOptions,
+};
+use sandbox_core::{
+    ConnectRequest, CreateRequest, ErrorCode, ErrorKind, ExecRequest, ExecTimeout, IdleTimeout,
+    ListFilter, ManualClock, NetworkPolicy, SandboxPath, SandboxProvider, SandboxState, TemplateId,
+    TimeoutAction, TimeoutPolicy, VolumeMount,
+};
+use sandbox_provider_docker::{
+    DockerConfig, DockerProvider, NetworkMode, PullPolicy, labels, sweeper,
+};
+
+const IMAGE: &str = "sandbox-busybox:test";
+
+fn namespace(tag: &str) -> String {
+    format!("t{tag}-{:08x}", fastrand::u32(..))
+}
+
+fn config(ns: &str) -> DockerConfig {
+    let mut c = DockerConfig::new(TemplateId::new(IMAGE).unwrap(), ns);
+    c.enabled = true;
+    c.pull_policy = PullPolicy::Never;
+    c.network = NetworkMode::None;
+    c.idle_sweep = false;
+    c.extra_labels
+        .insert("sandbox.test".to_owned(), "1".to_owned());
+    c
+}
+
+async fn provider(ns: &str) -> DockerProvider {
+    DockerProvider::connect(config(ns))
+        .await
+        .expect("connect to the local engine")
+}
+
+fn request() -> CreateRequest {
+    CreateRequest::new(TemplateId::new(IMAGE).unwrap())
+}
+
+/// Removes every container of `ns` (the test's own namespace only).
+async fn cleanup(p: &DockerProvider) {
+    for s in p.list(&ListFilter::default()).await.unwrap_or_default() {
+        let _ = p.delete(&s.id).await;
+    }
+}
+
+/// Processes in the container whose command line contains `needle` (the scan's own command
+/// line holds `[s]leep`-style patterns, which do not match).
+async fn count(p: &DockerProvider, h: &sandbox_core::SandboxHandle, needle: &str) -> usize {
+    let (first, rest) = needle.split_at(1);
+    let script = format!(
+        "for f in /proc/[0-9]*/cmdline; do tr '\\000' ' ' < \"$f\" 2>/dev/null; echo; done | grep -c '[{first}]{rest}' || true"
+    );
+    let r = p.exec(h, ExecRequest::shell(script)).await.unwrap();
+    r.stdout_lossy().trim().parse().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Docker engine and the sandbox-busybox:test image: cargo xtask test runs it"]
+async fn create_applies_isolation_defaults_and_ownership_labels() {
+    let ns = namespace("iso");
+    let p = provider(&ns).await;
+    let mut req = request();
+    req.metadata.insert("owner".into(), "t-42".into());
+    let h = p.create(req).await.unwrap();
+    let inspect = p
+        .docker()
+        .inspect_container(h.id().as_str(), None::<InspectContainerOptions>)
+        .await
+        .unwrap();
+    let host = inspect.host_config.clone().unwrap();
+    assert_eq!(host.cap_drop, Some(vec!["ALL".to_owned()]));
+    let added = host.cap_add.unwrap();
+    for cap in [
+        "CHOWN",
+        "DAC_OVERRIDE",
+        "FOWNER",
+        "FSETID",
+        "SETGID",
+        "SETUID",
+        "KILL",
+    ] {
+        assert!(
+            added.iter().any(|c| c == cap || c == &format!("CAP_{cap}")),
+            "{cap} missing from {added:?}"
+        );
+    }
+    assert_eq!(
+        added.len(),
+        7,
+        "only the minimal set is added back: {added:?}"
+    );
+    assert_eq!(
+        host.security_opt,
+        Some(vec!["no-new-privileges".to_owned()])
+    );
+    assert_eq!(host.init, Some(true));
+    assert_eq!(
+        host.memory,
+        Some(sandbox_provider_docker::config::DEFAULT_MEMORY_BYTES)
+    );
+    assert_eq!(
+        host.memory_swap, host.memory,
+        "swap must be off (memory == memory+swap)"
+    );
+    assert_eq!(
+        host.pids_limit,
+        Some(sandbox_provider_docker::config::DEFAULT_PIDS_LIMIT)
+    );
+    assert_eq!(host.nano_cpus, Some(2_000_000_000));
+    assert_eq!(host.network_mode.as_deref(), Some("none"));
+    let container_labels = inspect.config.unwrap().labels.unwrap();
+    assert_eq!(
+        container_labels.get(labels::MANAGED).map(String::as_str),
+        Some("true")
+    );
+    assert_eq!(container_labels.get(labels::NAMESPACE), Some(&ns));
+    assert_eq!(
+        container_labels.get(labels::IDLE_TTL).map(String::as_str),
+        Some("1800")
+    );
+    assert_eq!(
+        container_labels
+            .get("sandbox.meta.owner")
+            .map(String::as_str),
+        Some("t-42")
+    );
+    // The sandbox really is capability-less: changing the hostname needs CAP_SYS_ADMIN.
+    let r = p
+        .exec(&h, ExecRequest::shell("hostname sandbox-escape"))
+        .await
+        .unwrap();
+    assert_ne!(
+        r.exit_code,
+        0,
+        "hostname change succeeded: {}",
+        r.stdout_lossy()
+    );
+    cleanup(&p).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Docker engine and the sandbox-busybox:test image: cargo xtask test runs it"]
+async fn no_egress_policy_means_no_network() {
+    let ns = namespace("net");
+    let mut c = config(&ns);
+    // Even a bridge-mode config gives a deny-by-default policy no network at all.
+    c.network = NetworkMode::Bridge;
+    let p = DockerProvider::connect(c).await.unwrap();
+    let mut req = request();
+    req.network = NetworkPolicy {
+        allow_internet_access: Some(false),
+        ..NetworkPolicy::default()
+    };
+    let h = p.create(req).await.unwrap();
+    let inspect = p
+        .docker()
+        .inspect_container(h.id().as_str(), None::<InspectContainerOptions>)
+        .await
+        .unwrap();
+    assert_eq!(
+        inspect.host_config.unwrap().network_mode.as_deref(),
+        Some("none")
+    );
+    cleanup(&p).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Docker engine and the sandbox-busybox:test image: cargo xtask test runs it"]
+async fn foreign_containers_are_invisible_and_untouchable() {
+    let ns = namespace("own");
+    let p = provider(&ns).await;
+    let other = provider(&namespace("oth")).await;
+    let theirs = other.create(request()).await.unwrap();
+    // A plain container nobody labelled, as the host's own services would be.
+    let plain = p
+        .docker()
+        .create_container(
+            Some(CreateContainerOptions {
+                name: Some(format!("sbxt-plain-{ns}")),
+                ..Default::default()
+            }),
+            ContainerCreateBody {
+                image: Some(IMAGE.to_owned()),
+                cmd: Some(vec!["sleep".into(), "60".into()]),
+                labels: Some(HashMap::from([("sandbox.test".to_owned(), "1".to_owned())])),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    for id in [
+        theirs.id().clone(),
+        sandbox_core::SandboxId::new(plain.id.clone()).unwrap(),
+    ] {
+        assert_eq!(p.get(&id).await.unwrap_err().kind(), ErrorKind::NotFound);
+        assert_eq!(p.delete(&id).await.unwrap_err().kind(), ErrorKind::NotFound);
+        assert_eq!(
+            p.connect(ConnectRequest::new(id.clone()))
+                .await
+                .unwrap_err()
+                .kind(),
+            ErrorKind::NotFound
+        );
+        // Still there: the refused delete did not remove it.
+        assert!(
+            p.docker()
+                .inspect_container(id.as_str(), None::<InspectContainerOptions>)
+                .await
+                .is_ok()
+        );
+    }
+    assert!(
+        p.list(&ListFilter::default()).await.unwrap().is_empty(),
+        "another namespace's containers leaked into list"
+    );
+    let _ = p
+        .docker()
+        .remove_container(
+            &plain.id,
+            Some(RemoveContainerOptions {
+                force: true,
+                ..Default::default()
+            }),
+        )
+        .await;
+    cleanup(&other).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Docker engine and the sandbox-busybox:test image: cargo xtask test runs it"]
+async fn connect_resumes_stopped_and_paused_containers() {
+    let ns = namespace("res");
+    let p = provider(&ns).await;
+    let h = p.create(request()).await.unwrap();
+    let file = SandboxPath::new("/workspace/kept.txt").unwrap();
+    p.write_file(&h, &file, b"kept").await.unwrap();
+
+    p.docker()
+        .stop_container(
+            h.id().as_str(),
+            None::<bollard::query_parameters::StopContainerOptions>,
+        )
+        .await
+        .unwrap();
+    let s = p.get(h.id()).await.unwrap();
+    assert_eq!(
+        s.state,
+        SandboxState::Paused,
+        "an exited container counts as paused, not terminal ({})",
+        s.raw_state
+    );
+    // An exec on the stale handle restarts it (retry once when the container was not running).
+    let r = p
+        .exec(&h, ExecRequest::argv("cat", [file.as_str()]))
+        .await
+        .unwrap();
+    assert_eq!(r.stdout, b"kept");
+
+    p.docker().pause_container(h.id().as_str()).await.unwrap();
+    assert_eq!(p.get(h.id()).await.unwrap().state, SandboxState::Paused);
+    let c = p
+        .connect(ConnectRequest::new(h.id().clone()))
+        .await
+        .unwrap();
+    assert_eq!(p.get(c.id()).await.unwrap().state, SandboxState::Running);
+    assert_eq!(p.read_file(&c, &file).await.unwrap(), b"kept");
+
+    p.docker()
+        .stop_container(
+            h.id().as_str(),
+            None::<bollard::query_parameters::StopContainerOptions>,
+        )
+        .await
+        .unwrap();
+    let c = p
+        .connect(ConnectRequest::new(h.id().clone()))
+        .await
+        .unwrap();
+    assert_eq!(
+        p.read_file(&c, &file).await.unwrap(),
+        b"kept",
+        "files survive a stop and restart"
+    );
+    cleanup(&p).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Docker engine and the sandbox-busybox:test image: cargo xtask test runs it"]
+async fn a_dropped_exec_leaves_no_process_behind() {
+    let ns = namespace("drop");
+    let p = provider(&ns).await;
+    let h = p.create(request()).await.unwrap();
+    let long = ExecRequest::argv("sleep", ["300"])
+        .timeout(ExecTimeout::new(Duration::from_secs(600)).unwrap());
+    let running = p.exec(&h, long);
+    assert!(
+        tokio::time::timeout(Duration::from_secs(2), running)
+            .await
+            .is_err(),
+        "sleep 300 returned early"
+    );
+    // The caller's future is gone; within 10 s no such process may be left.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let n = count(&p, &h, "sleep 300").await;
+        if n == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{n} `sleep 300` process(es) still running 10 s after the caller went away"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    cleanup(&p).await;
+}
+
+async fn set_marker(p: &DockerProvider, h: &sandbox_core::SandboxHandle, date: &str) {
+    let script = format!(
+        "touch -d '{date}' {}",
+        sandbox_provider_docker::exec::ACTIVITY_MARKER
+    );
+    let r = p.exec(h, ExecRequest::shell(script)).await.unwrap();
+    assert_eq!(r.exit_code, 0, "{}", r.stderr_lossy());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Docker engine and the sandbox-busybox:test image: cargo xtask test runs it"]
+async fn idle_sweeper_reaps_only_idle_containers_of_its_namespace() {
+    let ns = namespace("swp");
+    let p = provider(&ns).await;
+    let with_ttl = |secs: u64| {
+        let mut r = request();
+        r.timeout = TimeoutPolicy {
+            idle: IdleTimeout::after_secs(secs as i64).unwrap(),
+            on_timeout: TimeoutAction::Kill,
+            auto_resume: false,
+        };
+        r
+    };
+    let idle = p.create(with_ttl(2)).await.unwrap();
+    set_marker(&p, &idle, "2001-01-01 00:00:00").await;
+    let forged = p.create(with_ttl(3600)).await.unwrap();
+    set_marker(&p, &forged, "2099-01-01 00:00:00").await;
+    let forged_short = p.create(with_ttl(2)).await.unwrap();
+    set_marker(&p, &forged_short, "2099-01-01 00:00:00").await;
+    let mut never = request();
+    never.timeout.idle = IdleTimeout::Never;
+    let never = p.create(never).await.unwrap();
+    set_marker(&p, &never, "2001-01-01 00:00:00").await;
+    let busy = p.create(with_ttl(3600)).await.unwrap();
+    // Another namespace's idle container must never be touched by this namespace's sweep.
+    let other_ns = namespace("oth");
+    let other = provider(&other_ns).await;
+    let foreign = other.create(with_ttl(2)).await.unwrap();
+    set_marker(&other, &foreign, "2001-01-01 00:00:00").await;
+
+    // The sweep judges by a clock ten seconds ahead, so the 2 s TTLs have certainly run out
+    // without the test sleeping for them.
+    let mut c = config(&ns);
+    let clock = ManualClock::new(time::OffsetDateTime::now_utc());
+    clock.advance(Duration::from_secs(10));
+    c.clock = Arc::new(clock);
+    let sweeping = DockerProvider::connect(c).await.unwrap();
+    let report = sweeper::sweep(&sweeping).await.unwrap();
+    assert!(report.failures.is_empty(), "{:?}", report.failures);
+    let mut reaped: Vec<_> = report
+        .reaped
+        .iter()
+        .map(|id| id.as_str().to_owned())
+        .collect();
+    reaped.sort();
+    let mut want = vec![
+        idle.id().as_str().to_owned(),
+        forged_short.id().as_str().to_owned(),
+    ];
+    want.sort();
+    assert_eq!(
+        reaped, want,
+        "only the idle container and the one whose forged marker fell back to its creation time"
+    );
+    for kept in [&forged, &never, &busy] {
+        assert!(p.get(kept.id()).await.is_ok(), "{} was reaped", kept.id());
+    }
+    assert!(
+        other.get(foreign.id()).await.is_ok(),
+        "another namespace's container was reaped"
+    );
+    assert_eq!(
+        p.list(&ListFilter::default()).await.unwrap().len(),
+        3,
+        "counted by this test's namespace label"
+    );
+    cleanup(&p).await;
+    cleanup(&other).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Docker engine and the sandbox-busybox:test image: cargo xtask test runs it"]
+async fn bad_input_is_refused_with_clear_errors() {
+    // The operator gate comes first, before any socket is touched.
+    let mut disabled = config(&namespace("bad"));
+    disabled.enabled = false;
+    let err = DockerProvider::connect(disabled).await.unwrap_err();
+    assert_eq!(err.code(), Some(ErrorCode::BackendDisabled));
+    assert!(err.to_string().contains("SANDBOX_DOCKER_ENABLED"), "{err}");
+
+    let mut tcp = config(&namespace("bad"));
+    tcp.host = Some("tcp://127.0.0.1:2375".into());
+    let err = DockerProvider::connect(tcp).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidRequest);
+    assert!(err.to_string().contains("TLS client certificates"), "{err}");
+    assert!(NetworkMode::parse("host").is_err());
+
+    let ns = namespace("bad");
+    let p = provider(&ns).await;
+    let mut missing = request();
+    missing.template = TemplateId::new("sandbox-no-such-image:never").unwrap();
+    let err = p.create(missing).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidRequest);
+    assert_eq!(err.code(), Some(ErrorCode::ImageNotPresent));
+    assert!(err.to_string().contains("pull policy is never"), "{err}");
+
+    let mut volumes = request();
+    volumes
+        .volumes
+        .push(VolumeMount::new("data", SandboxPath::new("/data").unwrap()).unwrap());
+    assert_eq!(
+        p.create(volumes).await.unwrap_err().kind(),
+        ErrorKind::Unsupported
+    );
+    let mut pause = request();
+    pause.timeout.on_timeout = TimeoutAction::Pause;
+    assert_eq!(
+        p.create(pause).await.unwrap_err().kind(),
+        ErrorKind::Unsupported
+    );
+    let mut bad_meta = request();
+    bad_meta.metadata.insert("a=b".into(), "x".into());
+    assert_eq!(
+        p.create(bad_meta).await.unwrap_err().kind(),
+        ErrorKind::InvalidRequest
+    );
+
+    let h = p.create(request()).await.unwrap();
+    for reserved in [
+        "/proc/1/environ",
+        "/sys/kernel",
+        "/dev/null",
+        sandbox_provider_docker::exec::ACTIVITY_MARKER,
+    ] {
+        let err = p
+            .write_file(&h, &SandboxPath::new(reserved).unwrap(), b"x")
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidRequest, "{reserved}");
+        assert_eq!(err.code(), Some(ErrorCode::InvalidPath), "{reserved}");
+    }
+    assert_eq!(
+        p.remove(&h, &SandboxPath::root()).await.unwrap_err().kind(),
+        ErrorKind::InvalidRequest
+    );
+    assert_eq!(
+        p.exec(&h, ExecRequest::argv("", Vec::<String>::new()))
+            .await
+            .unwrap_err()
+            .kind(),
+        ErrorKind::InvalidRequest
+    );
+    // The wire forms refuse what cannot even be built: relative paths, shell with args, bad
+    // timeouts (their parsers are unit-tested in sandbox-core; here the same values meet the
+    // adapter's entry points).
+    assert!(SandboxPath::new("workspace/x").is_err());
+    let spec: sandbox_core::ExecSpec =
+        serde_json::from_str(r#"{"command":"ls","args":["-l"],"shell":true}"#).unwrap();
+    assert_eq!(
+        sandbox_core::ExecRequest::try_from(spec)
+            .unwrap_err()
+            .kind(),
+        ErrorKind::InvalidRequest
+    );
+    for ms in [0, -1, i64::MAX] {
+        assert_eq!(
+            ExecTimeout::from_millis(ms).unwrap_err().code(),
+            Some(ErrorCode::InvalidTimeout)
+        );
+    }
+    assert!(TemplateId::new("").is_err());
+    cleanup(&p).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Docker engine and the sandbox-busybox:test image: cargo xtask test runs it"]
+async fn negotiated_api_version_matches_the_engine() {
+    let p = provider(&namespace("api")).await;
+    let minor = |v: &str| v.split_once('.').unwrap().1.parse::<u32>().unwrap();
+    let engine_api = minor(&p.engine().api_version);
+    // The adapter speaks the engine's version when it is older than bollard's, else bollard's.
+    let want = engine_api.min(bollard::API_DEFAULT_VERSION.minor_version as u32);
+    assert_eq!(
+        minor(&p.api_version()),
+        want,
+        "engine speaks 1.{engine_api}"
+    );
+    p.health().await.unwrap();
+}
