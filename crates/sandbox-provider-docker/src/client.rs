@@ -746,6 +746,20 @@ mod tests {
     use super::*;
 
     #[test]
+    fn declares_every_capability_but_timeout_refresh_volumes_desktop() {
+        let expected = Capability::ALL
+            .into_iter()
+            .filter(|c| {
+                !matches!(
+                    c,
+                    Capability::TimeoutRefresh | Capability::Volumes | Capability::Desktop
+                )
+            })
+            .fold(Capabilities::NONE, |set, c| set.with(c, true));
+        assert_eq!(docker_capabilities(), expected);
+    }
+
+    #[test]
     fn states_normalize_exited_to_paused_and_dead_to_terminal() {
         assert_eq!(
             state_of(Some(ContainerStateStatusEnum::EXITED)),

@@ -8,20 +8,34 @@
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use sandbox_core::TemplateId;
-use sandbox_provider_docker::{
-    DockerConfig, DockerProvider, NetworkMode, PullPolicy, docker_capabilities,
-};
+use sandbox_core::{Capabilities, Capability, TemplateId};
+use sandbox_provider_docker::{DockerConfig, DockerProvider, NetworkMode, PullPolicy};
 use sandbox_testkit::conformance::Target;
 use sandbox_testkit::conformance::harness::run_main_when_selected;
 
 /// The image xtask builds without a registry (`FROM scratch` + Debian's busybox-static).
 const TEST_IMAGE: &str = "sandbox-busybox:test";
 
+/// The capability set this adapter must declare, written out here rather than read from the
+/// adapter: every flag except `timeout_refresh`, `volumes` and `desktop`. Cases are registered
+/// from this set, so an adapter declaring less fails `declared_capabilities_match` instead of
+/// quietly dropping cases.
+fn required() -> Capabilities {
+    Capability::ALL
+        .into_iter()
+        .filter(|c| {
+            !matches!(
+                c,
+                Capability::TimeoutRefresh | Capability::Volumes | Capability::Desktop
+            )
+        })
+        .fold(Capabilities::NONE, |set, c| set.with(c, true))
+}
+
 fn main() -> ExitCode {
     run_main_when_selected(
         "docker",
-        docker_capabilities(),
+        required(),
         Arc::new(|namespace: String| {
             Box::pin(async move {
                 let image = TemplateId::new(TEST_IMAGE).map_err(|e| e.to_string())?;
@@ -40,7 +54,7 @@ fn main() -> ExitCode {
                 Ok(Target {
                     provider: Arc::new(provider),
                     template: image,
-                    declared: docker_capabilities(),
+                    declared: required(),
                 })
             })
         }),

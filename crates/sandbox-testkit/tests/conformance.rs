@@ -5,20 +5,38 @@
 use std::process::ExitCode;
 use std::sync::Arc;
 
+use sandbox_core::{Capabilities, Capability};
+use sandbox_testkit::FakeProvider;
 use sandbox_testkit::conformance::Target;
 use sandbox_testkit::conformance::harness::run_main;
-use sandbox_testkit::{FakeProvider, fake_capabilities};
+
+/// The set the fake must declare, written out independently of the fake: every flag except
+/// `posix_shell`, `pty`, `desktop` and `volumes`.
+fn required() -> Capabilities {
+    Capability::ALL
+        .into_iter()
+        .filter(|c| {
+            !matches!(
+                c,
+                Capability::PosixShell
+                    | Capability::Pty
+                    | Capability::Desktop
+                    | Capability::Volumes
+            )
+        })
+        .fold(Capabilities::NONE, |set, c| set.with(c, true))
+}
 
 fn main() -> ExitCode {
     run_main(
         "fake",
-        fake_capabilities(),
+        required(),
         Arc::new(|_namespace| {
             Box::pin(async {
                 Ok(Target {
                     provider: Arc::new(FakeProvider::new()),
                     template: FakeProvider::template(),
-                    declared: fake_capabilities(),
+                    declared: required(),
                 })
             })
         }),
