@@ -19,11 +19,21 @@ pub struct Suite {
 }
 
 /// Every suite `cargo xtask bench <suite>` knows. Add a line per suite.
-pub const SUITES: &[Suite] = &[Suite {
-    name: "core",
-    package: "sandbox-core",
-    bench: "core",
-}];
+pub const SUITES: &[Suite] = &[
+    Suite {
+        name: "core",
+        package: "sandbox-core",
+        bench: "core",
+    },
+    // Needs a running Docker engine and the local `sandbox-busybox:test` image (`cargo xtask
+    // test` provides both); `bench` starts no services, and the bench binary fails with a
+    // message saying so when they are missing.
+    Suite {
+        name: "docker",
+        package: "sandbox-provider-docker",
+        bench: "docker",
+    },
+];
 
 pub fn find(name: &str) -> Option<&'static Suite> {
     SUITES.iter().find(|s| s.name == name)
