@@ -322,7 +322,8 @@ mod tests {
     #[test]
     fn listings_keep_odd_names() {
         let dir = SandboxPath::new("/w").unwrap();
-        let raw = b"regular file|3|1700000000\0a b|c \xe6\x8a\xa5\0directory|4096|1700000000\0.hidden\0";
+        let raw =
+            b"regular file|3|1700000000\0a b|c \xe6\x8a\xa5\0directory|4096|1700000000\0.hidden\0";
         let entries = parse_listing(&dir, raw).unwrap();
         assert_eq!(entries.len(), 2);
         assert_eq!(entries[0].name, "a b|c \u{62a5}");
@@ -333,7 +334,10 @@ mod tests {
         // A name no SandboxPath can hold (a newline) is a clear error, not a silently shorter
         // listing.
         let err = parse_listing(&dir, b"regular file|1|1\0bad\nname\0").unwrap_err();
-        assert!(err.to_string().contains("unreadable listing entry"), "{err}");
+        assert!(
+            err.to_string().contains("unreadable listing entry"),
+            "{err}"
+        );
     }
 
     #[test]
