@@ -259,6 +259,10 @@ impl Fixtures {
                 self.remove_image = false;
             }
         }
+        // What a killed egress test leaves (netns, veths, routing, test networks and chains).
+        let net = xtask::netclean::clean(matches!(self.engine, Some(Ok(()))));
+        net.removed.iter().for_each(|l| println!("    removed {l}"));
+        problems.extend(net.problems);
         if let Some(mut child) = self.dockerd.take() {
             println!(
                 "    stopping dockerd (pid {}), which this run started",

@@ -5,6 +5,7 @@
 pub mod bench;
 pub mod conformance;
 pub mod junit;
+pub mod netclean;
 pub mod prereq;
 pub mod process;
 pub mod tidy;

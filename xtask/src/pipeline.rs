@@ -7,7 +7,7 @@ use xtask::conformance::{self, Adapter};
 use xtask::junit::{self, Counts};
 use xtask::prereq::Tool;
 use xtask::process::{self, Output};
-use xtask::tidy;
+use xtask::{netclean, tidy};
 
 use crate::Ctx;
 use crate::fixtures::Fixtures;
@@ -22,6 +22,11 @@ const CLIPPY_DEADLINE: Duration = Duration::from_secs(2400);
 const NEXTEST_DEADLINE: Duration = Duration::from_secs(3000);
 const DOCTEST_DEADLINE: Duration = Duration::from_secs(1800);
 
+/// The hermetic tier: everything but the conformance binaries (run per adapter) and the Docker
+/// adapter's engine, registry and egress tests (ignored without the engine; run by their own
+/// stages), so the hermetic run's counts hold no skips.
+const HERMETIC_FILTER: &str = "not binary(conformance) and not (package(sandbox-provider-docker) and (binary(engine) | binary(registry) | binary(egress)))";
+
 /// The nextest profile of the hermetic tier.
 const CI_PROFILE: &str = "ci";
 
@@ -32,6 +37,8 @@ const ALL_TOOLS: &[Tool] = &[
     Tool::Nextest,
     Tool::Rustfmt,
     Tool::Clippy,
+    Tool::Registry,
+    Tool::NetTools,
 ];
 
 pub(crate) fn test(ctx: &Ctx) -> ExitCode {
@@ -96,6 +103,14 @@ pub(crate) fn test(ctx: &Ctx) -> ExitCode {
             counts.get_or_insert_default().add(c);
         }
         conformance_verdict(&results)
+    });
+
+    stages.run("docker engine tests", || {
+        docker_engine_stage(ctx, &mut fixtures, &avail, &mut counts)
+    });
+
+    stages.run("egress", || {
+        egress_stage(ctx, &mut fixtures, &avail, &mut counts)
     });
 
     finish(ctx, stages, fixtures, counts)
@@ -219,7 +234,7 @@ fn hermetic_stage(ctx: &Ctx, counts: &mut Option<Counts>) -> Verdict {
             "--profile",
             CI_PROFILE,
             "-E",
-            "not binary(conformance)",
+            HERMETIC_FILTER,
         ],
         NEXTEST_DEADLINE,
     );
@@ -239,6 +254,132 @@ fn hermetic_stage(ctx: &Ctx, counts: &mut Option<Counts>) -> Verdict {
         return nextest;
     }
     cargo_step(ctx, &["test", "--workspace", "--doc"], DOCTEST_DEADLINE)
+}
+
+/// The Docker adapter's tests that need the real engine beyond conformance (isolation,
+/// ownership, resume, the dropped-exec kill, the idle sweeper, bad input) and the pull path
+/// against a loopback `docker-registry`. They are `#[ignore]`d in a plain `cargo test` (no
+/// engine there) and run here explicitly, so none is skipped silently.
+fn docker_engine_stage(
+    ctx: &Ctx,
+    fixtures: &mut Fixtures,
+    avail: &Availability,
+    counts: &mut Option<Counts>,
+) -> Verdict {
+    let cannot = |why: String| {
+        if ctx.ci {
+            Verdict::Failed(why)
+        } else {
+            Verdict::NotRun(format!("{why} (under CI=true this fails)"))
+        }
+    };
+    if let Some(why) = avail.lacking(&[Tool::Nextest, Tool::Docker, Tool::Busybox, Tool::Registry])
+    {
+        return cannot(why);
+    }
+    if let Err(e) = fixtures.ensure(conformance::Service::TestImage) {
+        return cannot(e);
+    }
+    let junit = suite::junit_path(&ctx.target, CI_PROFILE);
+    if let Err(e) = suite::remove_stale(&junit) {
+        return Verdict::Failed(e);
+    }
+    let args = [
+        "nextest",
+        "run",
+        "-p",
+        "sandbox-provider-docker",
+        "--profile",
+        CI_PROFILE,
+        "--run-ignored",
+        "only",
+        "-E",
+        "binary(engine) | binary(registry)",
+    ];
+    println!("    cargo {}", args.join(" "));
+    let mut cmd = ctx.cargo_cmd(args);
+    let verdict = match process::run_with_deadline(&mut cmd, NEXTEST_DEADLINE, Output::Inherit) {
+        Ok(o) if o.success() => Verdict::Passed,
+        Ok(o) => Verdict::Failed(o.describe()),
+        Err(e) => Verdict::Failed(e),
+    };
+    if let Ok(Ok(cases)) = std::fs::read_to_string(&junit).map(|xml| junit::parse(&xml)) {
+        counts.get_or_insert_default().add(Counts::of(&cases));
+    }
+    verdict
+}
+
+/// The Docker adapter's egress test (real iptables, a network namespace): root only, one test
+/// at a time, after removing what a killed earlier run left.
+fn egress_stage(
+    ctx: &Ctx,
+    fixtures: &mut Fixtures,
+    avail: &Availability,
+    counts: &mut Option<Counts>,
+) -> Verdict {
+    let cannot = |why: String| {
+        if ctx.ci {
+            Verdict::Failed(why)
+        } else {
+            Verdict::NotRun(format!("{why} (under CI=true this fails)"))
+        }
+    };
+    if let Some(why) = avail.lacking(&[Tool::Nextest, Tool::Docker, Tool::Busybox, Tool::NetTools])
+    {
+        return cannot(why);
+    }
+    if !process::is_root() {
+        return cannot("the egress test needs root (network namespaces, iptables)".into());
+    }
+    if let Some(tool) = ["iptables", "ip", "python3"]
+        .into_iter()
+        .find(|t| process::find_executable(t).is_none())
+    {
+        return cannot(format!(
+            "the egress test needs {tool}, which is not installed"
+        ));
+    }
+    if let Err(e) = fixtures.ensure(conformance::Service::TestImage) {
+        return cannot(e);
+    }
+    let leftovers = netclean::clean(true);
+    leftovers
+        .removed
+        .iter()
+        .for_each(|l| println!("    removed leftover {l}"));
+    if !leftovers.problems.is_empty() {
+        return Verdict::Failed(leftovers.problems.join("\n"));
+    }
+    let junit = suite::junit_path(&ctx.target, CI_PROFILE);
+    if let Err(e) = suite::remove_stale(&junit) {
+        return Verdict::Failed(e);
+    }
+    let args = [
+        "nextest",
+        "run",
+        "-p",
+        "sandbox-provider-docker",
+        "--test",
+        "egress",
+        "--profile",
+        CI_PROFILE,
+        "--run-ignored",
+        "only",
+        "-j",
+        "1",
+    ];
+    println!("    SANDBOX_EGRESS_TEST=1 cargo {}", args.join(" "));
+    let mut cmd = ctx.cargo_cmd(args);
+    cmd.env("SANDBOX_EGRESS_TEST", "1");
+    let verdict = match process::run_with_deadline(&mut cmd, NEXTEST_DEADLINE, Output::Inherit) {
+        Ok(o) if o.success() => Verdict::Passed,
+        Ok(o) => Verdict::Failed(o.describe()),
+        Err(e) => Verdict::Failed(e),
+    };
+    if let Ok(Ok(cases)) = std::fs::read_to_string(&junit).map(|xml| junit::parse(&xml)) {
+        counts.get_or_insert_default().add(Counts::of(&cases));
+    }
+    verdict
 }
 
 fn conformance_verdict(results: &[AdapterResult]) -> Verdict {

@@ -17,6 +17,10 @@ pub enum Tool {
     Nextest,
     Rustfmt,
     Clippy,
+    /// Debian's `docker-registry`, served on 127.0.0.1 by the Docker adapter's pull test.
+    Registry,
+    /// iptables and iproute2, for the Docker adapter's egress rules and its network test.
+    NetTools,
 }
 
 /// How to tell a prerequisite is present.
@@ -106,6 +110,27 @@ pub const PREREQUISITES: &[Prerequisite] = &[
         probe: Probe::CargoSubcommand("clippy"),
         install: Install::RustupComponent("clippy"),
         reason: "the clippy stage",
+    },
+    Prerequisite {
+        tool: Tool::Registry,
+        what: "docker-registry",
+        probe: Probe::Executable("docker-registry"),
+        install: Install::Apt("docker-registry"),
+        reason: "a registry on 127.0.0.1 for the Docker adapter's pull test (never a public registry)",
+    },
+    Prerequisite {
+        tool: Tool::NetTools,
+        what: "iptables",
+        probe: Probe::Executable("iptables"),
+        install: Install::Apt("iptables"),
+        reason: "the Docker adapter's egress chains",
+    },
+    Prerequisite {
+        tool: Tool::NetTools,
+        what: "ip",
+        probe: Probe::Executable("ip"),
+        install: Install::Apt("iproute2"),
+        reason: "network namespaces and policy routing of the egress test",
     },
 ];
 

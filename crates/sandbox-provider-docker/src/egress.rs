@@ -28,7 +28,9 @@
 //! address). The query therefore leaves through the bridge and crosses `FORWARD` with the
 //! container's source address: with `nameserver 10.255.255.53` in the host's resolv.conf, the
 //! counters of a chain jumped from `DOCKER-USER -i <bridge>` saw the udp/53 packets of a busybox
-//! `nslookup`. A strict policy that drops 10/8 would break DNS, so both chains let udp/tcp 53
+//! `nslookup`. With the strict chain installed, `nslookup` from a protected container got its
+//! answer; with the two DNS exemptions deleted it printed "connection timed out; no servers
+//! could be reached" while the 10/8 drop counted the queries. So both chains let udp/tcp 53
 //! through to exactly the upstream resolvers dockerd uses (see [`host_resolvers`]). Loopback
 //! upstreams (a systemd-resolved stub) are dialled from the host namespace and need no rule.
 //!
@@ -369,6 +371,7 @@ impl EgressGuard {
                 net
             }
         };
+        bridged_traffic_filtered(net.enable_ipv6.unwrap_or(false))?;
         describe_network(&net, &names)
     }
 
@@ -686,6 +689,30 @@ fn check_ours(
             wrong.join("; ")
         ))
     }
+}
+
+/// Sandbox-to-sandbox traffic on one bridge is switched, not routed: iptables (Docker's
+/// icc=false rule and our `-o <bridge>` drop) only sees it through br_netfilter. Docker turns
+/// that on when it creates an icc=false network; if it is off, sandboxes of one network could
+/// reach each other, so refuse rather than change a global sysctl ourselves.
+fn bridged_traffic_filtered(ipv6: bool) -> Result<(), String> {
+    let families: &[&str] = if ipv6 {
+        &["iptables", "ip6tables"]
+    } else {
+        &["iptables"]
+    };
+    for family in families {
+        let path = format!("/proc/sys/net/bridge/bridge-nf-call-{family}");
+        let value = std::fs::read_to_string(&path).unwrap_or_default();
+        if value.trim() != "1" {
+            return Err(format!(
+                "{path} is {:?}, not 1 (br_netfilter not loaded?): traffic between sandboxes \
+                 on one bridge would bypass {family}",
+                value.trim()
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn describe_network(net: &NetworkInspect, names: &EgressNames) -> Result<EgressNetwork, String> {
