@@ -69,9 +69,8 @@ pub(crate) struct Inner {
     pub(crate) config: DockerConfig,
     pub(crate) engine: EngineVersion,
     egress: Option<EgressGuard>,
-    /// When the idle sweep last started against this engine (it runs at most once per
-    /// `sweep_interval`).
-    pub(crate) last_sweep: std::sync::Mutex<Option<Instant>>,
+    /// The resolved daemon endpoint, the key of the sweep throttle.
+    pub(crate) endpoint: String,
 }
 
 /// The Docker backend. Cheap to clone; safe for concurrent use (the engine client is, and the
@@ -112,7 +111,7 @@ impl DockerProvider {
                 config,
                 engine: version,
                 egress,
-                last_sweep: std::sync::Mutex::new(None),
+                endpoint: format!("{endpoint:?}"),
             }),
         })
     }

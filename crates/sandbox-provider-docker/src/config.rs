@@ -108,8 +108,11 @@ pub struct DockerConfig {
     /// Run the idle sweeper. Off for connectivity checks: a half-finished config an admin is
     /// still editing must never delete containers a working config owns.
     pub idle_sweep: bool,
-    /// How often at most the idle sweep runs against this engine.
+    /// How often at most the idle sweep runs against one daemon.
     pub sweep_interval: Duration,
+    /// Shared by every provider of a process, so the interval holds per daemon, not per
+    /// provider instance.
+    pub sweep_throttle: Arc<crate::sweeper::SweepThrottle>,
     /// Time source of the idle sweep (injectable so tests need not wait for real TTLs).
     pub clock: Arc<dyn Clock>,
 }
@@ -137,6 +140,7 @@ impl DockerConfig {
             extra_labels: BTreeMap::new(),
             idle_sweep: true,
             sweep_interval: Duration::from_secs(60),
+            sweep_throttle: Arc::new(crate::sweeper::SweepThrottle::default()),
             clock: Arc::new(SystemClock),
         }
     }

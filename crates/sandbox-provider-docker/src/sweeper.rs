@@ -58,23 +58,38 @@ pub fn is_idle(
     now - last > ttl
 }
 
-/// Starts a sweep in the background, at most once per `sweep_interval` per provider, and never
-/// for providers built for connectivity checks.
+/// Remembers when each daemon was last swept, so many providers built against one daemon (one
+/// per tenant config, say) sweep it at most once per interval between them. Passed in through
+/// [`crate::DockerConfig::sweep_throttle`] rather than kept in a global: the composition root
+/// shares one per process, and tests get their own.
+#[derive(Debug, Default)]
+pub struct SweepThrottle {
+    last: std::sync::Mutex<std::collections::HashMap<String, Instant>>,
+}
+
+impl SweepThrottle {
+    /// Whether a sweep of `daemon` may start now (and if so, records that it did).
+    pub fn admit(&self, daemon: &str, interval: Duration) -> bool {
+        let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
+        if last.get(daemon).is_some_and(|t| t.elapsed() < interval) {
+            return false;
+        }
+        last.insert(daemon.to_owned(), Instant::now());
+        true
+    }
+}
+
+/// Starts a sweep in the background, at most once per `sweep_interval` per daemon (across every
+/// provider sharing the config's throttle), and never for providers built for connectivity
+/// checks.
 pub fn trigger(provider: &DockerProvider) {
     let config = &provider.inner.config;
     if !config.idle_sweep {
         return;
     }
-    {
-        let mut last = provider
-            .inner
-            .last_sweep
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if last.is_some_and(|t: Instant| t.elapsed() < config.sweep_interval) {
-            return;
-        }
-        *last = Some(Instant::now());
+    let daemon = format!("{}|{}", provider.inner.endpoint, config.namespace);
+    if !config.sweep_throttle.admit(&daemon, config.sweep_interval) {
+        return;
     }
     if let Ok(runtime) = tokio::runtime::Handle::try_current() {
         let provider = provider.clone();
@@ -208,6 +223,18 @@ async fn marker_mtime(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_throttle_admits_once_per_interval_per_daemon() {
+        let t = SweepThrottle::default();
+        assert!(t.admit("a", Duration::from_secs(60)));
+        assert!(!t.admit("a", Duration::from_secs(60)));
+        assert!(
+            t.admit("b", Duration::from_secs(60)),
+            "another daemon is not throttled by a"
+        );
+        assert!(t.admit("a", Duration::ZERO));
+    }
 
     #[test]
     fn idleness_rules() {
