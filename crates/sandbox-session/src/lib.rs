@@ -1,3 +1,5 @@
-//! Lifecycle coordinator, session manager and memory binding store.
-//!
-//! Not built yet: see this crate's README for what will live here.
+//! `sandbox-session`: the lifecycle coordinator, the session manager and the memory binding
+//! store — the heart of the workspace, embeddable by other services without any HTTP server.
+
+pub mod lifecycle;
+pub mod manager;

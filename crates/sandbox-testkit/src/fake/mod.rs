@@ -139,6 +139,9 @@ struct Inner {
     state: Mutex<State>,
     faults: Mutex<Faults>,
     calls: Mutex<HashMap<FakeOp, usize>>,
+    issue_tokens: bool,
+    /// Tokens connect reissues (as Cube may after a resume), by sandbox.
+    reissued: Mutex<HashMap<SandboxId, Secret>>,
 }
 
 /// The fake provider. Cheap to clone; clones share state.
@@ -154,6 +157,7 @@ pub struct FakeProviderBuilder {
     capabilities: Capabilities,
     templates: Vec<TemplateId>,
     clock: Option<Arc<dyn Clock>>,
+    issue_tokens: bool,
 }
 
 impl FakeProviderBuilder {
@@ -175,6 +179,13 @@ impl FakeProviderBuilder {
     #[must_use]
     pub fn template(mut self, template: TemplateId) -> Self {
         self.templates.push(template);
+        self
+    }
+    /// Whether create issues an inbound traffic token (default yes, like E2B and Cube with
+    /// closed inbound traffic; no, like Docker).
+    #[must_use]
+    pub fn issue_tokens(mut self, issue: bool) -> Self {
+        self.issue_tokens = issue;
         self
     }
     /// Uses `clock` for creation times.
@@ -200,6 +211,8 @@ impl FakeProviderBuilder {
                 state: Mutex::new(state),
                 faults: Mutex::new(Faults::default()),
                 calls: Mutex::new(HashMap::new()),
+                issue_tokens: self.issue_tokens,
+                reissued: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -237,6 +250,7 @@ impl FakeProvider {
             provider: Provider::E2b,
             capabilities: fake_capabilities(),
             templates: vec![FakeProvider::template()],
+            issue_tokens: true,
             clock: None,
         }
     }
@@ -332,6 +346,11 @@ impl FakeProvider {
             .sandboxes
             .get(id)
             .and_then(|s| s.token.clone())
+    }
+    /// Makes every later connect to `id` answer with `token`, as Cube may reissue one after a
+    /// resume.
+    pub fn reissue_token_on_connect(&self, id: &SandboxId, token: Secret) {
+        lock(&self.inner.reissued).insert(id.clone(), token);
     }
     /// Snapshot IDs that exist.
     pub fn snapshot_ids(&self) -> Vec<SnapshotId> {
@@ -512,19 +531,22 @@ impl SandboxProvider for FakeProvider {
         let id = SandboxId::new(format!("fake-{:08x}-{}", self.inner.instance, st.next))?;
         // Like E2B with closed inbound traffic: every sandbox gets a token at create, and only
         // at create.
-        let token = Secret::new(format!("tok-{:016x}", fastrand::u64(..)));
+        let token = self
+            .inner
+            .issue_tokens
+            .then(|| Secret::new(format!("tok-{:016x}", fastrand::u64(..))));
         let sbx = FakeSandbox {
             template: request.template.clone(),
             state: SandboxState::Running,
             metadata: request.metadata,
             env: request.env,
             started_at: now,
-            token: Some(token.clone()),
+            token: token.clone(),
             fs: Arc::new(Mutex::new(fs)),
             running: Arc::new(AtomicUsize::new(0)),
             keep_alives: 0,
         };
-        let handle = self.handle(&id, &sbx, Some(token));
+        let handle = self.handle(&id, &sbx, token);
         st.sandboxes.insert(id, sbx);
         Ok(handle)
     }
@@ -752,7 +774,8 @@ impl FakeProvider {
         }
         // Like E2B and Cube, a connect answer carries no token; the handle keeps the caller's.
         let sbx = &*sbx;
-        Ok(self.handle(id, sbx, request.traffic_token.clone()))
+        let reissued = lock(&self.inner.reissued).get(id).cloned();
+        Ok(self.handle(id, sbx, reissued.or_else(|| request.traffic_token.clone())))
     }
 }
 

@@ -1,0 +1,575 @@
+//! The session manager: the operations callers use, expressed over the lifecycle coordinator and
+//! the provider, without any HTTP server.
+//!
+//! Provisioning operations (exec, writes, script execution) resolve the session, creating its
+//! sandbox on first use. Lookup-only operations (reads, listings, input removal, terminal
+//! open, keep-alive, snapshots) never provision: they lack the context that decides where a
+//! sandbox should live, and opening a panel must not create — or resume and re-bill — a microVM.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sandbox_core::policy::validator::ScriptValidator;
+use sandbox_core::policy::workspace::{WorkspaceLayout, interpreter_for};
+use sandbox_core::{
+    BindingKey, ConfigId, DirEntry, EntryKind, Error, ErrorCode, ErrorKind, ExecRequest,
+    ExecResult, ExecTimeout, InvalidationReport, Operation, RewindLock, SandboxHandle, SandboxPath,
+    SandboxState, SnapshotId, SnapshotRef, StatEntry, TemplateId, TenantId, Terminal,
+    TerminalOptions, narrow,
+};
+
+use crate::lifecycle::{Lifecycle, ResolveOptions};
+
+const OP_TERMINAL: Operation = Operation::OPEN_TERMINAL;
+
+/// The default refresh interval bounds of keep-alive.
+const MIN_REFRESH: Duration = Duration::from_secs(15);
+const MAX_REFRESH: Duration = Duration::from_secs(120);
+/// The idle TTL assumed when the config names none (E2B's default).
+const DEFAULT_TTL: Duration = Duration::from_secs(300);
+
+fn no_live_sandbox(op: Operation, key: &BindingKey) -> Error {
+    Error::new(
+        ErrorKind::NotFound,
+        op,
+        format!("session {key} has no live sandbox"),
+    )
+    .with_code(ErrorCode::NoLiveSandbox)
+}
+
+/// One script run by [`SessionManager::execute`].
+#[derive(Debug, Clone)]
+pub struct Script {
+    /// The file name the script is uploaded as, in the workspace root (one path segment; its
+    /// extension picks the interpreter).
+    pub file_name: String,
+    pub content: String,
+    pub args: Vec<String>,
+    pub stdin: Option<String>,
+    pub env: std::collections::BTreeMap<String, String>,
+    pub timeout: Option<ExecTimeout>,
+    /// Skip the script validator. Only for trusted scripts (an installed skill), never for
+    /// model-authored ones.
+    pub skip_validation: bool,
+}
+
+/// The session manager of one tenant config.
+#[derive(Debug, Clone)]
+pub struct SessionManager {
+    lifecycle: Lifecycle,
+    layout: WorkspaceLayout,
+    validator: ScriptValidator,
+}
+
+impl SessionManager {
+    /// A manager over `lifecycle` with the standard `/workspace` layout.
+    pub fn new(lifecycle: Lifecycle) -> Self {
+        SessionManager {
+            lifecycle,
+            layout: WorkspaceLayout::standard(),
+            validator: ScriptValidator::new(),
+        }
+    }
+
+    /// Uses another workspace layout (a validated output directory override).
+    #[must_use]
+    pub fn with_layout(mut self, layout: WorkspaceLayout) -> Self {
+        self.layout = layout;
+        self
+    }
+
+    /// The coordinator.
+    pub fn lifecycle(&self) -> &Lifecycle {
+        &self.lifecycle
+    }
+
+    /// The workspace layout.
+    pub fn layout(&self) -> &WorkspaceLayout {
+        &self.layout
+    }
+
+    // ---- provisioning operations ----------------------------------------------------------
+
+    /// The session's sandbox, created on first use.
+    pub async fn resolve(&self, key: &BindingKey) -> Result<SandboxHandle, Error> {
+        self.lifecycle.resolve(key).await
+    }
+
+    /// Runs a command in the session's sandbox.
+    pub async fn exec(&self, key: &BindingKey, request: ExecRequest) -> Result<ExecResult, Error> {
+        request.validate()?;
+        let handle = self.lifecycle.resolve(key).await?;
+        self.lifecycle.provider().exec(&handle, request).await
+    }
+
+    /// Writes a model-authored file: anywhere in the sandbox except the attachments directory.
+    pub async fn write_file(
+        &self,
+        key: &BindingKey,
+        path: &SandboxPath,
+        content: &[u8],
+    ) -> Result<(), Error> {
+        self.layout.check_model_write(path)?;
+        let handle = self.lifecycle.resolve(key).await?;
+        self.lifecycle
+            .provider()
+            .write_file(&handle, path, content)
+            .await
+    }
+
+    /// Writes an attachment: only below the attachments directory (`/workspace/input`).
+    pub async fn write_attachment(
+        &self,
+        key: &BindingKey,
+        path: &SandboxPath,
+        content: &[u8],
+    ) -> Result<(), Error> {
+        self.layout.check_attachment_write(path)?;
+        let handle = self.lifecycle.resolve(key).await?;
+        self.prepare_workspace(&handle).await?;
+        self.lifecycle
+            .provider()
+            .write_file(&handle, path, content)
+            .await
+    }
+
+    /// Makes sure the layout's directories exist, through provider file operations only: a
+    /// missing directory is created; a file or symlink where a directory belongs is refused —
+    /// never deleted, renamed or followed (a symlink planted at `/workspace/output` must not
+    /// make later writes land in `/etc`).
+    pub async fn prepare_workspace(&self, handle: &SandboxHandle) -> Result<(), Error> {
+        let provider = self.lifecycle.provider();
+        for dir in [&self.layout.root, &self.layout.input, &self.layout.output] {
+            match provider.stat(handle, dir).await {
+                Ok(st) if st.kind == EntryKind::Dir => {}
+                Ok(st) => {
+                    return Err(Error::invalid_request(
+                        Operation::new("prepare_workspace"),
+                        format!(
+                            "{dir} is not a directory ({:?}); refusing to use or replace it",
+                            st.kind
+                        ),
+                    )
+                    .with_code(ErrorCode::InvalidPath));
+                }
+                Err(e) if e.kind() == ErrorKind::NotFound => provider.make_dir(handle, dir).await?,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs a script: validation (unless skipped), upload into the workspace root, the
+    /// interpreter its extension names, arguments, stdin, timeout. With `key = None` the run is
+    /// ephemeral: a fresh sandbox is created and deleted afterwards, also when the caller goes
+    /// away.
+    pub async fn execute(
+        &self,
+        key: Option<&BindingKey>,
+        script: Script,
+    ) -> Result<ExecResult, Error> {
+        let op = Operation::new("execute");
+        if !script.skip_validation {
+            self.validator
+                .validate_all(
+                    &script.content,
+                    &script.args,
+                    script.stdin.as_deref().unwrap_or(""),
+                )
+                .into_result()?;
+        }
+        if script.file_name.is_empty()
+            || script.file_name.contains('/')
+            || script.file_name.starts_with('.')
+        {
+            return Err(Error::invalid_request(
+                op,
+                format!("invalid script file name {:?}", script.file_name),
+            ));
+        }
+        let path = self.layout.root.join(&script.file_name)?;
+        let (interpreter, pre_args) = interpreter_for(&path).ok_or_else(|| {
+            Error::invalid_request(
+                op,
+                format!(
+                    "no interpreter for {:?} (use .py, .sh, .js, ...)",
+                    script.file_name
+                ),
+            )
+        })?;
+        let mut argv: Vec<String> = pre_args.iter().map(|a| (*a).to_owned()).collect();
+        argv.push(path.as_str().to_owned());
+        argv.extend(script.args.iter().cloned());
+        let mut request = ExecRequest::argv(interpreter, argv).cwd(self.layout.root.clone());
+        request.env = script.env.clone();
+        request.stdin = script.stdin.map(String::into_bytes);
+        request.timeout = script.timeout;
+        request.validate()?;
+
+        match key {
+            Some(key) => {
+                let handle = self.lifecycle.resolve(key).await?;
+                self.run_script(&handle, &path, script.content.as_bytes(), request)
+                    .await
+            }
+            None => {
+                let ephemeral = Ephemeral::create(&self.lifecycle).await?;
+                let result = self
+                    .run_script(&ephemeral.handle, &path, script.content.as_bytes(), request)
+                    .await;
+                let deleted = ephemeral.delete().await;
+                match (result, deleted) {
+                    (Ok(r), Ok(())) => Ok(r),
+                    (Ok(_), Err(e)) | (Err(e), _) => Err(e),
+                }
+            }
+        }
+    }
+
+    async fn run_script(
+        &self,
+        handle: &SandboxHandle,
+        path: &SandboxPath,
+        content: &[u8],
+        request: ExecRequest,
+    ) -> Result<ExecResult, Error> {
+        self.prepare_workspace(handle).await?;
+        let provider = self.lifecycle.provider();
+        provider.write_file(handle, path, content).await?;
+        provider.exec(handle, request).await
+    }
+
+    // ---- lookup-only operations ----------------------------------------------------------
+
+    async fn bound(&self, key: &BindingKey, op: Operation) -> Result<SandboxHandle, Error> {
+        self.lifecycle
+            .lookup(key)
+            .await?
+            .ok_or_else(|| no_live_sandbox(op, key))
+    }
+
+    /// Reads a file of the session's live sandbox. No sandbox bound: `no_live_sandbox`.
+    pub async fn read_file(&self, key: &BindingKey, path: &SandboxPath) -> Result<Vec<u8>, Error> {
+        let handle = self.bound(key, Operation::READ_FILE).await?;
+        self.lifecycle.provider().read_file(&handle, path).await
+    }
+
+    /// Metadata of one path of the live sandbox. No sandbox bound: `no_live_sandbox`.
+    pub async fn stat(&self, key: &BindingKey, path: &SandboxPath) -> Result<StatEntry, Error> {
+        let handle = self.bound(key, Operation::STAT).await?;
+        self.lifecycle.provider().stat(&handle, path).await
+    }
+
+    /// Lists `dir` recursively down to `depth` levels (1 = the directory itself). No sandbox
+    /// bound, or a missing root: an empty listing, so "no sandbox yet" and "no output yet" read
+    /// the same. A subdirectory that vanishes mid-walk is an error, not a shorter listing.
+    pub async fn list_files(
+        &self,
+        key: &BindingKey,
+        dir: &SandboxPath,
+        depth: usize,
+    ) -> Result<Vec<DirEntry>, Error> {
+        let Some(handle) = self.lifecycle.lookup(key).await? else {
+            return Ok(Vec::new());
+        };
+        let provider = self.lifecycle.provider();
+        let root = match provider.list_dir(&handle, dir).await {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        };
+        let mut out = Vec::new();
+        // An explicit stack instead of recursion: a hostile tree cannot blow the stack.
+        let mut stack: Vec<(Vec<DirEntry>, usize)> = vec![(root, 1)];
+        while let Some((entries, level)) = stack.pop() {
+            for entry in entries {
+                if entry.kind == EntryKind::Dir && level < depth {
+                    stack.push((provider.list_dir(&handle, &entry.path).await?, level + 1));
+                }
+                out.push(entry);
+            }
+        }
+        out.sort_by(|a, b| a.path.cmp(&b.path));
+        Ok(out)
+    }
+
+    /// Removes a staged attachment. Nothing bound: nothing to remove (success).
+    pub async fn remove_attachment(
+        &self,
+        key: &BindingKey,
+        path: &SandboxPath,
+    ) -> Result<(), Error> {
+        self.layout.check_attachment_write(path)?;
+        let Some(handle) = self.lifecycle.lookup(key).await? else {
+            return Ok(());
+        };
+        match self.lifecycle.provider().remove(&handle, path).await {
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+            other => other,
+        }
+    }
+
+    /// `no_live_sandbox` when nothing is bound, `session_sandbox_paused` when the bound sandbox
+    /// is not confirmed running — checked without connecting, because a connect would resume a
+    /// paused sandbox and bill it again.
+    pub async fn require_running(&self, key: &BindingKey) -> Result<(), Error> {
+        match self.lifecycle.peek_state(key).await? {
+            None => Err(no_live_sandbox(OP_TERMINAL, key)),
+            Some((_, SandboxState::Running)) => Ok(()),
+            Some((id, state)) => Err(Error::new(
+                ErrorKind::Conflict,
+                OP_TERMINAL,
+                format!("sandbox {id} of session {key} is {state}; resume it explicitly first"),
+            )
+            .with_code(ErrorCode::SandboxPaused)),
+        }
+    }
+
+    /// Opens a PTY on the session's bound sandbox. Lookup-only: nothing bound is
+    /// `no_live_sandbox`; a bound sandbox not confirmed running is `session_sandbox_paused`
+    /// unless `options.allow_resume`; a backend without PTYs is `terminal_unsupported`.
+    pub async fn open_terminal(
+        &self,
+        key: &BindingKey,
+        options: TerminalOptions,
+    ) -> Result<Terminal, Error> {
+        let provider = self.lifecycle.provider();
+        let Some(terminals) = narrow::terminals(&**provider) else {
+            return Err(Error::unsupported(
+                OP_TERMINAL,
+                format!("the {} backend cannot open terminals", provider.provider()),
+            )
+            .with_code(ErrorCode::TerminalUnsupported));
+        };
+        if !options.allow_resume {
+            self.require_running(key).await?;
+        }
+        let handle = self.bound(key, OP_TERMINAL).await?;
+        terminals.open_terminal(&handle, options).await
+    }
+
+    /// Refreshes the provider's idle timer of the bound sandbox and returns how long the caller
+    /// may wait before the next refresh; `Duration::ZERO` when nothing is bound or the backend
+    /// has nothing to refresh. Lookup-only.
+    pub async fn keep_alive(&self, key: &BindingKey) -> Result<Duration, Error> {
+        let provider = self.lifecycle.provider();
+        let Some(keep) = narrow::keep_alive(&**provider) else {
+            return Ok(Duration::ZERO);
+        };
+        let Some(handle) = self.lifecycle.lookup(key).await? else {
+            return Ok(Duration::ZERO);
+        };
+        let ttl = match self.lifecycle.config().create_request.timeout.idle {
+            sandbox_core::IdleTimeout::After(d) => d,
+            _ => DEFAULT_TTL,
+        };
+        keep.keep_alive(&handle, ttl).await?;
+        Ok((ttl / 3).clamp(MIN_REFRESH, MAX_REFRESH))
+    }
+
+    /// Destroys the session's sandbox and binding (idempotent).
+    pub async fn destroy(&self, key: &BindingKey) -> Result<(), Error> {
+        self.lifecycle.destroy(key).await
+    }
+
+    // ---- snapshots -------------------------------------------------------------------------
+
+    /// Snapshots the session's bound sandbox. Never provisions: an unbound session has nothing
+    /// worth snapshotting.
+    pub async fn snapshot(
+        &self,
+        key: &BindingKey,
+        name: Option<&str>,
+    ) -> Result<SnapshotRef, Error> {
+        let op = Operation::CREATE_SNAPSHOT;
+        let provider = self.lifecycle.provider();
+        let snapshots = narrow::snapshots(&**provider).ok_or_else(|| {
+            Error::unsupported(
+                op,
+                format!("the {} backend cannot snapshot", provider.provider()),
+            )
+        })?;
+        let handle = self.bound(key, op).await?;
+        snapshots.create_snapshot(handle.id(), name).await
+    }
+
+    /// Creates session `target`'s sandbox from a snapshot (restore, or the second half of a
+    /// fork). Refused when `target` already has a live sandbox: restoring over it would silently
+    /// discard its workspace.
+    pub async fn create_from_snapshot(
+        &self,
+        target: &BindingKey,
+        snapshot: &SnapshotId,
+    ) -> Result<SandboxHandle, Error> {
+        if self.lifecycle.store().get(target).await?.is_some() {
+            return Err(Error::conflict(
+                Operation::CREATE,
+                format!(
+                    "session {target} already has a sandbox; destroy it before restoring a snapshot into it"
+                ),
+            ));
+        }
+        let template = TemplateId::new(snapshot.as_str())?;
+        self.lifecycle
+            .resolve_with(
+                target,
+                ResolveOptions {
+                    template_override: Some(template),
+                },
+            )
+            .await
+    }
+
+    /// Forks: snapshots `source` and creates `target` from the snapshot.
+    pub async fn fork(
+        &self,
+        source: &BindingKey,
+        target: &BindingKey,
+    ) -> Result<(SnapshotRef, SandboxHandle), Error> {
+        let snapshot = self.snapshot(source, Some("fork")).await?;
+        let handle = self.create_from_snapshot(target, &snapshot.id).await?;
+        Ok((snapshot, handle))
+    }
+
+    // ---- turns, rewind, invalidation -------------------------------------------------------
+
+    /// Opens a chat-turn hold; the first resolve of the turn may rebuild a stale sandbox, later
+    /// ones keep it. End it with [`TurnHold::end`] (dropping it ends it too, in the background).
+    pub async fn begin_turn(&self, key: &BindingKey) -> Result<TurnHold, Error> {
+        let store = self.lifecycle.store().clone();
+        if let Some(leases) = store.turn_leases() {
+            leases.begin_turn(key).await?;
+            return Ok(TurnHold {
+                store: Some(store),
+                key: key.clone(),
+            });
+        }
+        Ok(TurnHold {
+            store: None,
+            key: key.clone(),
+        })
+    }
+
+    /// Takes the session's exclusive rewind lock; `None` when the store has no rewind locks
+    /// (a single-process deployment without leases rewinds unguarded).
+    pub async fn try_lock_rewind(&self, key: &BindingKey) -> Result<Option<RewindLock>, Error> {
+        match self.lifecycle.store().rewind_locks() {
+            Some(locks) => locks.try_lock_rewind(key).await.map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Marks every sandbox of a config stale, so each session rebuilds from the config's current
+    /// image at its next resolve. Deletes nothing.
+    pub async fn invalidate_config(
+        &self,
+        tenant: TenantId,
+        config: &ConfigId,
+    ) -> Result<InvalidationReport, Error> {
+        self.lifecycle
+            .store()
+            .invalidate_by_config(tenant, config)
+            .await
+    }
+}
+
+/// One open chat-turn hold.
+#[derive(Debug)]
+pub struct TurnHold {
+    store: Option<Arc<dyn sandbox_core::BindingStore>>,
+    key: BindingKey,
+}
+
+impl TurnHold {
+    /// Ends the hold.
+    pub async fn end(mut self) -> Result<(), Error> {
+        match self.store.take() {
+            Some(store) => match store.turn_leases() {
+                Some(leases) => leases.end_turn(&self.key).await,
+                None => Ok(()),
+            },
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for TurnHold {
+    fn drop(&mut self) {
+        // A caller that went away must still release its hold, or the session keeps a turn
+        // open (no rebuilds, no rewinds) until the lease expires.
+        if let (Some(store), Ok(runtime)) =
+            (self.store.take(), tokio::runtime::Handle::try_current())
+        {
+            let key = self.key.clone();
+            runtime.spawn(async move {
+                if let Some(leases) = store.turn_leases() {
+                    let _ = leases.end_turn(&key).await;
+                }
+            });
+        }
+    }
+}
+
+/// A sandbox for one ephemeral run: deleted by [`Ephemeral::delete`], or — when the caller
+/// goes away first — by a background task on drop.
+struct Ephemeral {
+    lifecycle: Lifecycle,
+    handle: SandboxHandle,
+    deleted: bool,
+}
+
+impl Ephemeral {
+    async fn create(lifecycle: &Lifecycle) -> Result<Ephemeral, Error> {
+        let mut request = lifecycle.config().create_request.clone();
+        if lifecycle.provider().capabilities().metadata {
+            // Marked so a reaper can tell an ephemeral leftover from a session sandbox.
+            request
+                .metadata
+                .insert("sandbox_ephemeral".to_owned(), "true".to_owned());
+            request.metadata.insert(
+                sandbox_core::owner_metadata::CONFIG.to_owned(),
+                lifecycle.config().config_id.as_str().to_owned(),
+            );
+        }
+        let handle = lifecycle.provider().create(request).await?;
+        Ok(Ephemeral {
+            lifecycle: lifecycle.clone(),
+            handle,
+            deleted: false,
+        })
+    }
+
+    async fn delete(mut self) -> Result<(), Error> {
+        self.deleted = true;
+        match tokio::time::timeout(
+            crate::lifecycle::CLEANUP_TIMEOUT,
+            self.lifecycle.provider().delete(self.handle.id()),
+        )
+        .await
+        {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) if e.can_replace_binding() => Ok(()),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(Error::timeout(
+                Operation::DELETE,
+                format!("deleting ephemeral sandbox {}", self.handle.id()),
+            )),
+        }
+    }
+}
+
+impl Drop for Ephemeral {
+    fn drop(&mut self) {
+        if self.deleted {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let (provider, id) = (self.lifecycle.provider().clone(), self.handle.id().clone());
+            runtime.spawn(async move {
+                let _ =
+                    tokio::time::timeout(crate::lifecycle::CLEANUP_TIMEOUT, provider.delete(&id))
+                        .await;
+            });
+        }
+    }
+}
