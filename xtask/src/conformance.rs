@@ -80,6 +80,12 @@ pub const ADAPTERS: &[Adapter] = &[
         test_target: "conformance",
         services: &[Service::DockerEngine, Service::TestImage],
     },
+    Adapter {
+        name: "memory",
+        package: "sandbox-session",
+        test_target: "conformance",
+        services: &[],
+    },
 ];
 
 pub fn find(name: &str) -> Option<&'static Adapter> {

@@ -25,7 +25,10 @@ const DOCTEST_DEADLINE: Duration = Duration::from_secs(1800);
 /// The hermetic tier: everything but the conformance binaries (run per adapter) and the Docker
 /// adapter's engine, registry and egress tests (ignored without the engine; run by their own
 /// stages), so the hermetic run's counts hold no skips.
-const HERMETIC_FILTER: &str = "not binary(conformance) and not (package(sandbox-provider-docker) and (binary(engine) | binary(registry) | binary(egress)))";
+const HERMETIC_FILTER: &str = "not binary(conformance) and not (package(sandbox-provider-docker) and (binary(engine) | binary(registry) | binary(egress))) and not (package(sandbox-session) and binary(docker))";
+
+/// The tests that need the Docker engine beyond conformance, run by the docker stage.
+const DOCKER_ENGINE_FILTER: &str = "(package(sandbox-provider-docker) and (binary(engine) | binary(registry))) | (package(sandbox-session) and binary(docker))";
 
 /// The nextest profile of the hermetic tier.
 const CI_PROFILE: &str = "ci";
@@ -257,8 +260,8 @@ fn hermetic_stage(ctx: &Ctx, counts: &mut Option<Counts>) -> Verdict {
 }
 
 /// The Docker adapter's tests that need the real engine beyond conformance (isolation,
-/// ownership, resume, the dropped-exec kill, the idle sweeper, bad input) and the pull path
-/// against a loopback `docker-registry`. They are `#[ignore]`d in a plain `cargo test` (no
+/// ownership, resume, the dropped-exec kill, the idle sweeper, bad input), the pull path
+/// against a loopback `docker-registry`, and the session manager over the real adapter. They are `#[ignore]`d in a plain `cargo test` (no
 /// engine there) and run here explicitly, so none is skipped silently.
 fn docker_engine_stage(
     ctx: &Ctx,
@@ -289,12 +292,14 @@ fn docker_engine_stage(
         "run",
         "-p",
         "sandbox-provider-docker",
+        "-p",
+        "sandbox-session",
         "--profile",
         CI_PROFILE,
         "--run-ignored",
         "only",
         "-E",
-        "binary(engine) | binary(registry)",
+        DOCKER_ENGINE_FILTER,
     ];
     println!("    cargo {}", args.join(" "));
     let mut cmd = ctx.cargo_cmd(args);

@@ -3,3 +3,4 @@
 
 pub mod lifecycle;
 pub mod manager;
+pub mod memory_store;

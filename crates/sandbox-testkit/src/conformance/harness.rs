@@ -160,6 +160,7 @@ fn run(
             Trial::test(format!("conformance::{}", case.name), move || {
                 run_case(case, &factory, &namespace, seed)
             })
+            .with_ignored_flag(ignore_all)
         })
         .collect();
     if ignore_all {

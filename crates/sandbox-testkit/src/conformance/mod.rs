@@ -12,6 +12,7 @@
 
 mod cases;
 pub mod harness;
+pub mod store;
 
 use std::collections::BTreeMap;
 use std::fmt;
