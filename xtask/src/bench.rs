@@ -33,6 +33,12 @@ pub const SUITES: &[Suite] = &[
         package: "sandbox-provider-docker",
         bench: "docker",
     },
+    // Hermetic: the lifecycle coordinator on the fake provider and the memory store.
+    Suite {
+        name: "session",
+        package: "sandbox-session",
+        bench: "session",
+    },
 ];
 
 pub fn find(name: &str) -> Option<&'static Suite> {
