@@ -1,13 +1,76 @@
-//! Placeholder binary `sandbox`: this crate is not built yet (see its README).
-//!
-//! It exits with status 2 and says so, rather than pretending to work: a script or an operator
-//! that runs it gets a clear answer instead of a silent success.
+//! `sandbox`: the service and its command line.
 
+use std::collections::BTreeMap;
 use std::io::Write as _;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
+use clap::{Parser, Subcommand};
+use sandbox_app::config::ServiceConfig;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "sandbox",
+    version,
+    about = "Persistent, isolated sandboxes for AI-agent sessions"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the service (config file, then SANDBOX_* environment overrides).
+    Serve {
+        /// A TOML config file.
+        #[arg(long, env = "SANDBOX_CONFIG")]
+        config: Option<PathBuf>,
+    },
+}
+
 fn main() -> ExitCode {
-    // Nothing useful can be done if stderr is closed; the exit status still tells the truth.
-    let _ = writeln!(std::io::stderr(), "sandbox: not built yet");
-    ExitCode::from(2)
+    let cli = Cli::parse();
+    init_logging();
+    let env: BTreeMap<String, String> = std::env::vars().collect();
+    match cli.command {
+        Command::Serve { config } => {
+            let config = match ServiceConfig::load(config.as_deref(), &env) {
+                Ok(c) => c,
+                Err(e) => return fail(&format!("config: {e}")),
+            };
+            let runtime = match tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(r) => r,
+                Err(e) => return fail(&format!("cannot start the runtime: {e}")),
+            };
+            match runtime.block_on(sandbox_app::serve::serve(config)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => fail(&e),
+            }
+        }
+    }
+}
+
+/// Structured logs on stderr: `RUST_LOG` filters (default `info`), `SANDBOX_LOG_FORMAT=json`
+/// switches to one JSON object per line.
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if std::env::var("SANDBOX_LOG_FORMAT").is_ok_and(|v| v == "json") {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+fn fail(message: &str) -> ExitCode {
+    // The one place the CLI reports a fatal error to its user.
+    let _ = writeln!(std::io::stderr(), "sandbox: {message}");
+    ExitCode::FAILURE
 }

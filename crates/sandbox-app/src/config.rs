@@ -1,0 +1,273 @@
+//! Service configuration: a TOML file, then environment overrides, then validation.
+//!
+//! Every field has a safe default except the opt-ins that are the operator's act: the Docker
+//! backend stays disabled unless the file or `SANDBOX_DOCKER_ENABLED=true` says otherwise.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// The whole service config.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServiceConfig {
+    /// Where the HTTP API listens. Loopback by default: exposing it is a deliberate act.
+    pub listen: SocketAddr,
+    /// `memory` (one process) — the distributed store arrives with its issue.
+    pub store: String,
+    pub docker: DockerSection,
+    pub limits: Limits,
+    /// Tenants and their API tokens (stored as SHA-256 hex digests, never in clear).
+    pub tenants: Vec<TenantEntry>,
+    /// A file holding one clear token for a development tenant, created on first start when no
+    /// tenant is configured (mode 0600), so `sandbox serve` works out of the box without the
+    /// token ever being printed.
+    pub dev_token_file: Option<PathBuf>,
+}
+
+/// The Docker backend section.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DockerSection {
+    pub enabled: bool,
+    pub host: Option<String>,
+    pub image: String,
+    pub namespace: String,
+    pub pull_policy: String,
+    pub network: String,
+    pub allow_private_endpoints: bool,
+    pub idle_ttl_seconds: u64,
+}
+
+/// Request limits.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Largest upload, in bytes (413 beyond).
+    pub upload_max_bytes: u64,
+    /// Largest JSON request body, in bytes.
+    pub json_max_bytes: u64,
+    /// An interactive terminal idle this long is disconnected.
+    pub terminal_idle_seconds: u64,
+}
+
+/// One tenant.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantEntry {
+    pub id: u64,
+    /// Lower-case hex SHA-256 of the bearer token.
+    pub token_sha256: String,
+}
+
+impl Default for ServiceConfig {
+    fn default() -> Self {
+        ServiceConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            store: "memory".to_owned(),
+            docker: DockerSection::default(),
+            limits: Limits::default(),
+            tenants: Vec::new(),
+            dev_token_file: None,
+        }
+    }
+}
+
+impl Default for DockerSection {
+    fn default() -> Self {
+        DockerSection {
+            enabled: false,
+            host: None,
+            image: crate::image::DEFAULT_IMAGE.to_owned(),
+            namespace: "default".to_owned(),
+            pull_policy: "never".to_owned(),
+            network: "bridge".to_owned(),
+            allow_private_endpoints: false,
+            idle_ttl_seconds: 30 * 60,
+        }
+    }
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            upload_max_bytes: 100 * 1024 * 1024,
+            json_max_bytes: 8 * 1024 * 1024,
+            terminal_idle_seconds: 15 * 60,
+        }
+    }
+}
+
+/// Why a config cannot be used.
+#[derive(Debug)]
+pub struct ConfigError(pub String);
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+impl ServiceConfig {
+    /// Reads `path` (when given) and applies environment overrides from `env`.
+    pub fn load(path: Option<&Path>, env: &BTreeMap<String, String>) -> Result<Self, ConfigError> {
+        let mut config = match path {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|e| {
+                    ConfigError(format!("cannot read config {}: {e}", path.display()))
+                })?;
+                toml::from_str(&text)
+                    .map_err(|e| ConfigError(format!("config {}: {e}", path.display())))?
+            }
+            None => ServiceConfig::default(),
+        };
+        config.apply_env(env)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// `SANDBOX_LISTEN`, `SANDBOX_STORE`, `SANDBOX_DOCKER_ENABLED`, `SANDBOX_DOCKER_IMAGE`,
+    /// `SANDBOX_DOCKER_NAMESPACE`, `SANDBOX_DOCKER_NETWORK`, `SANDBOX_DOCKER_PULL_POLICY`,
+    /// `SANDBOX_UPLOAD_MAX_BYTES`, `SANDBOX_DEV_TOKEN_FILE`.
+    pub fn apply_env(&mut self, env: &BTreeMap<String, String>) -> Result<(), ConfigError> {
+        let get = |k: &str| {
+            env.get(k)
+                .map(|v| v.trim().to_owned())
+                .filter(|v| !v.is_empty())
+        };
+        if let Some(v) = get("SANDBOX_LISTEN") {
+            self.listen = v
+                .parse()
+                .map_err(|_| ConfigError(format!("SANDBOX_LISTEN={v:?} is not an address:port")))?;
+        }
+        if let Some(v) = get("SANDBOX_STORE") {
+            self.store = v;
+        }
+        if let Some(v) = get(sandbox_provider_docker_env::ENABLED) {
+            self.docker.enabled =
+                matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on");
+        }
+        if let Some(v) = get("SANDBOX_DOCKER_IMAGE") {
+            self.docker.image = v;
+        }
+        if let Some(v) = get("SANDBOX_DOCKER_NAMESPACE") {
+            self.docker.namespace = v;
+        }
+        if let Some(v) = get("SANDBOX_DOCKER_NETWORK") {
+            self.docker.network = v;
+        }
+        if let Some(v) = get("SANDBOX_DOCKER_PULL_POLICY") {
+            self.docker.pull_policy = v;
+        }
+        if let Some(v) = get("SANDBOX_UPLOAD_MAX_BYTES") {
+            self.limits.upload_max_bytes = v.parse().map_err(|_| {
+                ConfigError(format!(
+                    "SANDBOX_UPLOAD_MAX_BYTES={v:?} is not a byte count"
+                ))
+            })?;
+        }
+        if let Some(v) = get("SANDBOX_DEV_TOKEN_FILE") {
+            self.dev_token_file = Some(PathBuf::from(v));
+        }
+        Ok(())
+    }
+
+    /// Refuses configs that cannot work, with the field to fix.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.store != "memory" {
+            return Err(ConfigError(format!(
+                "store {:?} is not available in this build; use \"memory\"",
+                self.store
+            )));
+        }
+        for t in &self.tenants {
+            if t.id == 0 {
+                return Err(ConfigError("tenants: id must not be 0".to_owned()));
+            }
+            let ok = t.token_sha256.len() == 64
+                && t.token_sha256
+                    .chars()
+                    .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase());
+            if !ok {
+                return Err(ConfigError(format!(
+                    "tenants: tenant {} token_sha256 must be 64 lower-case hex digits",
+                    t.id
+                )));
+            }
+        }
+        if self.limits.upload_max_bytes == 0 || self.limits.json_max_bytes == 0 {
+            return Err(ConfigError("limits must be positive".to_owned()));
+        }
+        Ok(())
+    }
+}
+
+/// The Docker opt-in variable, named once.
+mod sandbox_provider_docker_env {
+    pub(super) const ENABLED: &str = "SANDBOX_DOCKER_ENABLED";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn defaults_are_safe_and_env_overrides_apply() {
+        let c = ServiceConfig::load(None, &BTreeMap::new()).unwrap();
+        assert!(c.listen.ip().is_loopback());
+        assert!(
+            !c.docker.enabled,
+            "the Docker backend is the operator's opt-in"
+        );
+        assert_eq!(c.limits.upload_max_bytes, 100 * 1024 * 1024);
+        let c = ServiceConfig::load(
+            None,
+            &env(&[
+                ("SANDBOX_DOCKER_ENABLED", "true"),
+                ("SANDBOX_LISTEN", "127.0.0.1:9999"),
+            ]),
+        )
+        .unwrap();
+        assert!(c.docker.enabled);
+        assert_eq!(c.listen.port(), 9999);
+        assert!(ServiceConfig::load(None, &env(&[("SANDBOX_LISTEN", "nowhere")])).is_err());
+        assert!(ServiceConfig::load(None, &env(&[("SANDBOX_STORE", "etcd")])).is_err());
+    }
+
+    #[test]
+    fn files_are_strict() {
+        let dir = std::env::temp_dir().join(format!("sbx-cfg-{:08x}", fastrand::u32(..)));
+        std::fs::create_dir_all(&dir).unwrap();
+        let good = dir.join("good.toml");
+        std::fs::write(&good, "listen = \"127.0.0.1:7000\"\n[docker]\nenabled = true\n[[tenants]]\nid = 1\ntoken_sha256 = \"".to_owned() + &"a".repeat(64) + "\"\n").unwrap();
+        let c = ServiceConfig::load(Some(&good), &BTreeMap::new()).unwrap();
+        assert_eq!(c.tenants.len(), 1);
+        let typo = dir.join("typo.toml");
+        std::fs::write(&typo, "listn = \"x\"\n").unwrap();
+        assert!(
+            ServiceConfig::load(Some(&typo), &BTreeMap::new())
+                .unwrap_err()
+                .0
+                .contains("unknown field")
+        );
+        let bad_hash = dir.join("hash.toml");
+        std::fs::write(
+            &bad_hash,
+            "[[tenants]]\nid = 1\ntoken_sha256 = \"secret\"\n",
+        )
+        .unwrap();
+        assert!(ServiceConfig::load(Some(&bad_hash), &BTreeMap::new()).is_err());
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

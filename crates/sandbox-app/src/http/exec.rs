@@ -1,0 +1,132 @@
+//! `POST /v1/sessions/{session}/exec`: run a command in the session's sandbox (created on first
+//! use). The body is an `ExecSpec` (`{"command":"echo","args":["hi"]}` or
+//! `{"command":"ls | wc -l","shell":true}`, plus stdin, env, cwd, timeout_ms).
+//!
+//! Buffered by default: one JSON result. With `?stream=true` the answer is NDJSON — one
+//! `{"stream":"stdout"|"stderr","data":"..."}` line per output chunk as it happens, then one
+//! `{"exit_code":..}` line (or `{"error":{..}}`). A client that disconnects mid-stream cancels
+//! the exec, which kills the command inside the sandbox.
+
+use std::convert::Infallible;
+
+use axum::Json;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, header};
+use axum::response::{IntoResponse, Response};
+use futures_util::stream::StreamExt;
+use sandbox_core::{ExecRequest, ExecResult, ExecSpec, OutputHook, OutputStream};
+use serde::Deserialize;
+use serde_json::json;
+use tokio::sync::mpsc;
+
+use super::error::ApiError;
+use super::sessions::observed;
+use super::{AppState, session_key};
+
+/// Query of the exec route.
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct ExecQuery {
+    #[serde(default)]
+    stream: bool,
+}
+
+fn result_json(r: &ExecResult) -> serde_json::Value {
+    json!({
+        "exit_code": r.exit_code,
+        "killed": r.killed,
+        "duration_ms": r.duration.as_millis() as u64,
+        "stdout": String::from_utf8_lossy(&r.stdout),
+        "stderr": String::from_utf8_lossy(&r.stderr),
+        "stdout_utf8": std::str::from_utf8(&r.stdout).is_ok(),
+        "stderr_utf8": std::str::from_utf8(&r.stderr).is_ok(),
+    })
+}
+
+/// Parses the body, turning every failure into a 400 with a code the route documents.
+pub fn parse_spec(body: &[u8]) -> Result<ExecRequest, ApiError> {
+    let spec: ExecSpec = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request("invalid_json", format!("exec body: {e}")))?;
+    ExecRequest::try_from(spec).map_err(ApiError::from)
+}
+
+/// The handler.
+pub async fn exec(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(session): Path<String>,
+    query: Result<Query<ExecQuery>, axum::extract::rejection::QueryRejection>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let key = session_key(&state, &headers, &session)?;
+    let Query(query) = query.map_err(|e| ApiError::bad_request("invalid_query", e.body_text()))?;
+    let request = parse_spec(&body)?;
+    if !query.stream {
+        let result = state
+            .manager
+            .exec(&key, request)
+            .await
+            .map_err(|e| observed(&state, e))?;
+        return Ok(Json(result_json(&result)).into_response());
+    }
+
+    // Streaming: chunks flow through a channel from the output hook to the response body; the
+    // exec runs on its own task, aborted (which kills the command) when the client goes away.
+    let (tx, rx) = mpsc::unbounded_channel::<Bytes>();
+    let chunks = tx.clone();
+    let hook = OutputHook::new(move |stream, chunk| {
+        let line = json!({
+            "stream": match stream { OutputStream::Stdout => "stdout", OutputStream::Stderr => "stderr" },
+            "data": String::from_utf8_lossy(chunk),
+        });
+        let _ = chunks.send(Bytes::from(format!("{line}\n")));
+    });
+    let manager = state.manager.clone();
+    let metrics = state.metrics.clone();
+    let task = tokio::spawn(async move {
+        let last = match manager.exec(&key, request.on_output(hook)).await {
+            Ok(result) => {
+                let mut end = result_json(&result);
+                // The output already went out line by line.
+                if let Some(obj) = end.as_object_mut() {
+                    obj.remove("stdout");
+                    obj.remove("stderr");
+                }
+                end
+            }
+            Err(e) => {
+                metrics.observe_error(e.kind().as_str());
+                let api = ApiError::from(e);
+                json!({ "error": { "code": api.code, "message": api.message } })
+            }
+        };
+        let _ = tx.send(Bytes::from(format!("{last}\n")));
+    });
+    let guard = AbortOnDrop(task);
+    let body = tokio_stream_of(rx).map(move |chunk| {
+        let _keep = &guard;
+        Ok::<_, Infallible>(chunk)
+    });
+    Ok((
+        [(header::CONTENT_TYPE, "application/x-ndjson")],
+        Body::from_stream(body),
+    )
+        .into_response())
+}
+
+/// Aborts the exec task when the response body is dropped (the client went away).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// An `UnboundedReceiver` as a stream (ends when every sender is gone).
+fn tokio_stream_of(
+    mut rx: mpsc::UnboundedReceiver<Bytes>,
+) -> impl futures_util::Stream<Item = Bytes> + Send {
+    futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}

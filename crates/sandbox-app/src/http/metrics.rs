@@ -1,0 +1,137 @@
+//! Prometheus metrics: requests by route and status, latency histograms, provider errors by
+//! kind. Rendered at `GET /metrics` in the text exposition format.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use super::AppState;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    method: String,
+    route: String,
+    status: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteLabels {
+    route: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabels {
+    kind: String,
+}
+
+/// The service's metrics.
+pub struct Metrics {
+    registry: Mutex<Registry>,
+    requests: Family<RequestLabels, Counter>,
+    latency: Family<RouteLabels, Histogram>,
+    provider_errors: Family<KindLabels, Counter>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Metrics")
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    /// A registry with every metric registered.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("sandbox");
+        let requests = Family::<RequestLabels, Counter>::default();
+        let latency = Family::<RouteLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.001, 2.0, 16))
+        });
+        let provider_errors = Family::<KindLabels, Counter>::default();
+        registry.register(
+            "http_requests",
+            "HTTP requests by method, route and status",
+            requests.clone(),
+        );
+        registry.register(
+            "http_request_duration_seconds",
+            "HTTP request latency by route",
+            latency.clone(),
+        );
+        registry.register(
+            "provider_errors",
+            "Errors returned to callers, by error kind",
+            provider_errors.clone(),
+        );
+        Metrics {
+            registry: Mutex::new(registry),
+            requests,
+            latency,
+            provider_errors,
+        }
+    }
+
+    /// Records one finished request.
+    pub fn observe_request(&self, method: &str, route: &str, status: u16, elapsed: Duration) {
+        self.requests
+            .get_or_create(&RequestLabels {
+                method: method.to_owned(),
+                route: route.to_owned(),
+                status,
+            })
+            .inc();
+        self.latency
+            .get_or_create(&RouteLabels {
+                route: route.to_owned(),
+            })
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// Records an error returned to a caller.
+    pub fn observe_error(&self, kind: &str) {
+        self.provider_errors
+            .get_or_create(&KindLabels {
+                kind: kind.to_owned(),
+            })
+            .inc();
+    }
+
+    /// The text exposition.
+    pub fn encode(&self) -> Result<String, std::fmt::Error> {
+        let mut out = String::new();
+        let registry = self
+            .registry
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        prometheus_client::encoding::text::encode(&mut out, &registry)?;
+        Ok(out)
+    }
+}
+
+/// `GET /metrics`.
+pub async fn render(State(state): State<AppState>) -> Response {
+    match state.metrics.encode() {
+        Ok(text) => (
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            text,
+        )
+            .into_response(),
+        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+    }
+}

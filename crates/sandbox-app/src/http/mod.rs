@@ -1,0 +1,117 @@
+//! The HTTP API (axum). Every route authenticates with a bearer token mapped to a tenant;
+//! sessions are tenant-scoped names, so another tenant's session is simply not there (404).
+
+pub mod error;
+pub mod exec;
+pub mod metrics;
+pub mod sessions;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::Router;
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use sandbox_core::{BindingKey, SandboxProvider, TenantId};
+use sandbox_session::manager::SessionManager;
+
+use self::error::ApiError;
+use self::metrics::Metrics;
+use crate::auth::TenantAuth;
+use crate::config::Limits;
+
+/// Everything a handler needs. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct AppState {
+    pub auth: Arc<TenantAuth>,
+    pub manager: SessionManager,
+    pub provider: Arc<dyn SandboxProvider>,
+    pub metrics: Arc<Metrics>,
+    pub limits: Limits,
+}
+
+/// The router with every route and the metrics layer.
+pub fn router(state: AppState) -> Router {
+    let api = Router::new()
+        .route(
+            "/v1/sessions/{session}",
+            get(sessions::get_session).delete(sessions::destroy),
+        )
+        .route("/v1/sessions/{session}/exec", post(exec::exec))
+        .route(
+            "/v1/sessions/{session}/keepalive",
+            post(sessions::keep_alive),
+        );
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics::render))
+        .merge(api)
+        .fallback(|| async {
+            ApiError::new(StatusCode::NOT_FOUND, "route_not_found", "no such route")
+        })
+        .layer(middleware::from_fn_with_state(state.clone(), record))
+        .with_state(state)
+}
+
+/// Counts every request by route and status and times it.
+async fn record(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
+    let method = request.method().as_str().to_owned();
+    let started = Instant::now();
+    let response = next.run(request).await;
+    state.metrics.observe_request(
+        &method,
+        &route,
+        response.status().as_u16(),
+        started.elapsed(),
+    );
+    response
+}
+
+/// `GET /healthz`: 200 when the backend answers, 503 with the reason otherwise. No auth: load
+/// balancers probe it.
+async fn healthz(State(state): State<AppState>) -> Response {
+    match state.provider.health().await {
+        Ok(()) => (StatusCode::OK, axum::Json(serde_json::json!({ "status": "ok", "backend": state.provider.provider().as_str() }))).into_response(),
+        Err(e) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(serde_json::json!({ "status": "unavailable", "backend": state.provider.provider().as_str(), "reason": e.to_string() })),
+        )
+            .into_response(),
+    }
+}
+
+/// The tenant behind the request's bearer token.
+pub fn tenant(state: &AppState, headers: &HeaderMap) -> Result<TenantId, ApiError> {
+    let value = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .ok_or_else(ApiError::unauthorized)?;
+    let token = value
+        .strip_prefix("Bearer ")
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .ok_or_else(ApiError::unauthorized)?;
+    state
+        .auth
+        .tenant_of(token)
+        .ok_or_else(ApiError::unauthorized)
+}
+
+/// The binding key of `session` for the caller.
+pub fn session_key(
+    state: &AppState,
+    headers: &HeaderMap,
+    session: &str,
+) -> Result<BindingKey, ApiError> {
+    let tenant = tenant(state, headers)?;
+    let session = sandbox_core::SessionId::new(session)
+        .map_err(|e| ApiError::bad_request("invalid_session", e.message().to_owned()))?;
+    Ok(BindingKey { tenant, session })
+}

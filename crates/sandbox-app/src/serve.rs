@@ -1,0 +1,167 @@
+//! Wiring the service from its config, and running it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sandbox_core::{
+    ConfigId, CreateRequest, IdleTimeout, PermissiveSessionExistence, TemplateId, TimeoutAction,
+    TimeoutPolicy,
+};
+use sandbox_session::lifecycle::{Lifecycle, LifecycleConfig};
+use sandbox_session::manager::SessionManager;
+use sandbox_session::memory_store::MemoryBindingStore;
+
+use crate::auth::{TenantAuth, digest, hex};
+use crate::config::ServiceConfig;
+use crate::http::AppState;
+use crate::http::metrics::Metrics;
+
+/// The tenant ID of the development token created when no tenant is configured.
+pub const DEV_TENANT: u64 = 1;
+
+/// Builds the application state: tenants, the backend, the store, the session manager.
+pub async fn build_state(config: &ServiceConfig) -> Result<AppState, String> {
+    let auth = tenants(config)?;
+    let provider = backend(config).await?;
+    let store = MemoryBindingStore::new();
+    let image = TemplateId::new(config.docker.image.clone()).map_err(|e| e.to_string())?;
+    let mut request = CreateRequest::new(image);
+    let idle = IdleTimeout::after(Duration::from_secs(config.docker.idle_ttl_seconds.max(1)))
+        .map_err(|e| e.to_string())?;
+    // Docker reclaims idle containers itself (the sweeper) rather than pausing them.
+    request.timeout = TimeoutPolicy {
+        idle,
+        on_timeout: TimeoutAction::Kill,
+        auto_resume: false,
+    };
+    let lifecycle_config = LifecycleConfig {
+        config_id: ConfigId::default_config(),
+        create_request: request,
+        requires_inbound_token: false,
+    };
+    // With the memory store this process is the only writer, so its own destroy is the only way
+    // a session ends; a shared store must consult real session records.
+    let lifecycle = Lifecycle::new(
+        provider.clone(),
+        Arc::new(store),
+        Arc::new(PermissiveSessionExistence),
+        lifecycle_config,
+    )
+    .map_err(|e| e.to_string())?;
+    Ok(AppState {
+        auth: Arc::new(auth),
+        manager: SessionManager::new(lifecycle),
+        provider,
+        metrics: Arc::new(Metrics::new()),
+        limits: config.limits.clone(),
+    })
+}
+
+fn tenants(config: &ServiceConfig) -> Result<TenantAuth, String> {
+    if !config.tenants.is_empty() {
+        return TenantAuth::new(
+            config
+                .tenants
+                .iter()
+                .map(|t| (t.id, t.token_sha256.as_str())),
+        );
+    }
+    let path = config
+        .dev_token_file
+        .clone()
+        .unwrap_or_else(default_dev_token_file);
+    let token = match std::fs::read_to_string(&path) {
+        Ok(existing) if !existing.trim().is_empty() => existing.trim().to_owned(),
+        _ => {
+            let token = format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir)
+                    .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+            }
+            write_private(&path, &token)?;
+            token
+        }
+    };
+    tracing::info!(token_file = %path.display(), tenant = DEV_TENANT, "no tenants configured: the development tenant's token is in the token file");
+    TenantAuth::new([(DEV_TENANT, hex(&digest(&token)).as_str())])
+}
+
+/// `$XDG_CONFIG_HOME/sandbox/dev-token`, else `~/.config/sandbox/dev-token`.
+pub fn default_dev_token_file() -> std::path::PathBuf {
+    let base = std::env::var_os("XDG_CONFIG_HOME")
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".config")))
+        .unwrap_or_else(std::env::temp_dir);
+    base.join("sandbox").join("dev-token")
+}
+
+fn write_private(path: &std::path::Path, token: &str) -> Result<(), String> {
+    use std::io::Write as _;
+    #[cfg(unix)]
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    options.mode(0o600);
+    let mut file = options
+        .open(path)
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    file.write_all(token.as_bytes())
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
+#[cfg(feature = "docker")]
+async fn backend(config: &ServiceConfig) -> Result<Arc<dyn sandbox_core::SandboxProvider>, String> {
+    use sandbox_provider_docker::{DockerConfig, DockerProvider, NetworkMode, PullPolicy};
+    let section = &config.docker;
+    let image = TemplateId::new(section.image.clone()).map_err(|e| e.to_string())?;
+    let mut docker = DockerConfig::new(image, &section.namespace);
+    docker.enabled = section.enabled;
+    docker.host = section.host.clone();
+    docker.pull_policy = PullPolicy::parse(&section.pull_policy).map_err(|e| e.to_string())?;
+    docker.network = NetworkMode::parse(&section.network).map_err(|e| e.to_string())?;
+    docker.allow_private_endpoints = section.allow_private_endpoints;
+    docker.idle_ttl = Duration::from_secs(section.idle_ttl_seconds.max(1));
+    let provider = DockerProvider::connect(docker)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(Arc::new(provider))
+}
+
+#[cfg(not(feature = "docker"))]
+async fn backend(
+    _config: &ServiceConfig,
+) -> Result<Arc<dyn sandbox_core::SandboxProvider>, String> {
+    Err("this build has no backend: enable the `docker` feature".to_owned())
+}
+
+/// Serves until SIGINT/SIGTERM, then drains in-flight requests.
+pub async fn serve(config: ServiceConfig) -> Result<(), String> {
+    let state = build_state(&config).await?;
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
+    let local = listener.local_addr().map_err(|e| e.to_string())?;
+    tracing::info!(listen = %local, backend = %state.provider.provider(), "sandbox service listening");
+    axum::serve(listener, crate::http::router(state))
+        .with_graceful_shutdown(shutdown())
+        .await
+        .map_err(|e| format!("server error: {e}"))
+}
+
+async fn shutdown() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        if let Ok(mut s) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        {
+            s.recv().await;
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! { () = ctrl_c => {}, () = term => {} }
+    tracing::info!("shutting down");
+}
