@@ -330,6 +330,10 @@ pub struct ExecResult {
     pub duration: Duration,
     /// The command was killed because it exceeded its timeout.
     pub killed: bool,
+    /// Output beyond the provider's cap was dropped (the command still ran to completion). A
+    /// command's output is untrusted and unbounded; holding all of it would let one `yes`
+    /// exhaust the service's memory.
+    pub truncated: bool,
 }
 
 impl ExecResult {

@@ -341,10 +341,19 @@ impl DockerProvider {
     /// restart, a host reboot): the handle is still good, the container just needs starting.
     async fn exec_with_retry(&self, id: &str, request: ExecRequest) -> Result<ExecResult, Error> {
         let default_timeout = self.inner.config.default_exec_timeout;
-        match exec::run(self.docker_ref(), id, request.clone(), default_timeout).await {
+        let max_output = self.inner.config.max_output_bytes;
+        match exec::run(
+            self.docker_ref(),
+            id,
+            request.clone(),
+            default_timeout,
+            max_output,
+        )
+        .await
+        {
             Err(e) if errors::is_not_running(&e) => {
                 self.ensure_running(Operation::EXEC, id).await?;
-                exec::run(self.docker_ref(), id, request, default_timeout).await
+                exec::run(self.docker_ref(), id, request, default_timeout, max_output).await
             }
             other => other,
         }

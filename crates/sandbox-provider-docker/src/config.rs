@@ -103,6 +103,9 @@ pub struct DockerConfig {
     pub idle_ttl: Duration,
     pub rpc_timeout: Duration,
     pub default_exec_timeout: Duration,
+    /// The most output of one stream an exec keeps (the rest is dropped; the result says
+    /// `truncated`).
+    pub max_output_bytes: usize,
     /// Extra labels on every container (tests mark theirs `sandbox.test=1`).
     pub extra_labels: BTreeMap<String, String>,
     /// Run the idle sweeper. Off for connectivity checks: a half-finished config an admin is
@@ -137,6 +140,7 @@ impl DockerConfig {
             idle_ttl: DEFAULT_IDLE_TTL,
             rpc_timeout: DEFAULT_RPC_TIMEOUT,
             default_exec_timeout: DEFAULT_EXEC_TIMEOUT,
+            max_output_bytes: crate::exec::DEFAULT_MAX_OUTPUT,
             extra_labels: BTreeMap::new(),
             idle_sweep: true,
             sweep_interval: Duration::from_secs(60),

@@ -25,6 +25,10 @@ pub const ACTIVITY_MARKER: &str = "/var/lib/sandbox-activity";
 pub const EXEC_MARKER_ENV: &str = "SANDBOX_EXEC_ID";
 /// Extra time the client waits beyond the in-container timeout before giving up on the engine.
 pub const CLIENT_GRACE: Duration = Duration::from_secs(10);
+/// The most output of one stream an exec keeps by default (the rest is dropped and the result
+/// says `truncated`).
+pub const DEFAULT_MAX_OUTPUT: usize = 64 * 1024 * 1024;
+
 /// The account commands run as when the request names none. Root: one session owns one
 /// sandbox, so the in-container account is not a tenant boundary.
 pub const DEFAULT_USER: &str = "root";
@@ -149,6 +153,7 @@ pub async fn run(
     container: &str,
     request: ExecRequest,
     default_timeout: Duration,
+    max_output: usize,
 ) -> Result<ExecResult, Error> {
     request.validate().map_err(|e| {
         e.with_operation(Operation::EXEC)
@@ -218,7 +223,7 @@ pub async fn run(
         // Always half-close, so a command reading stdin sees EOF.
         let _ = input.shutdown().await;
     });
-    let collected = Arc::new(Mutex::new((Vec::<u8>::new(), Vec::<u8>::new())));
+    let collected = Arc::new(Mutex::new(Collected::default()));
     let sink = collected.clone();
     let hook = request.on_output.clone();
     let read = async move {
@@ -234,18 +239,21 @@ pub async fn run(
             if let Some(hook) = &hook {
                 hook.emit(stream, bytes);
             }
-            let mut buffers = sink.lock().unwrap_or_else(PoisonError::into_inner);
-            match stream {
-                OutputStream::Stdout => buffers.0.extend_from_slice(bytes),
-                OutputStream::Stderr => buffers.1.extend_from_slice(bytes),
-            }
+            // Keep reading past the cap (a command blocked on a full pipe would only wait for its
+            // timeout), but stop keeping.
+            sink.lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(stream, bytes, max_output);
         }
         Ok::<(), Error>(())
     };
     let finished = tokio::time::timeout(timeout + CLIENT_GRACE, read).await;
     writer.abort();
-    let (stdout, stderr) =
-        std::mem::take(&mut *collected.lock().unwrap_or_else(PoisonError::into_inner));
+    let Collected {
+        stdout,
+        stderr,
+        truncated,
+    } = std::mem::take(&mut *collected.lock().unwrap_or_else(PoisonError::into_inner));
     match finished {
         Err(_) => {
             // The in-container timeout did not end the command (no timeout(1) in the image, or
@@ -256,6 +264,7 @@ pub async fn run(
                 exit_code: -1,
                 duration: started.elapsed(),
                 killed: true,
+                truncated,
             });
         }
         Ok(result) => result?,
@@ -272,7 +281,30 @@ pub async fn run(
         exit_code: if killed { -1 } else { exit_code },
         duration,
         killed,
+        truncated,
     })
+}
+
+/// The output kept of one exec, each stream capped.
+#[derive(Default)]
+struct Collected {
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    truncated: bool,
+}
+
+impl Collected {
+    fn push(&mut self, stream: OutputStream, bytes: &[u8], cap: usize) {
+        let buffer = match stream {
+            OutputStream::Stdout => &mut self.stdout,
+            OutputStream::Stderr => &mut self.stderr,
+        };
+        let room = cap.saturating_sub(buffer.len());
+        if bytes.len() > room {
+            self.truncated = true;
+        }
+        buffer.extend_from_slice(&bytes[..bytes.len().min(room)]);
+    }
 }
 
 /// The exit code of a finished exec. The output stream can end a moment before the engine
@@ -323,6 +355,20 @@ mod tests {
         assert!(argv[2].ends_with("exec timeout -s KILL 60 \"$@\""));
         assert_eq!(&argv[3..], ["sandbox-exec", "cat", "a b", "$(id)"]);
         assert!(argv[2].starts_with(&format!("touch {ACTIVITY_MARKER}")));
+    }
+
+    #[test]
+    fn output_is_capped_per_stream_and_flagged() {
+        let mut c = Collected::default();
+        c.push(OutputStream::Stdout, b"abcdef", 4);
+        c.push(OutputStream::Stdout, b"gh", 4);
+        c.push(OutputStream::Stderr, b"xy", 4);
+        assert_eq!(c.stdout, b"abcd");
+        assert_eq!(c.stderr, b"xy");
+        assert!(c.truncated);
+        let mut ok = Collected::default();
+        ok.push(OutputStream::Stdout, b"abcd", 4);
+        assert!(!ok.truncated, "exactly the cap is not truncation");
     }
 
     #[test]

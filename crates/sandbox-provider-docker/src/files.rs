@@ -16,6 +16,11 @@ use time::OffsetDateTime;
 
 use crate::exec::{self, ACTIVITY_MARKER};
 
+/// The largest file `read_file` returns. A larger one is an error, never a silently shorter
+/// file: reads are whole-buffer, and an unbounded one would let a sandbox exhaust the service's
+/// memory.
+pub const MAX_FILE_BYTES: usize = 1024 * 1024 * 1024;
+
 /// Bound on one file operation (10 MiB through exec takes well under a second).
 pub const FILE_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -60,9 +65,19 @@ async fn script(
     if let Some(data) = stdin {
         request = request.stdin(data.to_vec());
     }
-    let result = exec::run(docker, container, request, FILE_TIMEOUT)
+    let result = exec::run(docker, container, request, FILE_TIMEOUT, MAX_FILE_BYTES)
         .await
         .map_err(|e| e.with_operation(op))?;
+    if result.truncated {
+        return Err(Error::invalid_request(
+            op,
+            format!(
+                "{path}: larger than the {} MiB a file operation may return",
+                MAX_FILE_BYTES / (1024 * 1024)
+            ),
+        )
+        .with_provider(Provider::Docker));
+    }
     if result.killed {
         return Err(Error::timeout(
             op,

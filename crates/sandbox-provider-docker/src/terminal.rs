@@ -317,8 +317,14 @@ impl Terminals for DockerProvider {
             loop {
                 tokio::time::sleep(refresh_every).await;
                 let touch = ExecRequest::argv("true", Vec::<String>::new());
-                let _ =
-                    exec::run(&docker, &refresh_container, touch, Duration::from_secs(30)).await;
+                let _ = exec::run(
+                    &docker,
+                    &refresh_container,
+                    touch,
+                    Duration::from_secs(30),
+                    4096,
+                )
+                .await;
             }
         });
         let input = Arc::new(DockerTerminalInput {

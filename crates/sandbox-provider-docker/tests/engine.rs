@@ -521,3 +521,31 @@ async fn negotiated_api_version_matches_the_engine() {
     );
     p.health().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Docker engine and the sandbox-busybox:test image: cargo xtask test runs it"]
+async fn exec_output_is_capped_and_flagged() {
+    let ns = namespace("cap");
+    let mut c = config(&ns);
+    c.max_output_bytes = 1024 * 1024;
+    let p = DockerProvider::connect(c).await.unwrap();
+    let h = p.create(request()).await.unwrap();
+    // 3 MB of output: the command runs to completion, the result keeps the first 1 MiB.
+    let r = p
+        .exec(
+            &h,
+            ExecRequest::shell("yes | head -c 3000000; echo done >&2"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.exit_code, 0);
+    assert!(r.truncated);
+    assert_eq!(r.stdout.len(), 1024 * 1024);
+    assert_eq!(r.stderr_lossy(), "done\n", "the other stream is kept whole");
+    let small = p
+        .exec(&h, ExecRequest::argv("echo", ["small"]))
+        .await
+        .unwrap();
+    assert!(!small.truncated);
+    cleanup(&p).await;
+}

@@ -8,6 +8,8 @@
 //! the exec, which kills the command inside the sandbox.
 
 use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use axum::Json;
 use axum::body::{Body, Bytes};
@@ -24,6 +26,9 @@ use super::error::ApiError;
 use super::sessions::observed;
 use super::{AppState, session_key};
 
+/// Output bytes queued for a slow streaming client before forwarding stops.
+const MAX_QUEUED_BYTES: usize = 8 * 1024 * 1024;
+
 /// Query of the exec route.
 #[derive(Debug, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
@@ -39,6 +44,7 @@ fn result_json(r: &ExecResult) -> serde_json::Value {
         "duration_ms": r.duration.as_millis() as u64,
         "stdout": String::from_utf8_lossy(&r.stdout),
         "stderr": String::from_utf8_lossy(&r.stderr),
+        "truncated": r.truncated,
         "stdout_utf8": std::str::from_utf8(&r.stdout).is_ok(),
         "stderr_utf8": std::str::from_utf8(&r.stderr).is_ok(),
     })
@@ -75,13 +81,28 @@ pub async fn exec(
     // exec runs on its own task, aborted (which kills the command) when the client goes away.
     let (tx, rx) = mpsc::unbounded_channel::<Bytes>();
     let chunks = tx.clone();
+    // The hook cannot wait for a slow client (it runs on the adapter's read loop), so the bytes
+    // queued for the client are bounded instead: past the bound, output stops being forwarded
+    // and the final line says `"stream_overflow": true`.
+    let queued = Arc::new(AtomicUsize::new(0));
+    let overflow = Arc::new(AtomicBool::new(false));
+    let (hook_queued, hook_overflow) = (queued.clone(), overflow.clone());
     let hook = OutputHook::new(move |stream, chunk| {
+        if hook_overflow.load(Ordering::Relaxed) {
+            return;
+        }
         let line = json!({
             "stream": match stream { OutputStream::Stdout => "stdout", OutputStream::Stderr => "stderr" },
             "data": String::from_utf8_lossy(chunk),
         });
-        let _ = chunks.send(Bytes::from(format!("{line}\n")));
+        let line = Bytes::from(format!("{line}\n"));
+        if hook_queued.fetch_add(line.len(), Ordering::AcqRel) + line.len() > MAX_QUEUED_BYTES {
+            hook_overflow.store(true, Ordering::Relaxed);
+            return;
+        }
+        let _ = chunks.send(line);
     });
+    let final_overflow = overflow.clone();
     let manager = state.manager.clone();
     let metrics = state.metrics.clone();
     let task = tokio::spawn(async move {
@@ -92,6 +113,10 @@ pub async fn exec(
                 if let Some(obj) = end.as_object_mut() {
                     obj.remove("stdout");
                     obj.remove("stderr");
+                    obj.insert(
+                        "stream_overflow".to_owned(),
+                        json!(final_overflow.load(Ordering::Relaxed)),
+                    );
                 }
                 end
             }
@@ -106,6 +131,10 @@ pub async fn exec(
     let guard = AbortOnDrop(task);
     let body = tokio_stream_of(rx).map(move |chunk| {
         let _keep = &guard;
+        queued.fetch_sub(
+            chunk.len().min(queued.load(Ordering::Acquire)),
+            Ordering::AcqRel,
+        );
         Ok::<_, Infallible>(chunk)
     });
     Ok((

@@ -665,6 +665,7 @@ impl SandboxProvider for FakeProvider {
             exit_code,
             duration,
             killed,
+            truncated: false,
         })
     }
 
