@@ -130,7 +130,8 @@ impl ServiceConfig {
         Ok(config)
     }
 
-    /// `SANDBOX_LISTEN`, `SANDBOX_STORE`, `SANDBOX_DOCKER_ENABLED`, `SANDBOX_DOCKER_IMAGE`,
+    /// `SANDBOX_LISTEN`, `SANDBOX_STORE`, `SANDBOX_DOCKER_ENABLED`, `SANDBOX_DOCKER_HOST`,
+    /// `SANDBOX_DOCKER_IMAGE`,
     /// `SANDBOX_DOCKER_NAMESPACE`, `SANDBOX_DOCKER_NETWORK`, `SANDBOX_DOCKER_PULL_POLICY`,
     /// `SANDBOX_UPLOAD_MAX_BYTES`, `SANDBOX_DEV_TOKEN_FILE`.
     pub fn apply_env(&mut self, env: &BTreeMap<String, String>) -> Result<(), ConfigError> {
@@ -150,6 +151,9 @@ impl ServiceConfig {
         if let Some(v) = get(sandbox_provider_docker_env::ENABLED) {
             self.docker.enabled =
                 matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on");
+        }
+        if let Some(v) = get("SANDBOX_DOCKER_HOST") {
+            self.docker.host = Some(v);
         }
         if let Some(v) = get("SANDBOX_DOCKER_IMAGE") {
             self.docker.image = v;

@@ -8,6 +8,7 @@
 
 pub mod auth;
 pub mod config;
+pub mod doctor;
 pub mod http;
 pub mod image;
 pub mod serve;

@@ -27,6 +27,12 @@ enum Command {
         #[arg(long, env = "SANDBOX_CONFIG")]
         config: Option<PathBuf>,
     },
+    /// Check the backend and the store, explain each fix; non-zero exit when something is wrong.
+    Doctor {
+        /// A TOML config file.
+        #[arg(long, env = "SANDBOX_CONFIG")]
+        config: Option<PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -49,6 +55,35 @@ fn main() -> ExitCode {
             match runtime.block_on(sandbox_app::serve::serve(config)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => fail(&e),
+            }
+        }
+        Command::Doctor { config } => {
+            let config = match ServiceConfig::load(config.as_deref(), &env) {
+                Ok(c) => c,
+                Err(e) => {
+                    return fail(&format!(
+                        "config: {e}\n       fix: correct the config file or the SANDBOX_* variable it names"
+                    ));
+                }
+            };
+            let runtime = match tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(r) => r,
+                Err(e) => return fail(&format!("cannot start the runtime: {e}")),
+            };
+            let checks = runtime.block_on(sandbox_app::doctor::run(&config));
+            // The report is the command's output.
+            let _ = write!(
+                std::io::stdout(),
+                "{}",
+                sandbox_app::doctor::render(&checks)
+            );
+            if checks.iter().all(|c| c.ok) {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
             }
         }
     }

@@ -110,8 +110,11 @@ fn write_private(path: &std::path::Path, token: &str) -> Result<(), String> {
         .map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
 
+/// The configured backend provider.
 #[cfg(feature = "docker")]
-async fn backend(config: &ServiceConfig) -> Result<Arc<dyn sandbox_core::SandboxProvider>, String> {
+pub async fn backend(
+    config: &ServiceConfig,
+) -> Result<Arc<dyn sandbox_core::SandboxProvider>, String> {
     use sandbox_provider_docker::{DockerConfig, DockerProvider, NetworkMode, PullPolicy};
     let section = &config.docker;
     let image = TemplateId::new(section.image.clone()).map_err(|e| e.to_string())?;
@@ -128,8 +131,9 @@ async fn backend(config: &ServiceConfig) -> Result<Arc<dyn sandbox_core::Sandbox
     Ok(Arc::new(provider))
 }
 
+/// The configured backend provider.
 #[cfg(not(feature = "docker"))]
-async fn backend(
+pub async fn backend(
     _config: &ServiceConfig,
 ) -> Result<Arc<dyn sandbox_core::SandboxProvider>, String> {
     Err("this build has no backend: enable the `docker` feature".to_owned())

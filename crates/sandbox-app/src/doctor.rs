@@ -1,0 +1,146 @@
+//! `sandbox doctor`: checks what the service needs, explains each fix, and fails (non-zero
+//! exit) when something is wrong.
+
+use std::fmt::Write as _;
+
+use crate::config::ServiceConfig;
+
+/// The outcome of one check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Check {
+    pub name: &'static str,
+    pub ok: bool,
+    /// What was found.
+    pub detail: String,
+    /// What to do about it (empty when fine).
+    pub fix: String,
+}
+
+impl Check {
+    fn pass(name: &'static str, detail: impl Into<String>) -> Self {
+        Check {
+            name,
+            ok: true,
+            detail: detail.into(),
+            fix: String::new(),
+        }
+    }
+    fn fail(name: &'static str, detail: impl Into<String>, fix: impl Into<String>) -> Self {
+        Check {
+            name,
+            ok: false,
+            detail: detail.into(),
+            fix: fix.into(),
+        }
+    }
+}
+
+/// Runs every check against `config`.
+pub async fn run(config: &ServiceConfig) -> Vec<Check> {
+    let mut checks = vec![Check::pass(
+        "config",
+        format!("listen {}, store {}", config.listen, config.store),
+    )];
+    checks.push(match config.store.as_str() {
+        "memory" => Check::pass(
+            "store",
+            "memory store (single process; bindings do not survive a restart, sandboxes are re-adopted by metadata)",
+        ),
+        other => Check::fail(
+            "store",
+            format!("store {other:?} is not available in this build"),
+            "set store = \"memory\" (or SANDBOX_STORE=memory)",
+        ),
+    });
+    checks.extend(backend(config).await);
+    checks
+}
+
+#[cfg(feature = "docker")]
+async fn backend(config: &ServiceConfig) -> Vec<Check> {
+    let section = &config.docker;
+    if !section.enabled {
+        return vec![Check::fail(
+            "docker backend",
+            "disabled: a Docker socket is root on its host, so the backend is off until an operator enables it",
+            "enable it with docker.enabled = true in the config file, or SANDBOX_DOCKER_ENABLED=true in the environment",
+        )];
+    }
+    let mut out = Vec::new();
+    // The backend alone: doctor must not create token files or anything else `serve` sets up.
+    let provider = match crate::serve::backend(config).await {
+        Ok(p) => p,
+        Err(e) => {
+            let fix = if e.contains("does not exist") || e.contains("socket") {
+                "start the Docker engine (`dockerd`, Debian package docker.io) or point docker.host / DOCKER_HOST at its socket"
+            } else if e.contains("permission denied") {
+                "run the service as a user allowed to use the Docker socket (root, or the docker group)"
+            } else {
+                "see the message above; `cargo xtask test` shows how the engine is started here"
+            };
+            out.push(Check::fail("docker engine", e, fix));
+            return out;
+        }
+    };
+    match provider.health().await {
+        Ok(()) => out.push(Check::pass("docker engine", "the engine answers")),
+        Err(e) => {
+            out.push(Check::fail(
+                "docker engine",
+                e.to_string(),
+                "start dockerd, or fix docker.host",
+            ));
+            return out;
+        }
+    }
+    match sandbox_core::narrow::template_catalog(&*provider) {
+        Some(catalog) => match catalog.list_templates().await {
+            Ok(list) if list.iter().any(|t| t.id == section.image) => out.push(Check::pass("image", format!("{} is present", section.image))),
+            Ok(_) => out.push(Check::fail(
+                "image",
+                format!("{} is not present on the engine (pull policy {})", section.image, section.pull_policy),
+                "build it without a registry: `cargo xtask test` builds sandbox-busybox:test from Debian's busybox-static; or set docker.image / SANDBOX_DOCKER_IMAGE to an image you have",
+            )),
+            Err(e) => out.push(Check::fail("image", e.to_string(), "check the engine")),
+        },
+        None => out.push(Check::fail("image", "the backend has no template catalog", "")),
+    }
+    out
+}
+
+#[cfg(not(feature = "docker"))]
+async fn backend(_config: &ServiceConfig) -> Vec<Check> {
+    vec![Check::fail(
+        "backend",
+        "this build has no backend",
+        "build with the `docker` feature",
+    )]
+}
+
+/// The report printed by `sandbox doctor`.
+pub fn render(checks: &[Check]) -> String {
+    let mut out = String::new();
+    for c in checks {
+        let _ = writeln!(
+            out,
+            "[{}] {}: {}",
+            if c.ok { " ok " } else { "FAIL" },
+            c.name,
+            c.detail
+        );
+        if !c.ok && !c.fix.is_empty() {
+            let _ = writeln!(out, "       fix: {}", c.fix);
+        }
+    }
+    let failed = checks.iter().filter(|c| !c.ok).count();
+    let _ = writeln!(
+        out,
+        "{}",
+        if failed == 0 {
+            "all checks passed".to_owned()
+        } else {
+            format!("{failed} check(s) failed")
+        }
+    );
+    out
+}

@@ -1,0 +1,50 @@
+//! `sandbox doctor` explains what is wrong and exits non-zero: with the Docker backend
+//! disabled, and pointed at a socket that does not exist. (Hermetic: neither case touches an
+//! engine.)
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // Test binary: a failed unwrap is a failed test.
+
+use std::process::Command;
+
+fn doctor(env: &[(&str, &str)]) -> (i32, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sandbox"));
+    cmd.arg("doctor")
+        .env_remove("SANDBOX_CONFIG")
+        .env_remove("DOCKER_HOST")
+        .env_remove("SANDBOX_DOCKER_ENABLED");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
+    )
+}
+
+#[test]
+fn a_disabled_backend_names_the_setting_and_fails() {
+    let (code, out) = doctor(&[]);
+    assert_ne!(code, 0, "{out}");
+    assert!(out.contains("[FAIL] docker backend"), "{out}");
+    assert!(out.contains("SANDBOX_DOCKER_ENABLED=true"), "{out}");
+}
+
+#[test]
+fn a_dead_socket_says_how_to_fix_it_and_fails() {
+    let (code, out) = doctor(&[
+        ("SANDBOX_DOCKER_ENABLED", "true"),
+        ("SANDBOX_DOCKER_HOST", "unix:///nonexistent/docker.sock"),
+    ]);
+    assert_ne!(code, 0, "{out}");
+    assert!(out.contains("[FAIL] docker engine"), "{out}");
+    assert!(out.contains("/nonexistent/docker.sock"), "{out}");
+    assert!(out.contains("fix:"), "{out}");
+}
+
+#[test]
+fn a_bad_config_value_fails_with_the_variable_named() {
+    let (code, out) = doctor(&[("SANDBOX_LISTEN", "not-an-address")]);
+    assert_ne!(code, 0);
+    assert!(out.contains("SANDBOX_LISTEN"), "{out}");
+}
