@@ -1,10 +1,12 @@
 //! `sandbox-app`: the composition root — configuration, the HTTP API, the `sandbox` CLI and
 //! metrics. Adapters are behind cargo features (`docker` by default).
 //!
-//! Built so far: configuration (file + environment), bearer-token tenants, the exec route
-//! (buffered and NDJSON streaming), session inspect/destroy/keep-alive, `/healthz`, `/metrics`,
-//! and `sandbox serve`. Files, terminals, snapshots, the OpenAPI document and the client
-//! commands arrive in the following increments of the service issue.
+//! Built so far: configuration (file + environment), bearer-token tenants, exec (buffered and
+//! NDJSON streaming), files and attachments, WebSocket terminals behind single-use tickets,
+//! snapshots and ephemeral execution, session inspect/destroy/keep-alive, `/healthz`,
+//! `/metrics`, the OpenAPI document (`/v1/openapi.json`, generated from the route table), and
+//! the `serve` and `doctor` commands. The client commands (`exec`, `files`, `shell`) arrive in
+//! the next increment of the service issue.
 
 pub mod auth;
 pub mod config;
@@ -12,3 +14,4 @@ pub mod doctor;
 pub mod http;
 pub mod image;
 pub mod serve;
+pub mod tickets;

@@ -54,6 +54,7 @@ pub async fn build_state(config: &ServiceConfig) -> Result<AppState, String> {
         provider,
         metrics: Arc::new(Metrics::new()),
         limits: config.limits.clone(),
+        tickets: Arc::new(crate::tickets::TerminalTickets::default()),
     })
 }
 

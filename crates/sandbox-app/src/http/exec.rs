@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use axum::Json;
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
 use futures_util::stream::StreamExt;
@@ -24,7 +24,7 @@ use tokio::sync::mpsc;
 
 use super::error::ApiError;
 use super::sessions::observed;
-use super::{AppState, session_key};
+use super::{AppState, SessionPath, session_key};
 
 /// Output bytes queued for a slow streaming client before forwarding stops.
 const MAX_QUEUED_BYTES: usize = 8 * 1024 * 1024;
@@ -61,12 +61,13 @@ pub fn parse_spec(body: &[u8]) -> Result<ExecRequest, ApiError> {
 pub async fn exec(
     State(state): State<AppState>,
     headers: HeaderMap,
-    Path(session): Path<String>,
+    SessionPath(session): SessionPath,
     query: Result<Query<ExecQuery>, axum::extract::rejection::QueryRejection>,
-    body: Bytes,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<Response, ApiError> {
     let key = session_key(&state, &headers, &session)?;
     let Query(query) = query.map_err(|e| ApiError::bad_request("invalid_query", e.body_text()))?;
+    let body = super::snapshots::body_bytes(&state, body)?;
     let request = parse_spec(&body)?;
     if !query.stream {
         let result = state

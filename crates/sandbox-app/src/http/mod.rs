@@ -3,8 +3,13 @@
 
 pub mod error;
 pub mod exec;
+pub mod execute;
+pub mod files;
 pub mod metrics;
+pub mod openapi;
 pub mod sessions;
+pub mod snapshots;
+pub mod terminal;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -31,6 +36,8 @@ pub struct AppState {
     pub provider: Arc<dyn SandboxProvider>,
     pub metrics: Arc<Metrics>,
     pub limits: Limits,
+    /// Single-use tickets authorising terminal WebSocket upgrades.
+    pub tickets: Arc<crate::tickets::TerminalTickets>,
 }
 
 /// The router with every route and the metrics layer.
@@ -41,19 +48,66 @@ pub fn router(state: AppState) -> Router {
             get(sessions::get_session).delete(sessions::destroy),
         )
         .route("/v1/sessions/{session}/exec", post(exec::exec))
+        .route("/v1/sessions/{session}/snapshots", post(snapshots::create))
+        .route("/v1/sessions/{session}/restore", post(snapshots::restore))
+        .route("/v1/execute", post(execute::execute))
+        .route(
+            "/v1/sessions/{session}/files",
+            get(files::list).delete(files::remove),
+        )
+        .route(
+            "/v1/sessions/{session}/files/content",
+            get(files::download).put(files::upload),
+        )
+        .route("/v1/sessions/{session}/files/stat", get(files::stat))
+        .route("/v1/sessions/{session}/files/mkdir", post(files::mkdir))
+        .route(
+            "/v1/sessions/{session}/attachments",
+            axum::routing::put(files::put_attachment).delete(files::delete_attachment),
+        )
         .route(
             "/v1/sessions/{session}/keepalive",
             post(sessions::keep_alive),
+        )
+        .route("/v1/sessions/{session}/terminal", get(terminal::open))
+        .route(
+            "/v1/sessions/{session}/terminal/ticket",
+            post(terminal::issue_ticket),
         );
     Router::new()
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics::render))
+        .route("/v1/openapi.json", get(openapi::serve))
         .merge(api)
         .fallback(|| async {
             ApiError::new(StatusCode::NOT_FOUND, "route_not_found", "no such route")
         })
+        // JSON bodies up to the configured limit (uploads stream past it and enforce their own).
+        .layer(axum::extract::DefaultBodyLimit::max(
+            usize::try_from(state.limits.json_max_bytes).unwrap_or(usize::MAX),
+        ))
         .layer(middleware::from_fn_with_state(state.clone(), record))
         .with_state(state)
+}
+
+/// The `{session}` path segment. A segment that does not even decode (`%FF`) is a 400
+/// `invalid_session` in the API's error shape, not axum's plain-text rejection.
+#[derive(Debug)]
+pub struct SessionPath(pub String);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for SessionPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        let axum::extract::Path(session) =
+            axum::extract::Path::<String>::from_request_parts(parts, state)
+                .await
+                .map_err(|e| ApiError::bad_request("invalid_session", e.body_text()))?;
+        Ok(SessionPath(session))
+    }
 }
 
 /// Counts every request by route and status and times it.

@@ -1,20 +1,20 @@
 //! Session routes: inspect (never connects, never provisions), destroy, keep-alive.
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 use super::error::ApiError;
-use super::{AppState, session_key};
+use super::{AppState, SessionPath, session_key};
 
 /// `GET /v1/sessions/{session}`: the binding and the sandbox state, without connecting (a
 /// connect would resume a paused sandbox). 404 `no_live_sandbox` when nothing is bound.
 pub async fn get_session(
     State(state): State<AppState>,
     headers: HeaderMap,
-    Path(session): Path<String>,
+    SessionPath(session): SessionPath,
 ) -> Result<Response, ApiError> {
     let key = session_key(&state, &headers, &session)?;
     let lifecycle = state.manager.lifecycle();
@@ -43,7 +43,7 @@ pub async fn get_session(
 pub async fn destroy(
     State(state): State<AppState>,
     headers: HeaderMap,
-    Path(session): Path<String>,
+    SessionPath(session): SessionPath,
 ) -> Result<StatusCode, ApiError> {
     let key = session_key(&state, &headers, &session)?;
     state
@@ -59,7 +59,7 @@ pub async fn destroy(
 pub async fn keep_alive(
     State(state): State<AppState>,
     headers: HeaderMap,
-    Path(session): Path<String>,
+    SessionPath(session): SessionPath,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let key = session_key(&state, &headers, &session)?;
     let next = state

@@ -1,0 +1,563 @@
+//! The interactive terminal over a WebSocket.
+//!
+//! - `POST /v1/sessions/{session}/terminal/ticket` (bearer): `{"ticket":"..","expires_in_ms":N}`,
+//!   a short-lived single-use ticket bound to the caller's `(tenant, session)`. Browsers cannot
+//!   send a bearer header on a WebSocket and tokens never travel in a query string, so the
+//!   ticket is what authorises the upgrade.
+//! - `GET /v1/sessions/{session}/terminal?ticket=..[&resume=true][&cols=C&rows=R]`: the upgrade.
+//!   Everything that can refuse is answered as an HTTP error *before* upgrading: no, used,
+//!   expired or foreign ticket 401 `invalid_ticket`; nothing bound 404 `no_live_sandbox`; bound
+//!   but not running 409 `session_sandbox_paused` (unless `resume=true`); a backend without
+//!   PTYs 501 `terminal_unsupported`. Lookup-only: it never provisions a sandbox. The ticket is
+//!   used up only once those checks pass.
+//!
+//! On the socket, binary frames carry raw PTY bytes both ways; the client sends
+//! `{"type":"resize","cols":C,"rows":R}` as a text frame. The server ends with
+//! `{"type":"exit","code":N}` (`-1` when unknown) or `{"type":"error","code":..,"message":..}`
+//! and a close frame. Keystrokes are coalesced (a queue of 64 chunks; each PTY write drains up
+//! to 4 KiB, no timer). A terminal with neither keystrokes nor output for
+//! `limits.terminal_idle_seconds` (0 = 15 min) is closed; while open, the provider's idle timer
+//! is refreshed at the interval `keep_alive` answers. Every way out — exit, error, idle, the
+//! client closing or vanishing, the task being dropped — closes the terminal input, which for
+//! Docker hangs up the shell and its jobs.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgrade, close_code};
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use sandbox_core::{
+    BindingKey, SessionId, Terminal, TerminalEvent, TerminalInput, TerminalOptions, TerminalSize,
+    narrow,
+};
+use sandbox_session::manager::SessionManager;
+use serde::Deserialize;
+use serde_json::json;
+use tokio::sync::mpsc;
+use tokio::time::{Instant, timeout};
+
+use super::error::ApiError;
+use super::metrics::Metrics;
+use super::sessions::observed;
+use super::{AppState, SessionPath, session_key};
+use crate::config::Limits;
+use crate::tickets::IssueError;
+
+/// Largest WebSocket message and frame the server accepts (a paste bigger than this is split by
+/// any sane client; a resize message is tiny).
+pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
+/// Largest single WebSocket frame.
+pub const MAX_FRAME_BYTES: usize = 64 * 1024;
+/// Keystroke chunks queued before the socket reader waits for the PTY.
+const INPUT_QUEUE: usize = 64;
+/// One PTY write carries at most this much of the queue.
+const COALESCE_BYTES: usize = 4096;
+/// Bound on one PTY write or resize.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Bound on one provider TTL refresh.
+const REFRESH_TIMEOUT: Duration = Duration::from_secs(8);
+/// After a failed refresh, try again this much later.
+const REFRESH_RETRY: Duration = Duration::from_secs(15);
+/// Bound on one frame to the client: a client that stopped reading is treated as gone.
+const SEND_TIMEOUT: Duration = Duration::from_secs(30);
+/// Bound on closing the terminal.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Idle disconnect when the limit says 0.
+pub const DEFAULT_IDLE: Duration = Duration::from_secs(15 * 60);
+/// The longest idle disconnect honoured.
+pub const MAX_IDLE: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// The idle disconnect for `limits`: 0 means the default, and it is capped at a day.
+pub fn idle_limit(limits: &Limits) -> Duration {
+    match limits.terminal_idle_seconds {
+        0 => DEFAULT_IDLE,
+        s => Duration::from_secs(s).min(MAX_IDLE),
+    }
+}
+
+fn invalid_ticket() -> ApiError {
+    ApiError::new(
+        StatusCode::UNAUTHORIZED,
+        "invalid_ticket",
+        "a valid, unused terminal ticket for this session is required \
+         (POST /v1/sessions/{session}/terminal/ticket)",
+    )
+}
+
+/// `POST /v1/sessions/{session}/terminal/ticket`.
+pub async fn issue_ticket(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    SessionPath(session): SessionPath,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let key = session_key(&state, &headers, &session)?;
+    let ticket = state.tickets.issue(key).map_err(|e| match e {
+        IssueError::Full => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too_many_tickets",
+            "too many terminal tickets outstanding; try again shortly",
+        ),
+        IssueError::Random(m) => ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("no randomness for a ticket: {m}"),
+        ),
+    })?;
+    Ok(Json(json!({
+        "ticket": ticket,
+        "expires_in_ms": state.tickets.ttl().as_millis() as u64,
+    })))
+}
+
+/// Query of the terminal route.
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct TerminalQuery {
+    #[serde(default)]
+    ticket: Option<String>,
+    /// Let the open resume a paused sandbox.
+    #[serde(default)]
+    resume: bool,
+    /// Initial size; 0 or absent is 80x24.
+    #[serde(default)]
+    cols: u16,
+    #[serde(default)]
+    rows: u16,
+}
+
+/// `GET /v1/sessions/{session}/terminal`: checks, opens the PTY, then upgrades.
+pub async fn open(
+    State(state): State<AppState>,
+    SessionPath(session): SessionPath,
+    query: Result<Query<TerminalQuery>, axum::extract::rejection::QueryRejection>,
+    upgrade: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
+) -> Result<Response, ApiError> {
+    let session = SessionId::new(&session)
+        .map_err(|e| ApiError::bad_request("invalid_session", e.message().to_owned()))?;
+    let Query(query) = query.map_err(|e| ApiError::bad_request("invalid_query", e.body_text()))?;
+    let ticket = query
+        .ticket
+        .as_deref()
+        .filter(|t| !t.is_empty())
+        .ok_or_else(invalid_ticket)?;
+    let key = state
+        .tickets
+        .check(ticket, &session)
+        .ok_or_else(invalid_ticket)?;
+    let upgrade = upgrade
+        .map_err(|e| ApiError::new(e.status(), "websocket_upgrade_required", e.body_text()))?;
+
+    // Lookup-only checks, before the ticket is used up and before anything is opened.
+    let provider = state.manager.lifecycle().provider();
+    if narrow::terminals(&**provider).is_none() {
+        return Err(ApiError::new(
+            StatusCode::NOT_IMPLEMENTED,
+            "terminal_unsupported",
+            format!("the {} backend cannot open terminals", provider.provider()),
+        ));
+    }
+    if query.resume {
+        let bound = state
+            .manager
+            .lifecycle()
+            .peek_state(&key)
+            .await
+            .map_err(|e| observed(&state, e))?;
+        if bound.is_none() {
+            return Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                "no_live_sandbox",
+                format!("session {} has no sandbox", key.session),
+            ));
+        }
+    } else {
+        state
+            .manager
+            .require_running(&key)
+            .await
+            .map_err(|e| observed(&state, e))?;
+    }
+    if !state.tickets.redeem(ticket, &key) {
+        // Used by a concurrent upgrade, or expired meanwhile.
+        return Err(invalid_ticket());
+    }
+
+    let options = TerminalOptions {
+        size: TerminalSize {
+            cols: query.cols,
+            rows: query.rows,
+        }
+        .or(TerminalSize::DEFAULT),
+        allow_resume: query.resume,
+        ..TerminalOptions::default()
+    };
+    let terminal = state
+        .manager
+        .open_terminal(&key, options)
+        .await
+        .map_err(|e| observed(&state, e))?;
+    // From here on the guard closes the terminal whatever happens, including a failed upgrade
+    // (the callback below is then dropped without running).
+    let guard = CloseOnDrop(Some(terminal.input.clone()));
+    let relay = Relay {
+        manager: state.manager.clone(),
+        metrics: state.metrics.clone(),
+        key,
+        idle: idle_limit(&state.limits),
+    };
+    Ok(upgrade
+        .max_message_size(MAX_MESSAGE_BYTES)
+        .max_frame_size(MAX_FRAME_BYTES)
+        .on_upgrade(move |socket| relay.run(socket, terminal, guard)))
+}
+
+/// Closes the terminal input when dropped without [`CloseOnDrop::close`] having run.
+struct CloseOnDrop(Option<Arc<dyn TerminalInput>>);
+
+impl CloseOnDrop {
+    async fn close(mut self) {
+        if let Some(input) = self.0.take() {
+            close_input(input).await;
+        }
+    }
+}
+
+impl Drop for CloseOnDrop {
+    fn drop(&mut self) {
+        if let Some(input) = self.0.take()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            runtime.spawn(close_input(input));
+        }
+    }
+}
+
+async fn close_input(input: Arc<dyn TerminalInput>) {
+    match timeout(CLOSE_TIMEOUT, input.close()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!(error = %e, "closing a terminal failed"),
+        Err(_) => tracing::warn!("closing a terminal timed out"),
+    }
+}
+
+/// Aborts a helper task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// What the client may send as text.
+#[derive(Debug, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum Control {
+    Resize { cols: u16, rows: u16 },
+}
+
+/// One item of the input queue: resizes travel with the keystrokes so their order holds.
+#[derive(Debug)]
+enum InputOp {
+    Keys(Vec<u8>),
+    Resize(TerminalSize),
+}
+
+/// Why the relay ended.
+#[derive(Debug)]
+enum End {
+    ClientClosed,
+    ClientGone,
+    Exited(Option<i32>),
+    Failed(sandbox_core::Error),
+    Idle,
+}
+
+struct Relay {
+    manager: SessionManager,
+    metrics: Arc<Metrics>,
+    key: BindingKey,
+    idle: Duration,
+}
+
+impl Relay {
+    async fn run(self, mut socket: WebSocket, terminal: Terminal, guard: CloseOnDrop) {
+        let Terminal {
+            mut output, input, ..
+        } = terminal;
+        let (tx, rx) = mpsc::channel::<InputOp>(INPUT_QUEUE);
+        let writer = AbortOnDrop(tokio::spawn(write_loop(input, rx)));
+        let refresher = AbortOnDrop(tokio::spawn(refresh_loop(
+            self.manager.clone(),
+            self.key.clone(),
+        )));
+        let mut deadline = Instant::now() + self.idle;
+        let end = loop {
+            tokio::select! {
+                message = socket.recv() => match message {
+                    None | Some(Err(_)) => break End::ClientGone,
+                    Some(Ok(Message::Close(_))) => break End::ClientClosed,
+                    Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
+                    Some(Ok(Message::Binary(data))) => {
+                        if data.is_empty() {
+                            continue;
+                        }
+                        deadline = Instant::now() + self.idle;
+                        if tx.send(InputOp::Keys(data.to_vec())).await.is_err() {
+                            break End::ClientGone;
+                        }
+                    }
+                    Some(Ok(Message::Text(text))) => {
+                        match serde_json::from_str::<Control>(text.as_str()) {
+                            Ok(Control::Resize { cols, rows }) => {
+                                if tx.send(InputOp::Resize(TerminalSize { cols, rows })).await.is_err() {
+                                    break End::ClientGone;
+                                }
+                            }
+                            Err(e) => {
+                                let frame = json!({
+                                    "type": "error",
+                                    "code": "invalid_message",
+                                    "message": format!("text frames carry control messages such as {{\"type\":\"resize\",\"cols\":80,\"rows\":24}}: {e}"),
+                                });
+                                if !send(&mut socket, Message::Text(frame.to_string().into())).await {
+                                    break End::ClientGone;
+                                }
+                            }
+                        }
+                    }
+                },
+                event = output.next_event() => match event {
+                    Some(TerminalEvent::Data(bytes)) => {
+                        if bytes.is_empty() {
+                            continue;
+                        }
+                        deadline = Instant::now() + self.idle;
+                        if !send(&mut socket, Message::Binary(bytes.into())).await {
+                            break End::ClientGone;
+                        }
+                    }
+                    Some(TerminalEvent::Exited(code)) => break End::Exited(code),
+                    Some(TerminalEvent::Failed(e)) => break End::Failed(e),
+                    None => break End::Exited(None),
+                },
+                () = tokio::time::sleep_until(deadline) => break End::Idle,
+            }
+        };
+        // Stop feeding and refreshing, then hang up the shell before telling the client.
+        drop(tx);
+        drop(writer);
+        drop(refresher);
+        guard.close().await;
+        tracing::debug!(session = %self.key, end = ?end, "terminal closed");
+        let (last, close) = match end {
+            End::ClientGone => return,
+            End::ClientClosed => {
+                // Let tungstenite flush its reply to the client's close frame.
+                let _ = timeout(Duration::from_secs(1), socket.recv()).await;
+                return;
+            }
+            End::Exited(code) => (
+                Some(json!({ "type": "exit", "code": code.unwrap_or(-1) })),
+                (close_code::NORMAL, "terminal exited"),
+            ),
+            End::Failed(e) => {
+                self.metrics.observe_error(e.kind().as_str());
+                let api = ApiError::from(e);
+                (
+                    Some(json!({ "type": "error", "code": api.code, "message": api.message })),
+                    (close_code::ERROR, "terminal failed"),
+                )
+            }
+            End::Idle => (None, (close_code::NORMAL, "idle timeout")),
+        };
+        if let Some(frame) = last
+            && !send(&mut socket, Message::Text(frame.to_string().into())).await
+        {
+            return;
+        }
+        let frame = CloseFrame {
+            code: close.0,
+            reason: Utf8Bytes::from_static(close.1),
+        };
+        if send(&mut socket, Message::Close(Some(frame))).await {
+            // Wait (briefly) for the client's close reply, discarding anything else.
+            let _ = timeout(Duration::from_secs(2), async {
+                while let Some(Ok(m)) = socket.recv().await {
+                    if matches!(m, Message::Close(_)) {
+                        break;
+                    }
+                }
+            })
+            .await;
+        }
+    }
+}
+
+/// Sends one message; false when the client is gone or stopped reading.
+async fn send(socket: &mut WebSocket, message: Message) -> bool {
+    matches!(
+        timeout(SEND_TIMEOUT, socket.send(message)).await,
+        Ok(Ok(()))
+    )
+}
+
+/// The PTY input coalescer: takes the first queued chunk, drains whatever else is queued up to
+/// [`COALESCE_BYTES`], writes once. No timer: the first key goes out at once. Write errors are
+/// dropped (the output stream reports a dead terminal).
+async fn write_loop(input: Arc<dyn TerminalInput>, mut rx: mpsc::Receiver<InputOp>) {
+    let mut pending: Option<InputOp> = None;
+    loop {
+        let op = match pending.take() {
+            Some(op) => op,
+            None => match rx.recv().await {
+                Some(op) => op,
+                None => return,
+            },
+        };
+        match op {
+            InputOp::Resize(size) => {
+                if let Ok(Err(e)) = timeout(WRITE_TIMEOUT, input.resize(size)).await {
+                    tracing::debug!(error = %e, "terminal resize failed");
+                }
+            }
+            InputOp::Keys(mut buf) => {
+                while buf.len() < COALESCE_BYTES {
+                    match rx.try_recv() {
+                        Ok(InputOp::Keys(more)) if buf.len() + more.len() <= COALESCE_BYTES => {
+                            buf.extend_from_slice(&more);
+                        }
+                        Ok(other) => {
+                            pending = Some(other);
+                            break;
+                        }
+                        Err(_) => break,
+                    }
+                }
+                if let Ok(Err(e)) = timeout(WRITE_TIMEOUT, input.write(&buf)).await {
+                    tracing::debug!(error = %e, "terminal write failed");
+                }
+            }
+        }
+    }
+}
+
+/// Refreshes the provider's idle timer while the terminal is open: at once, then at the interval
+/// `keep_alive` answers; stops when it answers zero (nothing to refresh).
+async fn refresh_loop(manager: SessionManager, key: BindingKey) {
+    loop {
+        let next = match timeout(REFRESH_TIMEOUT, manager.keep_alive(&key)).await {
+            Ok(Ok(next)) if next.is_zero() => return,
+            Ok(Ok(next)) => next,
+            Ok(Err(e)) => {
+                tracing::warn!(session = %key, error = %e, "terminal keep-alive failed");
+                REFRESH_RETRY
+            }
+            Err(_) => {
+                tracing::warn!(session = %key, "terminal keep-alive timed out");
+                REFRESH_RETRY
+            }
+        };
+        tokio::time::sleep(next).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn idle_limit_defaults_and_caps() {
+        let mut limits = Limits::default();
+        assert_eq!(idle_limit(&limits), DEFAULT_IDLE);
+        limits.terminal_idle_seconds = 0;
+        assert_eq!(idle_limit(&limits), DEFAULT_IDLE);
+        limits.terminal_idle_seconds = 2;
+        assert_eq!(idle_limit(&limits), Duration::from_secs(2));
+        limits.terminal_idle_seconds = u64::MAX;
+        assert_eq!(idle_limit(&limits), MAX_IDLE);
+    }
+
+    #[test]
+    fn control_messages_parse() {
+        let c: Control = serde_json::from_str(r#"{"type":"resize","cols":123,"rows":45}"#).unwrap();
+        assert!(matches!(
+            c,
+            Control::Resize {
+                cols: 123,
+                rows: 45
+            }
+        ));
+        assert!(serde_json::from_str::<Control>(r#"{"type":"paste"}"#).is_err());
+        assert!(
+            serde_json::from_str::<Control>(r#"{"type":"resize","cols":-1,"rows":1}"#).is_err()
+        );
+    }
+
+    #[derive(Debug, Default)]
+    struct Recorder(std::sync::Mutex<Vec<String>>);
+
+    #[async_trait::async_trait]
+    impl TerminalInput for Recorder {
+        async fn write(&self, data: &[u8]) -> Result<(), sandbox_core::Error> {
+            self.0
+                .lock()
+                .unwrap()
+                .push(format!("w{}", String::from_utf8_lossy(data).len()));
+            Ok(())
+        }
+        async fn resize(&self, size: TerminalSize) -> Result<(), sandbox_core::Error> {
+            self.0
+                .lock()
+                .unwrap()
+                .push(format!("r{}x{}", size.cols, size.rows));
+            Ok(())
+        }
+        async fn close(&self) -> Result<(), sandbox_core::Error> {
+            self.0.lock().unwrap().push("close".to_owned());
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn coalescer_drains_up_to_4k_and_keeps_order() {
+        let rec = Arc::new(Recorder::default());
+        let (tx, rx) = mpsc::channel(INPUT_QUEUE);
+        // Queue before the writer runs, so everything is there to drain.
+        for _ in 0..3 {
+            tx.send(InputOp::Keys(vec![b'a'; 1000])).await.unwrap();
+        }
+        tx.send(InputOp::Keys(vec![b'b'; 1500])).await.unwrap(); // would pass 4096
+        tx.send(InputOp::Resize(TerminalSize { cols: 9, rows: 8 }))
+            .await
+            .unwrap();
+        tx.send(InputOp::Keys(vec![b'c'; 10])).await.unwrap();
+        tx.send(InputOp::Keys(vec![b'd'; 10])).await.unwrap();
+        drop(tx);
+        write_loop(rec.clone(), rx).await;
+        assert_eq!(
+            *rec.0.lock().unwrap(),
+            ["w3000", "w1500", "r9x8", "w20"].map(str::to_owned)
+        );
+    }
+
+    #[tokio::test]
+    async fn guard_closes_on_drop() {
+        let rec = Arc::new(Recorder::default());
+        drop(CloseOnDrop(Some(rec.clone())));
+        for _ in 0..100 {
+            if !rec.0.lock().unwrap().is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(*rec.0.lock().unwrap(), ["close".to_owned()]);
+        let rec2 = Arc::new(Recorder::default());
+        CloseOnDrop(Some(rec2.clone())).close().await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(*rec2.0.lock().unwrap(), ["close".to_owned()], "closed once");
+    }
+}

@@ -1,0 +1,516 @@
+//! Every route of the API table (`sandbox_app::http::openapi::ROUTES`) under random input, over
+//! the in-memory fake provider (hermetic: no Docker): random bodies (bytes, JSON values,
+//! near-valid exec/script/snapshot bodies), random session IDs (braces, control characters,
+//! unicode, very long), random query strings and sandbox paths, with and without valid tokens.
+//!
+//! Each answer must be a status the route documents in the table, and every non-2xx error body
+//! must be `{"error":{"code","message"}}` with a code the table lists for that status. The table
+//! is the single source of truth: a failure here is either a handler answering something
+//! undocumented or a table missing a documented answer.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // Test binary: a failed unwrap is a failed test.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use http_body_util::BodyExt;
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use sandbox_app::auth::{TenantAuth, digest, hex};
+use sandbox_app::config::Limits;
+use sandbox_app::http::metrics::Metrics;
+use sandbox_app::http::openapi::{ROUTES, Route};
+use sandbox_app::http::{AppState, router};
+use sandbox_core::{ConfigId, CreateRequest, PermissiveSessionExistence, SandboxProvider};
+use sandbox_session::lifecycle::{Lifecycle, LifecycleConfig};
+use sandbox_session::manager::SessionManager;
+use sandbox_session::memory_store::MemoryBindingStore;
+use sandbox_testkit::fake::FakeProvider;
+use serde_json::{Value, json};
+use tower::ServiceExt as _;
+
+const TOKEN: &str = "token-properties";
+const CASES_PER_ROUTE: u32 = 64;
+
+fn app() -> Router {
+    let provider: Arc<dyn SandboxProvider> = Arc::new(FakeProvider::new());
+    let lifecycle = Lifecycle::new(
+        provider.clone(),
+        Arc::new(MemoryBindingStore::new()),
+        Arc::new(PermissiveSessionExistence),
+        LifecycleConfig {
+            config_id: ConfigId::default_config(),
+            create_request: CreateRequest::new(FakeProvider::template()),
+            requires_inbound_token: false,
+        },
+    )
+    .unwrap();
+    router(AppState {
+        auth: Arc::new(TenantAuth::new([(7, hex(&digest(TOKEN)).as_str())]).unwrap()),
+        manager: SessionManager::new(lifecycle),
+        provider,
+        metrics: Arc::new(Metrics::new()),
+        limits: Limits::default(),
+        tickets: Arc::new(sandbox_app::tickets::TerminalTickets::default()),
+    })
+}
+
+/// Percent-encodes everything but RFC 3986's unreserved characters.
+fn encode(raw: &str) -> String {
+    let mut out = String::new();
+    for b in raw.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[derive(Debug, Clone)]
+struct Input {
+    authorization: Option<String>,
+    session: String,
+    query: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+fn authorization() -> impl Strategy<Value = Option<String>> {
+    prop_oneof![
+        14 => Just(Some(format!("Bearer {TOKEN}"))),
+        1 => Just(None),
+        1 => Just(Some("Bearer wrong-token".to_owned())),
+        1 => Just(Some(TOKEN.to_owned())),
+        1 => Just(Some("Bearer ".to_owned())),
+        1 => Just(Some(format!("Basic {TOKEN}"))),
+    ]
+}
+
+/// Session IDs; never empty (an empty segment addresses no route at all). `bound-*` sessions
+/// have a sandbox (see [`seed`]).
+fn session() -> impl Strategy<Value = String> {
+    prop_oneof![
+        4 => prop::sample::select(BOUND.to_vec()).prop_map(str::to_owned),
+        3 => "[a-z0-9-]{1,12}",
+        1 => "[a-z]{0,4}[{}][a-z]{0,4}",
+        1 => "[a-z]{0,4}[\\x00-\\x1f\\x7f][a-z]{0,4}",
+        1 => "\\PC{1,12}",
+        1 => any::<String>(),
+        1 => "[a-z]{500,700}",
+        1 => prop::sample::select(vec![" ", "..", ".", "a/b", "%", "?x=1", "#"]).prop_map(str::to_owned),
+    ]
+    .prop_filter("a non-empty segment", |s| !s.is_empty())
+}
+
+fn sandbox_path() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just(String::new()),
+        Just("../etc/passwd".to_owned()),
+        Just("relative/file.txt".to_owned()),
+        Just("/workspace/../../etc/shadow".to_owned()),
+        Just("/workspace/out.txt".to_owned()),
+        Just("/workspace".to_owned()),
+        "/workspace/[a-z]{1,8}",
+        "/[a-z]{300,5000}",
+        any::<String>(),
+    ]
+}
+
+/// Query pairs, mostly the route's own parameters (and `path`) with odd values.
+fn query(route: &Route) -> impl Strategy<Value = Vec<(String, String)>> + use<> {
+    let mut names: Vec<String> = route.query.iter().map(|q| q.name.to_owned()).collect();
+    names.push("path".to_owned());
+    let value = prop_oneof![
+        3 => sandbox_path(),
+        1 => prop::sample::select(vec!["true", "false", "maybe", "1", "0", "-1", "99999", ""])
+            .prop_map(str::to_owned),
+        1 => any::<String>(),
+    ];
+    let pair = prop_oneof![
+        6 => (prop::sample::select(names), value),
+        1 => ("\\PC{0,8}", "\\PC{0,8}"),
+        1 => (any::<String>(), any::<String>()),
+    ];
+    prop_oneof![
+        2 => Just(Vec::new()),
+        1 => prop::collection::vec(pair, 1..3),
+    ]
+}
+
+fn json_value() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::from),
+        any::<i64>().prop_map(Value::from),
+        any::<f64>().prop_map(|f| json!(f)),
+        "\\PC{0,16}".prop_map(Value::from),
+    ];
+    leaf.prop_recursive(3, 24, 4, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
+            prop::collection::btree_map("[a-z_]{1,10}", inner, 0..4)
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
+        ]
+    })
+}
+
+fn timeout_ms() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        Just(Value::Null),
+        Just(Value::Null),
+        Just(Value::Null),
+        Just(Value::Null),
+        Just(json!(0)),
+        Just(json!(-5)),
+        Just(json!(1)),
+        Just(json!(5000)),
+        Just(json!(i64::MAX)),
+        Just(json!(1.5)),
+        Just(json!("100")),
+    ]
+}
+
+/// Exec specs close to valid: the fake's commands (never `sleep`), odd args, cwd, env, timeouts.
+fn exec_spec() -> impl Strategy<Value = Value> {
+    (
+        prop_oneof![
+            Just("echo"),
+            Just("true"),
+            Just("false"),
+            Just("pwd"),
+            Just("env"),
+            Just("cat"),
+            Just("exit"),
+            Just("no-such-cmd"),
+            Just(""),
+            Just("echo hi | wc -c"),
+        ],
+        prop::collection::vec("\\PC{0,8}", 0..3),
+        prop::option::of(any::<bool>()),
+        prop::option::of(sandbox_path()),
+        prop::collection::btree_map("[A-Za-z_=0-9 ]{0,6}", "\\PC{0,6}", 0..2),
+        timeout_ms(),
+        prop::option::of("\\PC{0,8}"),
+        prop::bool::weighted(0.1),
+    )
+        .prop_map(|(command, args, shell, cwd, env, timeout, stdin, extra)| {
+            let mut spec =
+                json!({ "command": command, "args": args, "env": env, "timeout_ms": timeout });
+            if let Some(shell) = shell {
+                spec["shell"] = json!(shell);
+            }
+            if let Some(cwd) = cwd {
+                spec["cwd"] = json!(cwd);
+            }
+            if let Some(stdin) = stdin {
+                spec["stdin"] = json!(stdin);
+            }
+            if extra {
+                spec["unexpected"] = json!(1);
+            }
+            spec
+        })
+}
+
+/// Script bodies close to valid, some the validator refuses.
+fn script() -> impl Strategy<Value = Value> {
+    (
+        prop_oneof![
+            Just("job.sh"),
+            Just("job.py"),
+            Just("job.js"),
+            Just("job"),
+            Just("../job.sh"),
+            Just(".hidden.sh"),
+            Just(""),
+            Just("a/b.sh"),
+        ],
+        prop_oneof![
+            Just("echo hi".to_owned()),
+            Just("rm -rf / --no-preserve-root".to_owned()),
+            Just("curl http://169.254.169.254/latest/meta-data".to_owned()),
+            "\\PC{0,40}",
+        ],
+        prop::collection::vec("\\PC{0,8}", 0..3),
+        prop::option::of("\\PC{0,8}"),
+        timeout_ms(),
+    )
+        .prop_map(|(file_name, content, args, stdin, timeout)| {
+            json!({ "file_name": file_name, "content": content, "args": args, "stdin": stdin, "timeout_ms": timeout })
+        })
+}
+
+/// Bodies: anything at all, plus near-valid ones for the route's own request schema.
+fn body(route: &Route, snapshot: String) -> impl Strategy<Value = Vec<u8>> + use<> {
+    let own = route
+        .request
+        .and_then(|r| r.content.first().and_then(|c| c.schema))
+        .unwrap_or("");
+    let weight = |schema: &str| if schema == own { 12 } else { 1 };
+    prop_oneof![
+        1 => Just(Vec::new()),
+        1 => prop::collection::vec(any::<u8>(), 0..128),
+        1 => json_value().prop_map(|v| v.to_string().into_bytes()),
+        weight("ExecSpec") => exec_spec().prop_map(|v| v.to_string().into_bytes()),
+        weight("ScriptRequest") => script().prop_map(|v| v.to_string().into_bytes()),
+        weight("SnapshotRequest") => prop::option::of("\\PC{0,16}")
+            .prop_map(|n| json!({ "name": n }).to_string().into_bytes()),
+        1 => "\\PC{0,16}".prop_map(|s| json!({ "snapshot_id": s }).to_string().into_bytes()),
+        weight("RestoreRequest") => Just(json!({ "snapshot_id": snapshot }).to_string().into_bytes()),
+    ]
+}
+
+fn input(route: &Route, snapshot: &str) -> impl Strategy<Value = Input> + use<> {
+    (
+        authorization(),
+        session(),
+        query(route),
+        body(route, snapshot.to_owned()),
+    )
+        .prop_map(|(authorization, session, query, body)| Input {
+            authorization,
+            session,
+            query,
+            body,
+        })
+}
+
+/// Sessions the seed binds (a file written, a snapshot taken).
+const BOUND: &[&str] = &["bound-1", "bound-2", "bound-3"];
+
+/// Binds [`BOUND`], writes a file into each, and answers a snapshot ID of the first.
+async fn seed(app: &Router) -> String {
+    let auth = format!("Bearer {TOKEN}");
+    for session in BOUND {
+        let (status, body) = send(
+            app.clone(),
+            "POST",
+            &format!("/v1/sessions/{session}/exec"),
+            Some(&auth),
+            br#"{"command":"true"}"#.to_vec(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+        let (status, body) = send(
+            app.clone(),
+            "PUT",
+            &format!("/v1/sessions/{session}/files/content?path=/workspace/out.txt"),
+            Some(&auth),
+            b"hello".to_vec(),
+        )
+        .await
+        .unwrap();
+        assert!(status < 300, "{status} {}", String::from_utf8_lossy(&body));
+    }
+    let (status, body) = send(
+        app.clone(),
+        "POST",
+        &format!("/v1/sessions/{}/snapshots", BOUND[0]),
+        Some(&auth),
+        Vec::new(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    v["snapshot_id"].as_str().unwrap().to_owned()
+}
+
+fn uri(route: &Route, input: &Input) -> String {
+    let path: Vec<String> = route
+        .path
+        .split('/')
+        .map(|seg| {
+            if seg.starts_with('{') && seg.ends_with('}') {
+                encode(&input.session)
+            } else {
+                seg.to_owned()
+            }
+        })
+        .collect();
+    let mut uri = path.join("/");
+    if !input.query.is_empty() {
+        let pairs: Vec<String> = input
+            .query
+            .iter()
+            .map(|(k, v)| format!("{}={}", encode(k), encode(v)))
+            .collect();
+        uri.push('?');
+        uri.push_str(&pairs.join("&"));
+    }
+    uri
+}
+
+/// At most 300 characters of `text`, for failure messages.
+fn clip(text: &str) -> String {
+    match text.char_indices().nth(300) {
+        Some((i, _)) => format!("{}…[{} bytes]", &text[..i], text.len()),
+        None => text.to_owned(),
+    }
+}
+
+/// Sends one request; the status and the whole body.
+async fn send(
+    app: Router,
+    method: &str,
+    uri: &str,
+    authorization: Option<&str>,
+    body: Vec<u8>,
+) -> Result<(u16, Vec<u8>), String> {
+    let mut request = axum::http::Request::builder().method(method).uri(uri);
+    if let Some(value) = authorization {
+        request = request.header("authorization", value);
+    }
+    let request = request.body(Body::from(body)).map_err(|e| e.to_string())?;
+    let response = tokio::time::timeout(Duration::from_secs(20), app.oneshot(request))
+        .await
+        .map_err(|_| format!("{method} {}: no answer", clip(uri)))?
+        .map_err(|e| e.to_string())?;
+    let status = response.status().as_u16();
+    let bytes = tokio::time::timeout(Duration::from_secs(20), response.into_body().collect())
+        .await
+        .map_err(|_| format!("{method} {}: the body never ended", clip(uri)))?
+        .map_err(|e| e.to_string())?
+        .to_bytes();
+    Ok((status, bytes.to_vec()))
+}
+
+/// Whether `status` and `body` are an answer `route` documents; the error code, if any.
+fn judge(route: &Route, status: u16, body: &[u8]) -> Result<Option<String>, String> {
+    let Some(doc) = route.response(status) else {
+        return Err(format!("undocumented status {status}"));
+    };
+    if (100..300).contains(&status) || !doc.is_error() {
+        return Ok(None);
+    }
+    let value: Value =
+        serde_json::from_slice(body).map_err(|_| format!("{status}: the body is not JSON"))?;
+    let (Some(code), Some(_message)) = (
+        value["error"]["code"].as_str(),
+        value["error"]["message"].as_str(),
+    ) else {
+        return Err(format!("{status}: not the error shape"));
+    };
+    if !doc.codes.contains(&code) {
+        return Err(format!("{status}: code {code} is not documented for it"));
+    }
+    Ok(Some(code.to_owned()))
+}
+
+type Seen = Mutex<BTreeMap<(String, u16, String), usize>>;
+
+async fn check(app: Router, route: &Route, input: Input, seen: &Seen) -> Result<(), TestCaseError> {
+    let uri = uri(route, &input);
+    let (status, bytes) = send(
+        app,
+        route.method.as_str(),
+        &uri,
+        input.authorization.as_deref(),
+        input.body.clone(),
+    )
+    .await
+    .map_err(TestCaseError::fail)?;
+    let code = judge(route, status, &bytes).map_err(|why| {
+        TestCaseError::fail(format!(
+            "{why}: {} {} body={:?} -> {}",
+            route.method.as_str(),
+            clip(&uri),
+            clip(&String::from_utf8_lossy(&input.body)),
+            clip(&String::from_utf8_lossy(&bytes))
+        ))
+    })?;
+    let key = (
+        format!("{} {}", route.method.as_str(), route.path),
+        status,
+        code.unwrap_or_default(),
+    );
+    *seen
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .entry(key)
+        .or_default() += 1;
+    Ok(())
+}
+
+#[test]
+fn every_route_answers_only_what_the_table_documents() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let app = app();
+    let seen = Seen::default();
+    let mut failures = Vec::new();
+    for route in ROUTES {
+        // Re-seeded per route: an earlier route may have destroyed the bound sessions.
+        let snapshot = rt.block_on(seed(&app));
+        let mut runner = TestRunner::new(Config {
+            cases: CASES_PER_ROUTE,
+            failure_persistence: None,
+            ..Config::default()
+        });
+        let result = runner.run(&input(route, &snapshot), |input| {
+            rt.block_on(check(app.clone(), route, input, &seen))
+        });
+        if let Err(e) = result {
+            failures.push(format!("{} {}: {e}", route.method.as_str(), route.path));
+        }
+    }
+    // What the random input reached (`--nocapture` shows it): route, status, code, count.
+    for ((route, status, code), n) in seen.lock().unwrap().iter() {
+        eprintln!("{route:55} {status} {code:28} {n}");
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+/// The corners random input rarely hits: a 3 MiB body, a session segment that is not UTF-8
+/// once decoded.
+#[test]
+fn edge_inputs_answer_documented_errors() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let app = app();
+    let auth = format!("Bearer {TOKEN}");
+    let mut failures = Vec::new();
+    for route in ROUTES {
+        let name = format!("{} {}", route.method.as_str(), route.path);
+        let mut cases = vec![(
+            "a 3 MiB body",
+            route.path.replace("{session}", "edge"),
+            vec![b' '; 3 * 1024 * 1024],
+        )];
+        if route.path_params().next().is_some() {
+            cases.push((
+                "a non-UTF-8 session",
+                route.path.replace("{session}", "%FF%FE"),
+                Vec::new(),
+            ));
+        }
+        for (what, uri, body) in cases {
+            let (status, bytes) = rt
+                .block_on(send(
+                    app.clone(),
+                    route.method.as_str(),
+                    &uri,
+                    Some(&auth),
+                    body,
+                ))
+                .unwrap();
+            if let Err(why) = judge(route, status, &bytes) {
+                failures.push(format!(
+                    "{name} with {what}: {why}: {}",
+                    clip(&String::from_utf8_lossy(&bytes))
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

@@ -1,0 +1,396 @@
+//! The interactive terminal over a WebSocket, end to end over the real Docker engine: tickets
+//! (single use, bound to the session, expiring), the lookup-only refusals answered before the
+//! upgrade, typing and output, resize, the exit frame, the idle disconnect, and no shell left
+//! behind after a close.
+//!
+//! Needs the engine and the `sandbox-busybox:test` image: ignored in a plain `cargo test`, run
+//! by `cargo xtask test`. Containers are counted by this test's namespace label.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // Test binary: a failed unwrap is a failed test.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use sandbox_app::auth::{digest, hex};
+use sandbox_app::config::{ServiceConfig, TenantEntry};
+use sandbox_app::http::AppState;
+use sandbox_app::tickets::TerminalTickets;
+use sandbox_core::ManualClock;
+use serde_json::Value;
+use tokio::net::TcpStream;
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::Message;
+
+const TOKEN_A: &str = "token-tenant-a";
+
+type Ws = WebSocketStream<TcpStream>;
+
+struct Server {
+    base: String,
+    addr: SocketAddr,
+    client: Client<HttpConnector, Full<Bytes>>,
+    namespace: String,
+    clock: ManualClock,
+    state: AppState,
+}
+
+async fn serve(state: AppState) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, sandbox_app::http::router(state)).await });
+    addr
+}
+
+async fn start() -> Server {
+    let namespace = format!("tterm-{:08x}", fastrand::u32(..));
+    let mut config = ServiceConfig::load(None, &BTreeMap::new()).unwrap();
+    config.listen = "127.0.0.1:0".parse().unwrap();
+    config.docker.enabled = true;
+    config.docker.network = "none".to_owned();
+    config.docker.namespace = namespace.clone();
+    config.tenants = vec![TenantEntry {
+        id: 1,
+        token_sha256: hex(&digest(TOKEN_A)),
+    }];
+    let mut state = sandbox_app::serve::build_state(&config).await.unwrap();
+    // Tickets on a clock the test moves, to expire one.
+    let clock = ManualClock::new(time::OffsetDateTime::now_utc());
+    state.tickets = Arc::new(TerminalTickets::with_clock(
+        Duration::from_secs(60),
+        Arc::new(clock.clone()),
+    ));
+    let addr = serve(state.clone()).await;
+    Server {
+        base: format!("http://{addr}"),
+        addr,
+        client: Client::builder(hyper_util::rt::TokioExecutor::new()).build_http(),
+        namespace,
+        clock,
+        state,
+    }
+}
+
+impl Server {
+    async fn call(&self, method: &str, path: &str, body: &str) -> (u16, Value) {
+        let req = hyper::Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", self.base))
+            .header("authorization", format!("Bearer {TOKEN_A}"));
+        let resp = self
+            .client
+            .request(req.body(Full::new(Bytes::from(body.to_owned()))).unwrap())
+            .await
+            .unwrap();
+        let status = resp.status().as_u16();
+        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+        let value = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes)
+                .unwrap_or(Value::String(String::from_utf8_lossy(&bytes).into_owned()))
+        };
+        (status, value)
+    }
+
+    async fn ticket(&self, session: &str) -> String {
+        let (status, v) = self
+            .call(
+                "POST",
+                &format!("/v1/sessions/{session}/terminal/ticket"),
+                "",
+            )
+            .await;
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v["expires_in_ms"], 60_000, "{v}");
+        v["ticket"].as_str().unwrap().to_owned()
+    }
+
+    /// Shell processes of any terminal in `session`'s sandbox (every process of a Docker
+    /// terminal carries `SANDBOX_TERMINAL_ID`; the scanning exec does not).
+    async fn terminal_processes(&self, session: &str) -> usize {
+        let script =
+            "grep -l SANDBOX_TERMINAL_ID= /proc/[0-9]*/environ 2>/dev/null | grep -vc self || true";
+        let (status, r) = self
+            .call(
+                "POST",
+                &format!("/v1/sessions/{session}/exec"),
+                &serde_json::json!({ "command": script, "shell": true }).to_string(),
+            )
+            .await;
+        assert_eq!(status, 200, "{r}");
+        r["stdout"].as_str().unwrap().trim().parse().unwrap()
+    }
+
+    async fn no_shell_left(&self, session: &str) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+        loop {
+            let n = self.terminal_processes(session).await;
+            if n == 0 {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{n} terminal process(es) still running 15 s after the close"
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    async fn containers(&self) -> usize {
+        let out = tokio::process::Command::new("docker")
+            .args([
+                "ps",
+                "-aq",
+                "--filter",
+                &format!("label=sandbox.namespace={}", self.namespace),
+            ])
+            .output()
+            .await
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .count()
+    }
+}
+
+/// Dials the terminal route: the socket, or the refusal's status and JSON body.
+async fn connect(addr: SocketAddr, path_and_query: &str) -> Result<Ws, (u16, Value)> {
+    // A test client dialling its own loopback server, not a tenant-supplied endpoint.
+    #[allow(clippy::disallowed_methods)]
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    match tokio_tungstenite::client_async(format!("ws://{addr}{path_and_query}"), tcp).await {
+        Ok((ws, _)) => Ok(ws),
+        Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => {
+            let status = resp.status().as_u16();
+            let body = resp.body().clone().unwrap_or_default();
+            Err((
+                status,
+                serde_json::from_slice(&body)
+                    .unwrap_or(Value::String(String::from_utf8_lossy(&body).into_owned())),
+            ))
+        }
+        Err(e) => panic!("handshake failed: {e}"),
+    }
+}
+
+fn code(v: &Value) -> &str {
+    v["error"]["code"].as_str().unwrap_or("<no code>")
+}
+
+async fn refused(addr: SocketAddr, path_and_query: &str) -> (u16, String) {
+    match connect(addr, path_and_query).await {
+        Ok(_) => panic!("{path_and_query}: upgraded, expected a refusal"),
+        Err((status, v)) => (status, code(&v).to_owned()),
+    }
+}
+
+/// What the server sent until the wait ended.
+#[derive(Debug, Default)]
+struct Seen {
+    output: String,
+    texts: Vec<Value>,
+    close: Option<(u16, String)>,
+    ended: bool,
+}
+
+/// Reads until `done(seen)` holds; panics after 30 s.
+async fn read_until(ws: &mut Ws, seen: &mut Seen, what: &str, done: impl Fn(&Seen) -> bool) {
+    let read = async {
+        while !done(seen) {
+            match ws.next().await {
+                Some(Ok(Message::Binary(b))) => seen.output.push_str(&String::from_utf8_lossy(&b)),
+                Some(Ok(Message::Text(t))) => seen.texts.push(serde_json::from_str(&t).unwrap()),
+                Some(Ok(Message::Close(frame))) => {
+                    seen.close = frame.map(|f| (u16::from(f.code), f.reason.to_string()));
+                }
+                Some(Ok(_)) => {}
+                None | Some(Err(_)) => {
+                    seen.ended = true;
+                    return;
+                }
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), read)
+        .await
+        .unwrap_or_else(|_| panic!("waiting for {what}: {seen:?}"));
+    assert!(done(seen), "the socket ended before {what}: {seen:?}");
+}
+
+async fn type_text(ws: &mut Ws, text: &str) {
+    ws.send(Message::binary(text.as_bytes().to_vec()))
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Docker engine and the sandbox-busybox:test image: cargo xtask test runs it"]
+async fn terminal_over_websocket() {
+    let s = start().await;
+    let session = "term-1";
+    let route = format!("/v1/sessions/{session}/terminal");
+    let (status, r) = s
+        .call(
+            "POST",
+            &format!("/v1/sessions/{session}/exec"),
+            r#"{"command":"true"}"#,
+        )
+        .await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(s.containers().await, 1);
+
+    // Typing, output, resize.
+    let ticket = s.ticket(session).await;
+    let mut ws = connect(s.addr, &format!("{route}?ticket={ticket}"))
+        .await
+        .unwrap();
+    let mut seen = Seen::default();
+    // The quotes keep the typed line (echoed by the TTY) from matching.
+    type_text(&mut ws, "echo tok\"\"en-9\n").await;
+    read_until(&mut ws, &mut seen, "token-9", |s| {
+        s.output.contains("token-9")
+    })
+    .await;
+    ws.send(Message::text(r#"{"type":"resize","cols":123,"rows":45}"#))
+        .await
+        .unwrap();
+    type_text(&mut ws, "stty size\n").await;
+    read_until(&mut ws, &mut seen, "45 123", |s| {
+        s.output.contains("45 123")
+    })
+    .await;
+    // A malformed control message is answered, not fatal.
+    ws.send(Message::text(r#"{"type":"paste"}"#)).await.unwrap();
+    read_until(&mut ws, &mut seen, "an error frame", |s| {
+        s.texts.iter().any(|t| t["code"] == "invalid_message")
+    })
+    .await;
+    // A background job of the session, which the close must not strand.
+    type_text(&mut ws, "sleep 4321 & echo bg\"\"-started\n").await;
+    read_until(&mut ws, &mut seen, "bg-started", |s| {
+        s.output.contains("bg-started")
+    })
+    .await;
+    assert!(s.terminal_processes(session).await >= 2);
+
+    // The ticket was used up.
+    assert_eq!(
+        refused(s.addr, &format!("{route}?ticket={ticket}")).await,
+        (401, "invalid_ticket".to_owned())
+    );
+
+    // Closing the socket hangs up the shell and its jobs.
+    ws.close(None).await.unwrap();
+    drop(ws);
+    s.no_shell_left(session).await;
+
+    // Refusals, all before the upgrade.
+    assert_eq!(
+        refused(s.addr, &route).await,
+        (401, "invalid_ticket".to_owned()),
+        "no ticket"
+    );
+    assert_eq!(
+        refused(s.addr, &format!("{route}?ticket=")).await,
+        (401, "invalid_ticket".to_owned())
+    );
+    assert_eq!(
+        refused(s.addr, &format!("{route}?ticket={}", "ab".repeat(32))).await,
+        (401, "invalid_ticket".to_owned()),
+        "made-up ticket"
+    );
+    let expired = s.ticket(session).await;
+    s.clock.advance(Duration::from_secs(61));
+    assert_eq!(
+        refused(s.addr, &format!("{route}?ticket={expired}")).await,
+        (401, "invalid_ticket".to_owned()),
+        "expired ticket"
+    );
+    let other = s.ticket("term-unbound").await;
+    assert_eq!(
+        refused(s.addr, &format!("{route}?ticket={other}")).await,
+        (401, "invalid_ticket".to_owned()),
+        "a ticket for another session"
+    );
+    // That attempt did not use it up; on its own (unbound) session it reaches the lookup.
+    assert_eq!(
+        refused(
+            s.addr,
+            &format!("/v1/sessions/term-unbound/terminal?ticket={other}")
+        )
+        .await,
+        (404, "no_live_sandbox".to_owned())
+    );
+    assert_eq!(s.containers().await, 1, "the terminal never provisions");
+    let ticket = s.ticket(session).await;
+    assert_eq!(
+        refused(s.addr, &format!("{route}?ticket={ticket}&token=x")).await,
+        (400, "invalid_query".to_owned()),
+        "no token in a query string"
+    );
+
+    // The exit frame carries the shell's status.
+    let ticket = s.ticket(session).await;
+    let mut ws = connect(s.addr, &format!("{route}?ticket={ticket}&cols=100&rows=30"))
+        .await
+        .unwrap();
+    let mut seen = Seen::default();
+    type_text(&mut ws, "stty size; exit 7\n").await;
+    read_until(&mut ws, &mut seen, "the exit frame", |s| {
+        s.texts.iter().any(|t| t["type"] == "exit")
+    })
+    .await;
+    assert!(seen.output.contains("30 100"), "{seen:?}");
+    let exit = seen.texts.iter().find(|t| t["type"] == "exit").unwrap();
+    assert_eq!(exit["code"], 7, "{seen:?}");
+    read_until(&mut ws, &mut seen, "the close", |s| {
+        s.close.is_some() || s.ended
+    })
+    .await;
+    assert_eq!(seen.close.as_ref().map(|c| c.0), Some(1000), "{seen:?}");
+    s.no_shell_left(session).await;
+
+    // Idle disconnect: the same service with a 2 s limit.
+    let mut idle_state = s.state.clone();
+    idle_state.limits.terminal_idle_seconds = 2;
+    let idle_addr = serve(idle_state).await;
+    let ticket = s.ticket(session).await;
+    let mut ws = connect(idle_addr, &format!("{route}?ticket={ticket}"))
+        .await
+        .unwrap();
+    let mut seen = Seen::default();
+    type_text(&mut ws, "echo id\"\"le-1\n").await;
+    read_until(&mut ws, &mut seen, "idle-1", |s| {
+        s.output.contains("idle-1")
+    })
+    .await;
+    let started = tokio::time::Instant::now();
+    read_until(&mut ws, &mut seen, "the idle close", |s| {
+        s.close.is_some() || s.ended
+    })
+    .await;
+    assert!(
+        started.elapsed() >= Duration::from_millis(1500),
+        "closed early: {seen:?}"
+    );
+    assert_eq!(
+        seen.close,
+        Some((1000, "idle timeout".to_owned())),
+        "{seen:?}"
+    );
+    s.no_shell_left(session).await;
+
+    let (status, _) = s
+        .call("DELETE", &format!("/v1/sessions/{session}"), "")
+        .await;
+    assert_eq!(status, 204);
+    assert_eq!(s.containers().await, 0);
+}
