@@ -40,6 +40,9 @@ pub(crate) struct Fixtures {
     /// (service, log file) for every service this run started.
     logs: Vec<(&'static str, PathBuf)>,
     cleaned: bool,
+    /// `cargo xtask serve`: the engine and image outlive this process (dockerd in its own
+    /// process group, so the service's Ctrl-C does not reach it), and cleanup leaves them.
+    keep: bool,
 }
 
 /// `docker <args>` against the default socket. `DOCKER_HOST` is dropped: the engine xtask checks,
@@ -65,7 +68,15 @@ impl Fixtures {
             temp_dirs: Vec::new(),
             logs: Vec::new(),
             cleaned: false,
+            keep: false,
         }
+    }
+
+    /// Fixtures for running the service: what they start is left running and in place.
+    pub(crate) fn kept(target: &Path) -> Self {
+        let mut fixtures = Self::new(target);
+        fixtures.keep = true;
+        fixtures
     }
 
     /// Starts `service` (and what it needs) unless this run already did; the result is cached.
@@ -128,12 +139,16 @@ impl Fixtures {
             dockerd.display(),
             log_path.display()
         );
-        let child = Command::new(&dockerd)
-            .args(["--host", DOCKER_SOCKET])
+        let mut cmd = Command::new(&dockerd);
+        cmd.args(["--host", DOCKER_SOCKET])
             .env_remove("DOCKER_HOST")
             .stdin(Stdio::null())
             .stdout(log)
-            .stderr(log_err)
+            .stderr(log_err);
+        if self.keep {
+            std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        }
+        let child = cmd
             .spawn()
             .map_err(|e| format!("cannot start {}: {e}", dockerd.display()))?;
         self.logs.push(("dockerd", log_path));
@@ -233,7 +248,17 @@ impl Fixtures {
     pub(crate) fn cleanup(&mut self) -> Vec<String> {
         self.cleaned = true;
         let mut problems = Vec::new();
-        if matches!(self.engine, Some(Ok(()))) {
+        if self.keep {
+            if let Some(child) = self.dockerd.take() {
+                println!(
+                    "    leaving dockerd (pid {}, log {}) running",
+                    child.id(),
+                    self.logs_dir.join("dockerd.log").display()
+                );
+            }
+            self.remove_image = false;
+        }
+        if matches!(self.engine, Some(Ok(()))) && !self.keep {
             match run_quiet(
                 docker(["ps", "-aq", "--filter", &format!("label={TEST_LABEL}")]),
                 DOCKER_PROBE_DEADLINE,
@@ -260,9 +285,11 @@ impl Fixtures {
             }
         }
         // What a killed egress test leaves (netns, veths, routing, test networks and chains).
-        let net = xtask::netclean::clean(matches!(self.engine, Some(Ok(()))));
-        net.removed.iter().for_each(|l| println!("    removed {l}"));
-        problems.extend(net.problems);
+        if !self.keep {
+            let net = xtask::netclean::clean(matches!(self.engine, Some(Ok(()))));
+            net.removed.iter().for_each(|l| println!("    removed {l}"));
+            problems.extend(net.problems);
+        }
         if let Some(mut child) = self.dockerd.take() {
             println!(
                 "    stopping dockerd (pid {}), which this run started",

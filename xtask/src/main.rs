@@ -8,6 +8,7 @@ mod bench_cmd;
 mod fixtures;
 mod pipeline;
 mod prereq_stage;
+mod serve;
 mod suite;
 mod ui;
 
@@ -25,6 +26,8 @@ commands:
                            prerequisites, fixtures, fmt, clippy, tidy, hermetic tests, conformance,
                            cleanup
   conformance <adapter>    start what one adapter needs, run its conformance suite, print its table
+  serve                    run the service on its embedded defaults (memory store, the local
+                           Docker engine, which it starts, and the locally built default image)
   tidy                     check the architecture's dependency lines on this workspace
   bench <suite> [--smoke]  run a benchmark suite and write its Markdown report
   help                     this text
@@ -99,6 +102,7 @@ fn main() -> ExitCode {
             conformance::names()
         )),
         ["tidy"] => tidy(&Ctx::new()),
+        ["serve"] => serve::serve(&Ctx::new()),
         ["bench", rest @ ..] => {
             let smoke = rest.contains(&"--smoke");
             let names: Vec<&&str> = rest.iter().filter(|a| **a != "--smoke").collect();

@@ -74,7 +74,11 @@ fn tenants(config: &ServiceConfig) -> Result<TenantAuth, String> {
     let token = match std::fs::read_to_string(&path) {
         Ok(existing) if !existing.trim().is_empty() => existing.trim().to_owned(),
         _ => {
-            let token = format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
+            // A bearer credential: from the OS CSPRNG, never a fast PRNG.
+            let mut raw = [0u8; 32];
+            getrandom::fill(&mut raw)
+                .map_err(|e| format!("no randomness for the development token: {e}"))?;
+            let token = hex(&raw);
             if let Some(dir) = path.parent() {
                 std::fs::create_dir_all(dir)
                     .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;

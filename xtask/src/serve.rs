@@ -1,0 +1,65 @@
+//! `cargo xtask serve`: the README's run command. Installs and starts what the service's
+//! embedded defaults need (the local Docker engine, the locally built default image, with
+//! progress), builds `sandbox`, then becomes `sandbox serve` with the Docker backend enabled.
+
+use std::os::unix::process::CommandExt;
+use std::process::{ExitCode, Stdio};
+
+use xtask::conformance::Service;
+use xtask::prereq::Tool;
+
+use crate::Ctx;
+use crate::fixtures::Fixtures;
+use crate::prereq_stage;
+use crate::ui::Verdict;
+
+/// The service's defaults keep the Docker backend off (an operator's act); running this
+/// command is that act for a development machine.
+const ENABLE_DOCKER: (&str, &str) = ("SANDBOX_DOCKER_ENABLED", "true");
+
+pub(crate) fn serve(ctx: &Ctx) -> ExitCode {
+    println!("xtask serve: preparing the local Docker engine and the default image");
+    let (_, verdict) = prereq_stage::ensure(ctx, &[Tool::Docker, Tool::Busybox], true);
+    match verdict {
+        Verdict::Failed(why) | Verdict::NotRun(why) => return fail(&why),
+        Verdict::Warned(notes) => notes.iter().for_each(|n| println!("    note: {n}")),
+        Verdict::Passed => {}
+    }
+    let mut fixtures = Fixtures::kept(&ctx.target);
+    let ready = fixtures.ensure(Service::TestImage);
+    for problem in fixtures.cleanup() {
+        println!("    warning: {problem}");
+    }
+    if let Err(why) = ready {
+        fixtures.dump_logs();
+        return fail(&why);
+    }
+
+    println!("xtask serve: building sandbox");
+    let built = ctx
+        .cargo_cmd(["build", "-p", "sandbox-app", "--bin", "sandbox"])
+        .stdin(Stdio::null())
+        .status();
+    match built {
+        Ok(status) if status.success() => {}
+        Ok(status) => return fail(&format!("cargo build ended with {status}")),
+        Err(e) => return fail(&format!("cannot run cargo: {e}")),
+    }
+
+    let binary = ctx.target.join("debug").join("sandbox");
+    let mut cmd = std::process::Command::new(&binary);
+    cmd.arg("serve").current_dir(&ctx.root);
+    if std::env::var_os(ENABLE_DOCKER.0).is_none() {
+        cmd.env(ENABLE_DOCKER.0, ENABLE_DOCKER.1);
+    }
+    println!("xtask serve: exec {} serve", binary.display());
+    // Only returns on failure: from here on the process is the service, so Ctrl-C and SIGTERM
+    // reach it directly and it drains as it would under any supervisor.
+    let e = cmd.exec();
+    fail(&format!("cannot exec {}: {e}", binary.display()))
+}
+
+fn fail(why: &str) -> ExitCode {
+    eprintln!("xtask serve: {why}");
+    ExitCode::FAILURE
+}
