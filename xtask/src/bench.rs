@@ -33,6 +33,12 @@ pub const SUITES: &[Suite] = &[
         package: "sandbox-provider-docker",
         bench: "docker",
     },
+    // The HTTP API over the Docker provider called in-process; needs the engine and the image.
+    Suite {
+        name: "api",
+        package: "sandbox-app",
+        bench: "api",
+    },
     // Hermetic: the lifecycle coordinator on the fake provider and the memory store.
     Suite {
         name: "session",
