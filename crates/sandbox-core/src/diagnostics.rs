@@ -103,8 +103,9 @@ fn redact_marked_values(text: &str) -> String {
                 continue;
             }
             // The marker must start a word, so "tokenizer" or "mytoken" in prose is left alone
-            // unless it is followed by a separator and a value.
-            let starts_word = i == 0 || !is_word_byte(bytes[i - 1]);
+            // unless it is followed by a separator and a value. A marker right after '/' is a
+            // path component ("/etc/passwd"), not a key: an error quoting a path stays readable.
+            let starts_word = i == 0 || !(is_word_byte(bytes[i - 1]) || bytes[i - 1] == b'/');
             let after = i + marker.len();
             let ends_word = after >= bytes.len() || !is_word_byte(bytes[after]);
             if !starts_word || !ends_word {
@@ -217,6 +218,14 @@ mod tests {
         check("token", "token");
         check("the token expired", "the token expired");
         check("token = abc", "token = [redacted]");
+        check(
+            r#"invalid path "../etc/passwd": must be absolute"#,
+            r#"invalid path "../etc/passwd": must be absolute"#,
+        );
+        check(
+            r#"{"path":"/a/token","token":"t0k"}"#,
+            r#"{"path":"/a/token","token":"[redacted]"}"#,
+        );
         check("no token here: ", "no token here:");
         check("emoji 🎉 token=abc", "emoji 🎉 token=[redacted]");
         check(
