@@ -9,24 +9,16 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Test binary: a failed unwrap is a failed test.
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::time::Duration;
+mod support;
+use support::{code, container_ids};
 
-use http_body_util::{BodyExt, Full};
-use hyper::body::Bytes;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use sandbox_app::auth::{digest, hex};
-use sandbox_app::config::{ServiceConfig, TenantEntry};
-use serde_json::Value;
+use std::path::{Path, PathBuf};
+
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::watch;
 
 const TOKEN: &str = "token-fault";
 const ENGINE: &str = "/var/run/docker.sock";
-/// Generous: a request against a cut engine must end, and with a clear answer.
-const REQUEST_DEADLINE: Duration = Duration::from_secs(120);
 
 /// A unix-socket proxy to the engine. `cut(true)` closes every open connection and refuses new
 /// ones (accepted, then closed at once, as a restarting daemon's socket does).
@@ -69,82 +61,15 @@ impl Proxy {
     }
 }
 
-struct Server {
-    base: String,
-    client: Client<HttpConnector, Full<Bytes>>,
-}
-
-impl Server {
-    async fn call(&self, method: &str, path: &str, body: &str) -> (u16, Value) {
-        let req = hyper::Request::builder()
-            .method(method)
-            .uri(format!("{}{path}", self.base))
-            .header("authorization", format!("Bearer {TOKEN}"))
-            .body(Full::new(Bytes::from(body.to_owned())))
-            .unwrap();
-        let call = async {
-            let resp = self.client.request(req).await.unwrap();
-            let status = resp.status().as_u16();
-            let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-            (
-                status,
-                serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-            )
-        };
-        tokio::time::timeout(REQUEST_DEADLINE, call)
-            .await
-            .unwrap_or_else(|_| panic!("{method} {path} did not answer"))
-    }
-}
-
-/// Container IDs labelled with this test's namespace, asked of the engine directly.
-async fn containers(namespace: &str) -> Vec<String> {
-    let out = tokio::process::Command::new("docker")
-        .args([
-            "ps",
-            "-aq",
-            "--filter",
-            &format!("label=sandbox.namespace={namespace}"),
-        ])
-        .env_remove("DOCKER_HOST")
-        .output()
-        .await
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .map(str::to_owned)
-        .collect()
-}
-
-fn code(v: &Value) -> &str {
-    v["error"]["code"].as_str().unwrap_or("<no code>")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs a Docker engine and the sandbox-busybox:test image: cargo xtask test runs it"]
 async fn a_cut_engine_answers_503_and_keeps_the_binding() {
     let dir = std::env::temp_dir().join(format!("sbx-fault-{:08x}", fastrand::u32(..)));
     std::fs::create_dir_all(&dir).unwrap();
     let proxy = Proxy::start(&dir);
-    let namespace = format!("tfault-{:08x}", fastrand::u32(..));
-
-    let mut config = ServiceConfig::load(None, &BTreeMap::new()).unwrap();
-    config.docker.enabled = true;
-    config.docker.network = "none".to_owned();
-    config.docker.namespace = namespace.clone();
-    config.docker.host = Some(format!("unix://{}", proxy.path.display()));
-    config.tenants = vec![TenantEntry {
-        id: 1,
-        token_sha256: hex(&digest(TOKEN)),
-    }];
-    let state = sandbox_app::serve::build_state(&config).await.unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, sandbox_app::http::router(state)).await });
-    let s = Server {
-        base: format!("http://{addr}"),
-        client: Client::builder(hyper_util::rt::TokioExecutor::new()).build_http(),
-    };
+    let socket = format!("unix://{}", proxy.path.display());
+    let s = support::start_with("tfault", &[TOKEN], |c| c.docker.host = Some(socket), |_| {}).await;
+    let namespace = s.namespace.clone();
     let exec = "/v1/sessions/steady/exec";
 
     let (status, out) = s
@@ -159,7 +84,7 @@ async fn a_cut_engine_answers_503_and_keeps_the_binding() {
     assert_eq!(status, 200, "{before}");
     let sandbox = before["sandbox_id"].clone();
     assert!(sandbox.is_string(), "the session is bound: {before}");
-    let created = containers(&namespace).await;
+    let created = container_ids(&namespace).await;
     assert_eq!(created.len(), 1, "{created:?}");
 
     proxy.cut(true);
@@ -186,10 +111,14 @@ async fn a_cut_engine_answers_503_and_keeps_the_binding() {
     );
     let (status, after) = s.call("GET", "/v1/sessions/steady", "").await;
     assert_eq!((status, &after["sandbox_id"]), (200, &sandbox), "{after}");
-    assert_eq!(containers(&namespace).await, created, "no second container");
+    assert_eq!(
+        container_ids(&namespace).await,
+        created,
+        "no second container"
+    );
 
     let (status, _) = s.call("DELETE", "/v1/sessions/steady", "").await;
     assert_eq!(status, 204);
-    assert!(containers(&namespace).await.is_empty());
+    assert!(container_ids(&namespace).await.is_empty());
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -7,122 +7,29 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Test binary: a failed unwrap is a failed test.
 
-use std::collections::BTreeMap;
+mod support;
+use support::code;
+
 use std::time::Duration;
 
-use http_body_util::{BodyExt, Full};
+use http_body_util::BodyExt;
 use hyper::body::Bytes;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use sandbox_app::auth::{digest, hex};
-use sandbox_app::config::{ServiceConfig, TenantEntry};
 use serde_json::{Value, json};
 
 const TOKEN_A: &str = "token-tenant-a";
 const TOKEN_B: &str = "token-tenant-b";
 
-struct Server {
-    base: String,
-    client: Client<HttpConnector, Full<Bytes>>,
-    namespace: String,
-}
-
-async fn start() -> Server {
-    let namespace = format!("thttp-{:08x}", fastrand::u32(..));
-    let mut config = ServiceConfig::load(None, &BTreeMap::new()).unwrap();
-    config.listen = "127.0.0.1:0".parse().unwrap();
-    config.docker.enabled = true;
-    config.docker.network = "none".to_owned();
-    config.docker.namespace = namespace.clone();
-    config.tenants = vec![
-        TenantEntry {
-            id: 1,
-            token_sha256: hex(&digest(TOKEN_A)),
-        },
-        TenantEntry {
-            id: 2,
-            token_sha256: hex(&digest(TOKEN_B)),
-        },
-    ];
-    let state = sandbox_app::serve::build_state(&config).await.unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, sandbox_app::http::router(state)).await });
-    Server {
-        base: format!("http://{addr}"),
-        client: Client::builder(hyper_util::rt::TokioExecutor::new()).build_http(),
-        namespace,
-    }
-}
-
-impl Server {
-    async fn call(
-        &self,
-        method: &str,
-        path: &str,
-        token: Option<&str>,
-        body: &str,
-    ) -> (u16, Value) {
-        let mut req = hyper::Request::builder()
-            .method(method)
-            .uri(format!("{}{path}", self.base));
-        if let Some(t) = token {
-            req = req.header("authorization", format!("Bearer {t}"));
-        }
-        let resp = self
-            .client
-            .request(req.body(Full::new(Bytes::from(body.to_owned()))).unwrap())
-            .await
-            .unwrap();
-        let status = resp.status().as_u16();
-        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-        let value = if bytes.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_slice(&bytes)
-                .unwrap_or(Value::String(String::from_utf8_lossy(&bytes).into_owned()))
-        };
-        (status, value)
-    }
-
-    async fn containers(&self) -> usize {
-        count_containers(&self.namespace).await
-    }
-}
-
-/// Containers labelled with this test's namespace (never all of `docker ps`).
-async fn count_containers(namespace: &str) -> usize {
-    let out = tokio::process::Command::new("docker")
-        .args([
-            "ps",
-            "-aq",
-            "--filter",
-            &format!("label=sandbox.namespace={namespace}"),
-        ])
-        .output()
-        .await
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .count()
-}
-
-fn code(v: &Value) -> &str {
-    v["error"]["code"].as_str().unwrap_or("<no code>")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs a Docker engine and the sandbox-busybox:test image: cargo xtask test runs it"]
 async fn exec_sessions_and_errors_over_http() {
-    let s = start().await;
-    let (status, health) = s.call("GET", "/healthz", None, "").await;
+    let s = support::start("thttp", &[TOKEN_A, TOKEN_B]).await;
+    let (status, health) = s.call_as("GET", "/healthz", None, "").await;
     assert_eq!((status, health["status"].as_str()), (200, Some("ok")));
 
     // First exec creates the session's container.
     assert_eq!(s.containers().await, 0);
     let (status, r) = s
-        .call(
+        .call_as(
             "POST",
             "/v1/sessions/chat-1/exec",
             Some(TOKEN_A),
@@ -140,7 +47,7 @@ async fn exec_sessions_and_errors_over_http() {
         .method("POST")
         .uri(format!("{}/v1/sessions/chat-1/exec?stream=true", s.base))
         .header("authorization", format!("Bearer {TOKEN_A}"))
-        .body(Full::new(Bytes::from(
+        .body(support::full(Bytes::from(
             json!({"command": "echo tok-live-7; while [ ! -e /workspace/gate ]; do sleep 0.1; done; echo after", "shell": true, "timeout_ms": 60000}).to_string(),
         )))
         .unwrap();
@@ -164,7 +71,7 @@ async fn exec_sessions_and_errors_over_http() {
         .await
         .expect("the token was not streamed while the command ran");
     let (status, _) = s
-        .call(
+        .call_as(
             "POST",
             "/v1/sessions/chat-1/exec",
             Some(TOKEN_A),
@@ -184,7 +91,7 @@ async fn exec_sessions_and_errors_over_http() {
 
     // Session inspect, keep-alive.
     let (status, info) = s
-        .call("GET", "/v1/sessions/chat-1", Some(TOKEN_A), "")
+        .call_as("GET", "/v1/sessions/chat-1", Some(TOKEN_A), "")
         .await;
     assert_eq!(
         (status, info["state"].as_str()),
@@ -192,7 +99,7 @@ async fn exec_sessions_and_errors_over_http() {
         "{info}"
     );
     let (status, ka) = s
-        .call("POST", "/v1/sessions/chat-1/keepalive", Some(TOKEN_A), "")
+        .call_as("POST", "/v1/sessions/chat-1/keepalive", Some(TOKEN_A), "")
         .await;
     assert_eq!(
         (status, ka["refreshed"].as_bool()),
@@ -303,7 +210,7 @@ async fn exec_sessions_and_errors_over_http() {
         ("GET", "/v1/nope", Some(TOKEN_A), "", 404, "route_not_found"),
     ];
     for (method, path, token, body, want_status, want_code) in cases {
-        let (status, v) = s.call(method, path, *token, body).await;
+        let (status, v) = s.call_as(method, path, *token, body).await;
         assert_eq!(
             (status, code(&v)),
             (*want_status, *want_code),
@@ -318,7 +225,7 @@ async fn exec_sessions_and_errors_over_http() {
 
     // Another tenant's same-named session is a different session: it cannot see tenant A's files.
     let (status, r) = s
-        .call(
+        .call_as(
             "POST",
             "/v1/sessions/chat-1/exec",
             Some(TOKEN_B),
@@ -330,7 +237,7 @@ async fn exec_sessions_and_errors_over_http() {
     assert_eq!(s.containers().await, 2);
 
     // Metrics saw the traffic.
-    let (status, metrics) = s.call("GET", "/metrics", None, "").await;
+    let (status, metrics) = s.call_as("GET", "/metrics", None, "").await;
     assert_eq!(status, 200);
     assert!(
         metrics
@@ -343,11 +250,11 @@ async fn exec_sessions_and_errors_over_http() {
     // Destroy: the container goes; again is still 204.
     for token in [TOKEN_A, TOKEN_B] {
         let (status, _) = s
-            .call("DELETE", "/v1/sessions/chat-1", Some(token), "")
+            .call_as("DELETE", "/v1/sessions/chat-1", Some(token), "")
             .await;
         assert_eq!(status, 204);
         let (status, _) = s
-            .call("DELETE", "/v1/sessions/chat-1", Some(token), "")
+            .call_as("DELETE", "/v1/sessions/chat-1", Some(token), "")
             .await;
         assert_eq!(status, 204);
     }

@@ -9,64 +9,18 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Test binary: a failed unwrap is a failed test.
 
-use std::collections::BTreeMap;
+mod support;
+use support::{ReqBody, code, full};
+
 use std::convert::Infallible;
 
-use http_body_util::combinators::BoxBody;
-use http_body_util::{BodyExt, Full, StreamBody};
+use http_body_util::{BodyExt, StreamBody};
 use hyper::body::{Bytes, Frame};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use sandbox_app::auth::{digest, hex};
-use sandbox_app::config::{ServiceConfig, TenantEntry};
 use serde_json::Value;
 
 const TOKEN_A: &str = "token-tenant-a";
 const TOKEN_B: &str = "token-tenant-b";
 const MIB: usize = 1024 * 1024;
-
-type ReqBody = BoxBody<Bytes, Infallible>;
-
-struct Server {
-    base: String,
-    client: Client<HttpConnector, ReqBody>,
-    namespace: String,
-}
-
-async fn start(upload_max_bytes: Option<u64>) -> Server {
-    let namespace = format!("thttpf-{:08x}", fastrand::u32(..));
-    let mut config = ServiceConfig::load(None, &BTreeMap::new()).unwrap();
-    config.listen = "127.0.0.1:0".parse().unwrap();
-    config.docker.enabled = true;
-    config.docker.network = "none".to_owned();
-    config.docker.namespace = namespace.clone();
-    if let Some(limit) = upload_max_bytes {
-        config.limits.upload_max_bytes = limit;
-    }
-    config.tenants = vec![
-        TenantEntry {
-            id: 1,
-            token_sha256: hex(&digest(TOKEN_A)),
-        },
-        TenantEntry {
-            id: 2,
-            token_sha256: hex(&digest(TOKEN_B)),
-        },
-    ];
-    let state = sandbox_app::serve::build_state(&config).await.unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, sandbox_app::http::router(state)).await });
-    Server {
-        base: format!("http://{addr}"),
-        client: Client::builder(hyper_util::rt::TokioExecutor::new()).build_http(),
-        namespace,
-    }
-}
-
-fn full(body: impl Into<Bytes>) -> ReqBody {
-    Full::new(body.into()).boxed()
-}
 
 /// A body without a length: hyper sends it chunked, so only the bounded read can stop it.
 fn chunked(total: usize, chunk: usize) -> ReqBody {
@@ -75,81 +29,6 @@ fn chunked(total: usize, chunk: usize) -> ReqBody {
         Ok::<_, Infallible>(Frame::data(Bytes::from(vec![b'x'; n])))
     });
     StreamBody::new(futures_util::stream::iter(frames)).boxed()
-}
-
-impl Server {
-    async fn raw(
-        &self,
-        method: &str,
-        path: &str,
-        token: Option<&str>,
-        body: ReqBody,
-    ) -> (u16, Bytes) {
-        let mut req = hyper::Request::builder()
-            .method(method)
-            .uri(format!("{}{path}", self.base));
-        if let Some(t) = token {
-            req = req.header("authorization", format!("Bearer {t}"));
-        }
-        let resp = self.client.request(req.body(body).unwrap()).await.unwrap();
-        let status = resp.status().as_u16();
-        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-        (status, bytes)
-    }
-
-    async fn call_body(
-        &self,
-        method: &str,
-        path: &str,
-        token: Option<&str>,
-        body: ReqBody,
-    ) -> (u16, Value) {
-        let (status, bytes) = self.raw(method, path, token, body).await;
-        let value = if bytes.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_slice(&bytes)
-                .unwrap_or(Value::String(String::from_utf8_lossy(&bytes).into_owned()))
-        };
-        (status, value)
-    }
-
-    async fn call(
-        &self,
-        method: &str,
-        path: &str,
-        token: Option<&str>,
-        body: &str,
-    ) -> (u16, Value) {
-        self.call_body(method, path, token, full(body.to_owned()))
-            .await
-    }
-
-    async fn containers(&self) -> usize {
-        count_containers(&self.namespace).await
-    }
-}
-
-/// Containers labelled with this test's namespace (never all of `docker ps`).
-async fn count_containers(namespace: &str) -> usize {
-    let out = tokio::process::Command::new("docker")
-        .args([
-            "ps",
-            "-aq",
-            "--filter",
-            &format!("label=sandbox.namespace={namespace}"),
-        ])
-        .output()
-        .await
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .count()
-}
-
-fn code(v: &Value) -> &str {
-    v["error"]["code"].as_str().unwrap_or("<no code>")
 }
 
 /// The entry of `path` in a listing answer.
@@ -164,7 +43,7 @@ fn entry<'a>(listing: &'a Value, path: &str) -> Option<&'a Value> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs a Docker engine and the sandbox-busybox:test image: cargo xtask test runs it"]
 async fn files_over_http() {
-    let s = start(None).await;
+    let s = support::start("thttpf", &[TOKEN_A, TOKEN_B]).await;
     const S: &str = "/v1/sessions/files-1";
 
     // Lookup-only routes on an unbound session answer without creating anything; so do
@@ -308,7 +187,7 @@ async fn files_over_http() {
         ),
     ];
     for (method, path, body, want_status, want_code) in &unbound {
-        let (status, v) = s.call(method, path, Some(TOKEN_A), body).await;
+        let (status, v) = s.call_as(method, path, Some(TOKEN_A), body).await;
         assert_eq!(
             (status, code(&v)),
             (*want_status, *want_code),
@@ -316,7 +195,7 @@ async fn files_over_http() {
         );
     }
     let (status, _) = s
-        .call(
+        .call_as(
             "GET",
             &format!("{S}/files/content?path=/workspace/a.txt"),
             None,
@@ -325,7 +204,7 @@ async fn files_over_http() {
         .await;
     assert_eq!(status, 401);
     let (status, listing) = s
-        .call(
+        .call_as(
             "GET",
             &format!("{S}/files?path=/workspace"),
             Some(TOKEN_A),
@@ -335,7 +214,7 @@ async fn files_over_http() {
     assert_eq!(status, 200, "{listing}");
     assert_eq!(listing["entries"], Value::Array(Vec::new()));
     let (status, v) = s
-        .call(
+        .call_as(
             "DELETE",
             &format!("{S}/attachments?path=/workspace/input/a.txt"),
             Some(TOKEN_A),
@@ -378,7 +257,7 @@ async fn files_over_http() {
     // mkdir (parents included, existing is fine), nested files, listings by depth.
     for _ in 0..2 {
         let (status, v) = s
-            .call(
+            .call_as(
                 "POST",
                 &format!("{S}/files/mkdir?path=/workspace/a/b/c"),
                 Some(TOKEN_A),
@@ -392,7 +271,7 @@ async fn files_over_http() {
         ("/workspace/a/b/c/deep.txt", "deeper"),
     ] {
         let (status, v) = s
-            .call(
+            .call_as(
                 "PUT",
                 &format!("{S}/files/content?path={path}"),
                 Some(TOKEN_A),
@@ -402,7 +281,7 @@ async fn files_over_http() {
         assert_eq!(status, 204, "{path}: {v}");
     }
     let (status, shallow) = s
-        .call(
+        .call_as(
             "GET",
             &format!("{S}/files?path=/workspace/a"),
             Some(TOKEN_A),
@@ -423,7 +302,7 @@ async fn files_over_http() {
     );
     assert!(entry(&shallow, "/workspace/a/b/c").is_none(), "{shallow}");
     let (status, deep) = s
-        .call(
+        .call_as(
             "GET",
             &format!("{S}/files?path=/workspace/a&depth=3"),
             Some(TOKEN_A),
@@ -438,7 +317,7 @@ async fn files_over_http() {
         (&Value::from("file"), &Value::from(6))
     );
     let (status, middle) = s
-        .call(
+        .call_as(
             "GET",
             &format!("{S}/files?path=/workspace/a&depth=2"),
             Some(TOKEN_A),
@@ -459,7 +338,7 @@ async fn files_over_http() {
         ("/workspace/big.bin", "file"),
     ] {
         let (status, st) = s
-            .call(
+            .call_as(
                 "GET",
                 &format!("{S}/files/stat?path={path}"),
                 Some(TOKEN_A),
@@ -474,7 +353,7 @@ async fn files_over_http() {
         assert_eq!(st["path"], path);
     }
     let (status, st) = s
-        .call(
+        .call_as(
             "GET",
             &format!("{S}/files/stat?path=/workspace/big.bin"),
             Some(TOKEN_A),
@@ -484,7 +363,7 @@ async fn files_over_http() {
     assert_eq!((status, st["size"].as_u64()), (200, Some(20 * MIB as u64)));
     for route in ["files/content", "files/stat"] {
         let (status, v) = s
-            .call(
+            .call_as(
                 "GET",
                 &format!("{S}/{route}?path=/workspace/missing.txt"),
                 Some(TOKEN_A),
@@ -496,7 +375,7 @@ async fn files_over_http() {
 
     // Attachments: only below /workspace/input, and model writes there are refused.
     let (status, v) = s
-        .call(
+        .call_as(
             "PUT",
             &format!("{S}/attachments?path=/workspace/input/doc.txt"),
             Some(TOKEN_A),
@@ -520,7 +399,7 @@ async fn files_over_http() {
         ("DELETE", format!("{S}/attachments?path=/workspace/doc.txt")),
     ];
     for (method, path) in &attach_refusals {
-        let (status, v) = s.call(method, path, Some(TOKEN_A), "overwritten").await;
+        let (status, v) = s.call_as(method, path, Some(TOKEN_A), "overwritten").await;
         assert_eq!(
             (status, code(&v)),
             (400, "invalid_path"),
@@ -538,7 +417,7 @@ async fn files_over_http() {
     assert_eq!((status, &got[..]), (200, &b"original"[..]));
     for _ in 0..2 {
         let (status, v) = s
-            .call(
+            .call_as(
                 "DELETE",
                 &format!("{S}/attachments?path=/workspace/input/doc.txt"),
                 Some(TOKEN_A),
@@ -548,7 +427,7 @@ async fn files_over_http() {
         assert_eq!(status, 204, "{v}");
     }
     let (status, v) = s
-        .call(
+        .call_as(
             "GET",
             &format!("{S}/files/stat?path=/workspace/input/doc.txt"),
             Some(TOKEN_A),
@@ -559,7 +438,7 @@ async fn files_over_http() {
 
     // Removal: recursive; missing is not_found; the root and top-level directories are refused.
     let (status, v) = s
-        .call(
+        .call_as(
             "DELETE",
             &format!("{S}/files?path=/workspace/a"),
             Some(TOKEN_A),
@@ -568,7 +447,7 @@ async fn files_over_http() {
         .await;
     assert_eq!(status, 204, "{v}");
     let (status, v) = s
-        .call(
+        .call_as(
             "GET",
             &format!("{S}/files/stat?path=/workspace/a/b/c/deep.txt"),
             Some(TOKEN_A),
@@ -577,7 +456,7 @@ async fn files_over_http() {
         .await;
     assert_eq!((status, code(&v)), (404, "not_found"), "{v}");
     let (status, v) = s
-        .call(
+        .call_as(
             "DELETE",
             &format!("{S}/files?path=/workspace/a"),
             Some(TOKEN_A),
@@ -587,7 +466,7 @@ async fn files_over_http() {
     assert_eq!((status, code(&v)), (404, "not_found"), "{v}");
     for path in ["/", "/workspace", "/etc"] {
         let (status, v) = s
-            .call(
+            .call_as(
                 "DELETE",
                 &format!("{S}/files?path={path}"),
                 Some(TOKEN_A),
@@ -597,7 +476,7 @@ async fn files_over_http() {
         assert_eq!((status, code(&v)), (400, "invalid_path"), "{path}: {v}");
     }
     let (status, st) = s
-        .call(
+        .call_as(
             "GET",
             &format!("{S}/files/stat?path=/workspace"),
             Some(TOKEN_A),
@@ -608,7 +487,7 @@ async fn files_over_http() {
 
     // Another tenant's same-named session is unbound: it sees nothing and creates nothing.
     let (status, v) = s
-        .call(
+        .call_as(
             "GET",
             &format!("{S}/files/content?path=/workspace/big.bin"),
             Some(TOKEN_B),
@@ -619,7 +498,7 @@ async fn files_over_http() {
     assert_eq!(s.containers().await, 1);
 
     // Cleanup destroys the session's container.
-    let (status, _) = s.call("DELETE", S, Some(TOKEN_A), "").await;
+    let (status, _) = s.call_as("DELETE", S, Some(TOKEN_A), "").await;
     assert_eq!(status, 204);
     assert_eq!(s.containers().await, 0);
 }
@@ -627,7 +506,13 @@ async fn files_over_http() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs a Docker engine and the sandbox-busybox:test image: cargo xtask test runs it"]
 async fn upload_limit_over_http() {
-    let s = start(Some(MIB as u64)).await;
+    let s = support::start_with(
+        "thttpf",
+        &[TOKEN_A, TOKEN_B],
+        |c| c.limits.upload_max_bytes = MIB as u64,
+        |_| {},
+    )
+    .await;
     const S: &str = "/v1/sessions/limits-1";
 
     // Over the limit before the sandbox exists: 413, nothing created.
@@ -654,7 +539,7 @@ async fn upload_limit_over_http() {
     assert_eq!(status, 204, "{v}");
     assert_eq!(s.containers().await, 1);
     let (status, st) = s
-        .call(
+        .call_as(
             "GET",
             &format!("{S}/files/stat?path=/workspace/exact.bin"),
             Some(TOKEN_A),
@@ -688,7 +573,7 @@ async fn upload_limit_over_http() {
         }
         for written in ["/workspace/over.bin", "/workspace/input/over.bin"] {
             let (status, v) = s
-                .call(
+                .call_as(
                     "GET",
                     &format!("{S}/files/stat?path={written}"),
                     Some(TOKEN_A),
@@ -713,7 +598,7 @@ async fn upload_limit_over_http() {
         .await;
     assert_eq!(status, 204, "{v}");
     let (status, st) = s
-        .call(
+        .call_as(
             "GET",
             &format!("{S}/files/stat?path=/workspace/input/chunked.bin"),
             Some(TOKEN_A),
@@ -726,7 +611,7 @@ async fn upload_limit_over_http() {
         "{st}"
     );
 
-    let (status, _) = s.call("DELETE", S, Some(TOKEN_A), "").await;
+    let (status, _) = s.call_as("DELETE", S, Some(TOKEN_A), "").await;
     assert_eq!(status, 204);
     assert_eq!(s.containers().await, 0);
 }

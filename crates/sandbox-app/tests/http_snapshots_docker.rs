@@ -8,104 +8,18 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Test binary: a failed unwrap is a failed test.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+mod support;
+use support::code;
 
-use http_body_util::{BodyExt, Full};
-use hyper::body::Bytes;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use sandbox_app::auth::{digest, hex};
-use sandbox_app::config::{ServiceConfig, TenantEntry};
-use sandbox_core::{SandboxProvider, SnapshotId, narrow};
-use serde_json::{Value, json};
+use sandbox_core::{SnapshotId, narrow};
+use serde_json::json;
 
 const TOKEN: &str = "token-snapshots";
-
-struct Server {
-    base: String,
-    client: Client<HttpConnector, Full<Bytes>>,
-    namespace: String,
-    provider: Arc<dyn SandboxProvider>,
-}
-
-async fn start() -> Server {
-    let namespace = format!("thsnap-{:08x}", fastrand::u32(..));
-    let mut config = ServiceConfig::load(None, &BTreeMap::new()).unwrap();
-    config.listen = "127.0.0.1:0".parse().unwrap();
-    config.docker.enabled = true;
-    config.docker.network = "none".to_owned();
-    config.docker.namespace = namespace.clone();
-    config.tenants = vec![TenantEntry {
-        id: 1,
-        token_sha256: hex(&digest(TOKEN)),
-    }];
-    let state = sandbox_app::serve::build_state(&config).await.unwrap();
-    let provider = state.provider.clone();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, sandbox_app::http::router(state)).await });
-    Server {
-        base: format!("http://{addr}"),
-        client: Client::builder(hyper_util::rt::TokioExecutor::new()).build_http(),
-        namespace,
-        provider,
-    }
-}
-
-impl Server {
-    async fn call(&self, method: &str, path: &str, body: &str) -> (u16, Value) {
-        let req = hyper::Request::builder()
-            .method(method)
-            .uri(format!("{}{path}", self.base))
-            .header("authorization", format!("Bearer {TOKEN}"));
-        let resp = self
-            .client
-            .request(req.body(Full::new(Bytes::from(body.to_owned()))).unwrap())
-            .await
-            .unwrap();
-        let status = resp.status().as_u16();
-        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-        let value = if bytes.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_slice(&bytes)
-                .unwrap_or(Value::String(String::from_utf8_lossy(&bytes).into_owned()))
-        };
-        (status, value)
-    }
-
-    async fn containers(&self) -> usize {
-        count_containers(&self.namespace).await
-    }
-}
-
-/// Containers labelled with this test's namespace (never all of `docker ps`).
-async fn count_containers(namespace: &str) -> usize {
-    let out = tokio::process::Command::new("docker")
-        .args([
-            "ps",
-            "-aq",
-            "--filter",
-            &format!("label=sandbox.namespace={namespace}"),
-        ])
-        .output()
-        .await
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .count()
-}
-
-fn code(v: &Value) -> &str {
-    v["error"]["code"].as_str().unwrap_or("<no code>")
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs a Docker engine and the sandbox-busybox:test image: cargo xtask test runs it"]
 async fn snapshots_restore_and_ephemeral_execute_over_http() {
-    let s = start().await;
+    let s = support::start("thsnap", &[TOKEN]).await;
     assert_eq!(s.containers().await, 0);
 
     // Snapshotting a session with no sandbox provisions nothing.
@@ -221,7 +135,7 @@ async fn snapshots_restore_and_ephemeral_execute_over_http() {
         assert_eq!(status, 204);
     }
     assert_eq!(s.containers().await, 0);
-    narrow::snapshots(&*s.provider)
+    narrow::snapshots(&*s.state.provider)
         .expect("the Docker backend snapshots")
         .delete_snapshot(&SnapshotId::new(snapshot_id).unwrap())
         .await

@@ -8,19 +8,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Test binary: a failed unwrap is a failed test.
 
-use std::collections::BTreeMap;
+mod support;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
-use http_body_util::{BodyExt, Full};
-use hyper::body::Bytes;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use sandbox_app::auth::{digest, hex};
-use sandbox_app::config::{ServiceConfig, TenantEntry};
-use sandbox_app::http::AppState;
 use sandbox_app::tickets::TerminalTickets;
 use sandbox_core::ManualClock;
 use serde_json::Value;
@@ -32,73 +26,39 @@ const TOKEN_A: &str = "token-tenant-a";
 
 type Ws = WebSocketStream<TcpStream>;
 
+/// The shared server, plus the clock its tickets run on.
 struct Server {
-    base: String,
-    addr: SocketAddr,
-    client: Client<HttpConnector, Full<Bytes>>,
-    namespace: String,
+    app: support::Server,
     clock: ManualClock,
-    state: AppState,
 }
 
-async fn serve(state: AppState) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, sandbox_app::http::router(state)).await });
-    addr
+impl std::ops::Deref for Server {
+    type Target = support::Server;
+    fn deref(&self) -> &support::Server {
+        &self.app
+    }
 }
 
 async fn start() -> Server {
-    let namespace = format!("tterm-{:08x}", fastrand::u32(..));
-    let mut config = ServiceConfig::load(None, &BTreeMap::new()).unwrap();
-    config.listen = "127.0.0.1:0".parse().unwrap();
-    config.docker.enabled = true;
-    config.docker.network = "none".to_owned();
-    config.docker.namespace = namespace.clone();
-    config.tenants = vec![TenantEntry {
-        id: 1,
-        token_sha256: hex(&digest(TOKEN_A)),
-    }];
-    let mut state = sandbox_app::serve::build_state(&config).await.unwrap();
     // Tickets on a clock the test moves, to expire one.
     let clock = ManualClock::new(time::OffsetDateTime::now_utc());
-    state.tickets = Arc::new(TerminalTickets::with_clock(
-        Duration::from_secs(60),
-        Arc::new(clock.clone()),
-    ));
-    let addr = serve(state.clone()).await;
-    Server {
-        base: format!("http://{addr}"),
-        addr,
-        client: Client::builder(hyper_util::rt::TokioExecutor::new()).build_http(),
-        namespace,
-        clock,
-        state,
-    }
+    let ticket_clock = clock.clone();
+    let app = support::start_with(
+        "tterm",
+        &[TOKEN_A],
+        |_| {},
+        |state| {
+            state.tickets = Arc::new(TerminalTickets::with_clock(
+                Duration::from_secs(60),
+                Arc::new(ticket_clock),
+            ));
+        },
+    )
+    .await;
+    Server { app, clock }
 }
 
 impl Server {
-    async fn call(&self, method: &str, path: &str, body: &str) -> (u16, Value) {
-        let req = hyper::Request::builder()
-            .method(method)
-            .uri(format!("{}{path}", self.base))
-            .header("authorization", format!("Bearer {TOKEN_A}"));
-        let resp = self
-            .client
-            .request(req.body(Full::new(Bytes::from(body.to_owned()))).unwrap())
-            .await
-            .unwrap();
-        let status = resp.status().as_u16();
-        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-        let value = if bytes.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_slice(&bytes)
-                .unwrap_or(Value::String(String::from_utf8_lossy(&bytes).into_owned()))
-        };
-        (status, value)
-    }
-
     async fn ticket(&self, session: &str) -> String {
         let (status, v) = self
             .call(
@@ -141,23 +101,6 @@ impl Server {
             );
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
-    }
-
-    async fn containers(&self) -> usize {
-        let out = tokio::process::Command::new("docker")
-            .args([
-                "ps",
-                "-aq",
-                "--filter",
-                &format!("label=sandbox.namespace={}", self.namespace),
-            ])
-            .output()
-            .await
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter(|l| !l.trim().is_empty())
-            .count()
     }
 }
 
@@ -361,7 +304,7 @@ async fn terminal_over_websocket() {
     // Idle disconnect: the same service with a 2 s limit.
     let mut idle_state = s.state.clone();
     idle_state.limits.terminal_idle_seconds = 2;
-    let idle_addr = serve(idle_state).await;
+    let idle_addr = support::serve(idle_state).await;
     let ticket = s.ticket(session).await;
     let mut ws = connect(idle_addr, &format!("{route}?ticket={ticket}"))
         .await

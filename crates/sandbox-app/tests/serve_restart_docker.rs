@@ -8,6 +8,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Test binary: a failed unwrap is a failed test.
 
+mod support;
+use support::container_ids;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -125,24 +128,6 @@ impl Drop for Service {
     }
 }
 
-/// Container IDs labelled with this test's namespace (never all of `docker ps`).
-fn containers(namespace: &str) -> Vec<String> {
-    let out = Command::new("docker")
-        .args([
-            "ps",
-            "-aq",
-            "--filter",
-            &format!("label=sandbox.namespace={namespace}"),
-        ])
-        .env_remove("DOCKER_HOST")
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .map(str::to_owned)
-        .collect()
-}
-
 fn signal(child: &Child, name: &str) {
     let ok = Command::new("kill")
         .args([&format!("-{name}"), &child.id().to_string()])
@@ -186,7 +171,7 @@ async fn a_restarted_service_adopts_the_sessions_container() {
         .await;
     assert_eq!((status, out["exit_code"].as_i64()), (200, Some(0)), "{out}");
     assert_eq!(out["stdout"], "before-crash\n");
-    let before = containers(&namespace);
+    let before = container_ids(&namespace).await;
     assert_eq!(before.len(), 1, "one container for the session: {before:?}");
 
     let first_pid = first.child.id();
@@ -214,7 +199,7 @@ async fn a_restarted_service_adopts_the_sessions_container() {
         "the files written before the crash"
     );
     assert_eq!(
-        containers(&namespace),
+        container_ids(&namespace).await,
         before,
         "the same container was adopted, no second one created"
     );
@@ -223,7 +208,10 @@ async fn a_restarted_service_adopts_the_sessions_container() {
         .call("DELETE", "/v1/sessions/survivor", &token, "")
         .await;
     assert_eq!(status, 204);
-    assert!(containers(&namespace).is_empty(), "destroy removed it");
+    assert!(
+        container_ids(&namespace).await.is_empty(),
+        "destroy removed it"
+    );
 
     // SIGTERM drains and exits cleanly.
     signal(&second.child, "TERM");
