@@ -114,7 +114,17 @@ impl From<Error> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = json!({ "error": { "code": self.code, "message": self.message } });
-        (self.status, Json(body)).into_response()
+        let mut response = (self.status, Json(body)).into_response();
+        if self.status == StatusCode::PAYLOAD_TOO_LARGE {
+            // The rest of the body was never read, so the server drops the connection after
+            // this answer. Saying so keeps a client from pooling it and sending its next
+            // request into a socket that is about to close.
+            response.headers_mut().insert(
+                axum::http::header::CONNECTION,
+                axum::http::HeaderValue::from_static("close"),
+            );
+        }
+        response
     }
 }
 
@@ -122,6 +132,16 @@ impl IntoResponse for ApiError {
 mod tests {
     use super::*;
     use sandbox_core::Operation;
+
+    #[test]
+    fn an_unread_body_closes_the_connection() {
+        let too_large = ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", "over")
+            .into_response();
+        assert_eq!(too_large.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(too_large.headers()["connection"], "close");
+        let bad = ApiError::bad_request("invalid_json", "x").into_response();
+        assert!(bad.headers().get("connection").is_none());
+    }
 
     #[test]
     fn codes_and_statuses() {

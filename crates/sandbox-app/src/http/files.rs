@@ -93,28 +93,57 @@ fn too_large(limit: u64) -> ApiError {
     )
 }
 
-/// Reads the whole body, stopping with 413 as soon as it would pass `limit` bytes.
+/// How much of an over-limit body is read and discarded before the 413 is sent, and for how
+/// long. A client still writing when the server stops reading gets a broken pipe instead of the
+/// answer; draining a modest remainder lets ordinary clients read the 413. A bigger body is cut
+/// off at once: the service never reads unbounded input to be polite.
+const DRAIN_MAX_BYTES: u64 = 8 * 1024 * 1024;
+const DRAIN_DEADLINE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Reads the whole body, answering 413 once it would pass `limit` bytes.
 pub async fn read_bounded(headers: &HeaderMap, body: Body, limit: u64) -> Result<Bytes, ApiError> {
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit) {
+    let mut stream = body.into_data_stream();
+    if let Some(n) = declared.filter(|n| *n > limit) {
+        // Unread: a client that sent `Expect: 100-continue` gets the 413 without sending the
+        // body at all. Others get it after a drain when the body is small enough to drain.
+        if n <= DRAIN_MAX_BYTES {
+            drain(&mut stream, n).await;
+        }
         return Err(too_large(limit));
     }
     let cap = usize::try_from(declared.unwrap_or(0).min(limit)).unwrap_or(0);
     let mut buf = Vec::with_capacity(cap);
-    let mut stream = body.into_data_stream();
     while let Some(chunk) = stream.next().await {
         let chunk = chunk.map_err(|e| {
             ApiError::bad_request("invalid_body", format!("reading the request body: {e}"))
         })?;
-        if (buf.len() as u64).saturating_add(chunk.len() as u64) > limit {
+        let total = (buf.len() as u64).saturating_add(chunk.len() as u64);
+        if total > limit {
+            drop(buf);
+            drain(&mut stream, DRAIN_MAX_BYTES).await;
             return Err(too_large(limit));
         }
         buf.extend_from_slice(&chunk);
     }
     Ok(Bytes::from(buf))
+}
+
+/// Discards up to `max` more bytes of `stream`, for at most [`DRAIN_DEADLINE`].
+async fn drain(stream: &mut axum::body::BodyDataStream, max: u64) {
+    let discard = async {
+        let mut seen = 0u64;
+        while seen < max {
+            match stream.next().await {
+                Some(Ok(chunk)) => seen = seen.saturating_add(chunk.len() as u64),
+                _ => return,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(DRAIN_DEADLINE, discard).await;
 }
 
 fn no_live_sandbox(op: Operation, key: &BindingKey) -> Error {
