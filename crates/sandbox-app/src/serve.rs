@@ -41,18 +41,20 @@ pub async fn build_state(config: &ServiceConfig) -> Result<AppState, String> {
     };
     // With the memory store this process is the only writer, so its own destroy is the only way
     // a session ends; a shared store must consult real session records.
+    let metrics = Arc::new(Metrics::new());
     let lifecycle = Lifecycle::new(
         provider.clone(),
         Arc::new(store),
         Arc::new(PermissiveSessionExistence),
         lifecycle_config,
     )
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| e.to_string())?
+    .with_observer(metrics.clone());
     Ok(AppState {
         auth: Arc::new(auth),
         manager: SessionManager::new(lifecycle),
         provider,
-        metrics: Arc::new(Metrics::new()),
+        metrics,
         limits: config.limits.clone(),
         tickets: Arc::new(crate::tickets::TerminalTickets::default()),
     })

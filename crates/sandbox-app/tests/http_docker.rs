@@ -236,15 +236,24 @@ async fn exec_sessions_and_errors_over_http() {
     assert_ne!(r["exit_code"], 0, "tenant B saw tenant A's file: {r}");
     assert_eq!(s.containers().await, 2);
 
-    // Metrics saw the traffic.
-    let (status, metrics) = s.call_as("GET", "/metrics", None, "").await;
-    assert_eq!(status, 200);
+    // Metrics saw the traffic: both tenants' sandboxes were created by a resolve.
+    let before = metrics(&s).await;
+    assert!(before.contains("sandbox_http_requests_total"), "{before}");
+    let created = sample(&before, "sandbox_sandboxes_created_total");
+    assert!(created >= 2.0, "{before}");
     assert!(
-        metrics
-            .as_str()
-            .unwrap_or("")
-            .contains("sandbox_http_requests_total"),
-        "{metrics}"
+        sample(
+            &before,
+            r#"sandbox_session_resolves_total{outcome="created"}"#
+        ) >= 2.0,
+        "{before}"
+    );
+    assert!(
+        sample(
+            &before,
+            r#"sandbox_session_resolves_total{outcome="bound"}"#
+        ) >= 1.0,
+        "{before}"
     );
 
     // Destroy: the container goes; again is still 204.
@@ -258,5 +267,28 @@ async fn exec_sessions_and_errors_over_http() {
             .await;
         assert_eq!(status, 204);
     }
+    let after = metrics(&s).await;
+    assert_eq!(
+        sample(&after, "sandbox_sandboxes_destroyed_total")
+            - sample(&before, "sandbox_sandboxes_destroyed_total"),
+        2.0,
+        "two destroys, each deleting one container: {after}"
+    );
     assert_eq!(s.containers().await, 0);
+}
+
+async fn metrics(s: &support::Server) -> String {
+    let (status, body) = s.call_as("GET", "/metrics", None, "").await;
+    assert_eq!(status, 200);
+    body.as_str().unwrap_or_default().to_owned()
+}
+
+/// The value of the sample whose name and labels are exactly `series` (0 when absent: a
+/// counter never incremented is not rendered).
+fn sample(text: &str, series: &str) -> f64 {
+    text.lines()
+        .filter_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .map(|v| v.trim().parse::<f64>().unwrap())
+        .next()
+        .unwrap_or(0.0)
 }

@@ -4,3 +4,4 @@
 pub mod lifecycle;
 pub mod manager;
 pub mod memory_store;
+pub mod observer;

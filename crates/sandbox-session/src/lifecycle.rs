@@ -16,6 +16,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::observer::{LifecycleObserver, NoopObserver, ResolveOutcome};
 use sandbox_core::{
     Binding, BindingKey, BindingStore, Bootstrapper, Capabilities, Clock, ConfigId, ConnectRequest,
     CreateRequest, Error, ErrorCode, ErrorKind, LifecycleLock, ListFilter, Metadata, Operation,
@@ -52,6 +53,7 @@ pub struct Lifecycle {
     bootstrapper: Option<Arc<dyn Bootstrapper>>,
     config: Arc<LifecycleConfig>,
     clock: Arc<dyn Clock>,
+    observer: Arc<dyn LifecycleObserver>,
 }
 
 impl fmt::Debug for Lifecycle {
@@ -137,6 +139,7 @@ impl Lifecycle {
             bootstrapper: None,
             config: Arc::new(config),
             clock: Arc::new(SystemClock),
+            observer: Arc::new(NoopObserver),
         })
     }
 
@@ -151,6 +154,13 @@ impl Lifecycle {
     #[must_use]
     pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
+        self
+    }
+
+    /// Reports resolves and sandbox creates/deletes to `observer` (metrics).
+    #[must_use]
+    pub fn with_observer(mut self, observer: Arc<dyn LifecycleObserver>) -> Self {
+        self.observer = observer;
         self
     }
 
@@ -188,14 +198,20 @@ impl Lifecycle {
         let hold = Arc::new(Hold { lock: Some(lock) });
         let outcome = self.resolve_locked(key, &options, &hold).await;
         let released = release(hold).await;
-        match (outcome, released) {
-            (Ok(handle), Ok(())) => Ok(handle),
+        let how = outcome.as_ref().ok().map(|(_, how)| *how);
+        let result = match (outcome, released) {
+            (Ok((handle, _)), Ok(())) => Ok(handle),
             // The work may have raced another holder: report it rather than hand out a handle
             // whose binding someone else may have replaced. The next resolve re-reads the truth.
             (Ok(_), Err(e)) => Err(e),
             (Err(e), Ok(())) => Err(e),
             (Err(e), Err(lost)) => Err(join(e, &lost)),
-        }
+        };
+        self.observer.resolved(match &result {
+            Ok(_) => how.unwrap_or(ResolveOutcome::Bound),
+            Err(e) => ResolveOutcome::Failed(e.kind()),
+        });
+        result
     }
 
     async fn resolve_locked(
@@ -203,7 +219,7 @@ impl Lifecycle {
         key: &BindingKey,
         options: &ResolveOptions,
         hold: &Arc<Hold>,
-    ) -> Result<SandboxHandle, Error> {
+    ) -> Result<(SandboxHandle, ResolveOutcome), Error> {
         // 1. The binding. A store error ends here, before any provider call.
         let mut binding = self.store.get(key).await?;
 
@@ -261,7 +277,7 @@ impl Lifecycle {
             match self.connect_bound(&b).await {
                 Ok(handle) => {
                     self.persist_token(key, &b, &handle).await;
-                    return Ok(handle);
+                    return Ok((handle, ResolveOutcome::Bound));
                 }
                 Err(e) if e.can_replace_binding() => {
                     if !self
@@ -282,11 +298,12 @@ impl Lifecycle {
 
         // 7. Recover a sandbox this session already owns (a restart, a lost binding).
         if let Some(handle) = self.recover(key, hold).await? {
-            return Ok(handle);
+            return Ok((handle, ResolveOutcome::Recovered));
         }
 
         // 8. Create.
-        self.create(key, options, hold).await
+        let handle = self.create(key, options, hold).await?;
+        Ok((handle, ResolveOutcome::Created))
     }
 
     /// Whether a stale binding may be rebuilt now. Without turn leases: always. A turn-state
@@ -487,7 +504,10 @@ impl Lifecycle {
             request.from_snapshot = true;
         }
         let handle = match self.provider.create(request.clone()).await {
-            Ok(handle) => handle,
+            Ok(handle) => {
+                self.observer.sandbox_created();
+                handle
+            }
             Err(e) => {
                 if overridden.is_some()
                     && let Some(bootstrapper) = self.bootstrapper.clone()
@@ -617,19 +637,24 @@ impl Lifecycle {
     /// is done, and stops if lock ownership is lost. `not_found`/`terminal` count as success.
     async fn cleanup(&self, hold: &Arc<Hold>, id: &SandboxId) -> Result<(), Error> {
         let (provider, hold, id) = (self.provider.clone(), hold.clone(), id.clone());
+        let observer = self.observer.clone();
         let ownership = hold.ownership();
         let task = tokio::spawn(async move {
             let _hold = hold; // Keeps the lock held until the delete is done.
             ownership.check()?;
             let delete = tokio::time::timeout(CLEANUP_TIMEOUT, provider.delete(&id));
-            tokio::select! {
+            let deleted = tokio::select! {
                 reason = ownership.lost() => Err(sandbox_core::ownership::ownership_lost(&reason)),
                 done = delete => match done {
                     Err(_) => Err(Error::timeout(Operation::DELETE, format!("cleanup of {id} did not finish in {}s", CLEANUP_TIMEOUT.as_secs()))),
                     Ok(Err(e)) if e.can_replace_binding() => Ok(()),
                     Ok(result) => result,
                 },
+            };
+            if deleted.is_ok() {
+                observer.sandbox_destroyed();
             }
+            deleted
         });
         task.await.unwrap_or_else(|e| {
             Err(internal(
@@ -643,8 +668,8 @@ impl Lifecycle {
     async fn destroy_bound(&self, key: &BindingKey, b: &Binding) -> Result<(), Error> {
         if b.provider == self.provider.provider() {
             match self.provider.delete(&b.sandbox_id).await {
-                Ok(()) => {}
-                Err(e) if e.can_replace_binding() => {}
+                Ok(()) => self.observer.sandbox_destroyed(),
+                Err(e) if e.can_replace_binding() => self.observer.sandbox_destroyed(),
                 // A transient failure keeps the binding: the sandbox may still exist.
                 Err(e) => return Err(e),
             }

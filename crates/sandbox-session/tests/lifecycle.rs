@@ -864,3 +864,75 @@ async fn peek_state_never_connects() {
     );
     let _ = ListFilter::default();
 }
+
+/// Everything the observer heard, in order.
+#[derive(Debug, Default)]
+struct Recorder {
+    events: Mutex<Vec<String>>,
+}
+
+impl sandbox_session::observer::LifecycleObserver for Recorder {
+    fn resolved(&self, outcome: sandbox_session::observer::ResolveOutcome) {
+        self.events
+            .lock()
+            .unwrap()
+            .push(format!("resolved:{outcome:?}"));
+    }
+    fn sandbox_created(&self) {
+        self.events.lock().unwrap().push("created".into());
+    }
+    fn sandbox_destroyed(&self) {
+        self.events.lock().unwrap().push("destroyed".into());
+    }
+}
+
+impl Recorder {
+    fn take(&self) -> Vec<String> {
+        std::mem::take(&mut *self.events.lock().unwrap())
+    }
+}
+
+/// The observer hears each resolve's outcome and every sandbox the provider created or deleted,
+/// including a recovered session's duplicate and a gone sandbox's replacement.
+#[tokio::test]
+async fn the_observer_hears_outcomes_creates_and_deletes() {
+    let clock = Arc::new(sandbox_core::ManualClock::new(
+        time::OffsetDateTime::now_utc(),
+    ));
+    let fake = FakeProvider::builder().clock(clock.clone()).build();
+    let mut e = env_with(fake, Arc::new(MemoryBindingStore::new()));
+    let recorder = Arc::new(Recorder::default());
+    e.lifecycle = e.lifecycle.clone().with_observer(recorder.clone());
+
+    let first = e.lifecycle.resolve(&key(1)).await.unwrap();
+    assert_eq!(recorder.take(), ["created", "resolved:Created"]);
+    e.lifecycle.resolve(&key(1)).await.unwrap();
+    assert_eq!(recorder.take(), ["resolved:Bound"]);
+
+    e.fake.fail_next(FakeOp::ConnectSession, unavailable());
+    e.lifecycle.resolve(&key(1)).await.unwrap_err();
+    assert_eq!(recorder.take(), ["resolved:Failed(Unavailable)"]);
+
+    // A gone sandbox is replaced: the old one is not deleted by us (it is gone), a new one is.
+    e.fake.terminate(first.id());
+    e.lifecycle.resolve(&key(1)).await.unwrap();
+    assert_eq!(recorder.take(), ["created", "resolved:Created"]);
+
+    let oldest = create_owned(&e, &key(2), true).await;
+    clock.advance(Duration::from_secs(5));
+    let dup = create_owned(&e, &key(2), true).await;
+    e.fake
+        .reissue_token_on_connect(oldest.id(), Secret::new("tok-a"));
+    e.fake
+        .reissue_token_on_connect(dup.id(), Secret::new("tok-b"));
+    e.lifecycle.resolve(&key(2)).await.unwrap();
+    assert_eq!(recorder.take(), ["destroyed", "resolved:Recovered"]);
+
+    e.lifecycle.destroy(&key(1)).await.unwrap();
+    assert_eq!(recorder.take(), ["destroyed"]);
+    e.lifecycle.destroy(&key(1)).await.unwrap();
+    assert!(
+        recorder.take().is_empty(),
+        "an unbound destroy deletes nothing"
+    );
+}

@@ -1,5 +1,6 @@
 //! Prometheus metrics: requests by route and status, latency histograms, provider errors by
-//! kind. Rendered at `GET /metrics` in the text exposition format.
+//! kind, resolves by outcome, sandboxes created and destroyed (the last two fed by the
+//! lifecycle coordinator through [`LifecycleObserver`]). Rendered at `GET /metrics` in the text exposition format.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -12,6 +13,8 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+
+use sandbox_session::observer::{LifecycleObserver, ResolveOutcome};
 
 use super::AppState;
 
@@ -32,12 +35,20 @@ struct KindLabels {
     kind: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: &'static str,
+}
+
 /// The service's metrics.
 pub struct Metrics {
     registry: Mutex<Registry>,
     requests: Family<RequestLabels, Counter>,
     latency: Family<RouteLabels, Histogram>,
     provider_errors: Family<KindLabels, Counter>,
+    resolves: Family<OutcomeLabels, Counter>,
+    created: Counter,
+    destroyed: Counter,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -76,11 +87,32 @@ impl Metrics {
             "Errors returned to callers, by error kind",
             provider_errors.clone(),
         );
+        let resolves = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "session_resolves",
+            "Session resolves by outcome (bound, recovered, created, failed)",
+            resolves.clone(),
+        );
+        let created = Counter::default();
+        registry.register(
+            "sandboxes_created",
+            "Sandboxes this process created",
+            created.clone(),
+        );
+        let destroyed = Counter::default();
+        registry.register(
+            "sandboxes_destroyed",
+            "Sandboxes this process deleted (or found already gone when deleting)",
+            destroyed.clone(),
+        );
         Metrics {
             registry: Mutex::new(registry),
             requests,
             latency,
             provider_errors,
+            resolves,
+            created,
+            destroyed,
         }
     }
 
@@ -118,6 +150,22 @@ impl Metrics {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         prometheus_client::encoding::text::encode(&mut out, &registry)?;
         Ok(out)
+    }
+}
+
+impl LifecycleObserver for Metrics {
+    fn resolved(&self, outcome: ResolveOutcome) {
+        self.resolves
+            .get_or_create(&OutcomeLabels {
+                outcome: outcome.label(),
+            })
+            .inc();
+    }
+    fn sandbox_created(&self) {
+        self.created.inc();
+    }
+    fn sandbox_destroyed(&self) {
+        self.destroyed.inc();
     }
 }
 
