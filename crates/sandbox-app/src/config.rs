@@ -39,6 +39,11 @@ pub struct DockerSection {
     pub network: String,
     pub allow_private_endpoints: bool,
     pub idle_ttl_seconds: u64,
+    /// Build a missing `sandbox-busybox:<tag>` image on start (from `busybox_path`), rather than
+    /// failing every create with `image_not_present`. Other image names are never built.
+    pub build_missing_image: bool,
+    /// The statically linked busybox the local image is built from (Debian's busybox-static).
+    pub busybox_path: PathBuf,
 }
 
 /// Request limits.
@@ -86,6 +91,8 @@ impl Default for DockerSection {
             network: "bridge".to_owned(),
             allow_private_endpoints: false,
             idle_ttl_seconds: 30 * 60,
+            build_missing_image: true,
+            busybox_path: PathBuf::from("/bin/busybox"),
         }
     }
 }
@@ -133,6 +140,7 @@ impl ServiceConfig {
     /// `SANDBOX_LISTEN`, `SANDBOX_STORE`, `SANDBOX_DOCKER_ENABLED`, `SANDBOX_DOCKER_HOST`,
     /// `SANDBOX_DOCKER_IMAGE`,
     /// `SANDBOX_DOCKER_NAMESPACE`, `SANDBOX_DOCKER_NETWORK`, `SANDBOX_DOCKER_PULL_POLICY`,
+    /// `SANDBOX_DOCKER_BUILD_IMAGE`, `SANDBOX_DOCKER_BUSYBOX`,
     /// `SANDBOX_UPLOAD_MAX_BYTES`, `SANDBOX_DEV_TOKEN_FILE`.
     pub fn apply_env(&mut self, env: &BTreeMap<String, String>) -> Result<(), ConfigError> {
         let get = |k: &str| {
@@ -149,8 +157,13 @@ impl ServiceConfig {
             self.store = v;
         }
         if let Some(v) = get(sandbox_provider_docker_env::ENABLED) {
-            self.docker.enabled =
-                matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on");
+            self.docker.enabled = flag(&v);
+        }
+        if let Some(v) = get("SANDBOX_DOCKER_BUILD_IMAGE") {
+            self.docker.build_missing_image = flag(&v);
+        }
+        if let Some(v) = get("SANDBOX_DOCKER_BUSYBOX") {
+            self.docker.busybox_path = PathBuf::from(v);
         }
         if let Some(v) = get("SANDBOX_DOCKER_HOST") {
             self.docker.host = Some(v);
@@ -208,6 +221,11 @@ impl ServiceConfig {
         }
         Ok(())
     }
+}
+
+/// An on/off environment value: `1`, `true`, `yes`, `on` (any case) mean on.
+fn flag(v: &str) -> bool {
+    matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on")
 }
 
 /// The Docker opt-in variable, named once.

@@ -95,17 +95,50 @@ async fn backend(config: &ServiceConfig) -> Vec<Check> {
     }
     match sandbox_core::narrow::template_catalog(&*provider) {
         Some(catalog) => match catalog.list_templates().await {
-            Ok(list) if list.iter().any(|t| t.id == section.image) => out.push(Check::pass("image", format!("{} is present", section.image))),
-            Ok(_) => out.push(Check::fail(
+            Ok(list) if list.iter().any(|t| t.id == section.image) => out.push(Check::pass(
                 "image",
-                format!("{} is not present on the engine (pull policy {})", section.image, section.pull_policy),
-                "build it without a registry: `cargo xtask test` builds sandbox-busybox:test from Debian's busybox-static; or set docker.image / SANDBOX_DOCKER_IMAGE to an image you have",
+                format!("{} is present", section.image),
             )),
+            Ok(_) => out.push(missing_image(section)),
             Err(e) => out.push(Check::fail("image", e.to_string(), "check the engine")),
         },
-        None => out.push(Check::fail("image", "the backend has no template catalog", "")),
+        None => out.push(Check::fail(
+            "image",
+            "the backend has no template catalog",
+            "",
+        )),
     }
     out
+}
+
+/// The image is missing: `serve` builds a `sandbox-busybox:<tag>` on start when it can, so the
+/// check says whether it can; any other image must be provided.
+#[cfg(feature = "docker")]
+fn missing_image(section: &crate::config::DockerSection) -> Check {
+    use sandbox_provider_docker::image_build::is_recipe_image;
+    let what = format!(
+        "{} is not present on the engine (pull policy {})",
+        section.image, section.pull_policy
+    );
+    let busybox = section.busybox_path.display();
+    if section.build_missing_image && is_recipe_image(&section.image) {
+        if section.busybox_path.is_file() {
+            return Check::pass(
+                "image",
+                format!("{what}; `sandbox serve` builds it on start from {busybox}"),
+            );
+        }
+        return Check::fail(
+            "image",
+            format!("{what}, and {busybox} (its build input) is missing"),
+            "apt-get install busybox-static, then `sandbox serve` builds the image on start (or run `cargo xtask serve`, which installs it)",
+        );
+    }
+    Check::fail(
+        "image",
+        what,
+        "load or build that image, or set docker.image / SANDBOX_DOCKER_IMAGE to sandbox-busybox:<tag>, which `sandbox serve` builds locally from Debian's busybox-static",
+    )
 }
 
 #[cfg(not(feature = "docker"))]

@@ -22,7 +22,7 @@ pub const DEV_TENANT: u64 = 1;
 /// Builds the application state: tenants, the backend, the store, the session manager.
 pub async fn build_state(config: &ServiceConfig) -> Result<AppState, String> {
     let auth = tenants(config)?;
-    let provider = backend(config).await?;
+    let provider = serving_backend(config).await?;
     let store = MemoryBindingStore::new();
     let image = TemplateId::new(config.docker.image.clone()).map_err(|e| e.to_string())?;
     let mut request = CreateRequest::new(image);
@@ -117,11 +117,29 @@ fn write_private(path: &std::path::Path, token: &str) -> Result<(), String> {
         .map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
 
-/// The configured backend provider.
+/// The configured backend provider, connected and checked, with nothing set up (what `doctor`
+/// inspects).
 #[cfg(feature = "docker")]
 pub async fn backend(
     config: &ServiceConfig,
 ) -> Result<Arc<dyn sandbox_core::SandboxProvider>, String> {
+    Ok(Arc::new(connect_docker(config).await?))
+}
+
+/// The backend the service runs on: [`backend`], plus the image made present.
+#[cfg(feature = "docker")]
+async fn serving_backend(
+    config: &ServiceConfig,
+) -> Result<Arc<dyn sandbox_core::SandboxProvider>, String> {
+    let provider = connect_docker(config).await?;
+    prepare_image(&provider, &config.docker).await?;
+    Ok(Arc::new(provider))
+}
+
+#[cfg(feature = "docker")]
+async fn connect_docker(
+    config: &ServiceConfig,
+) -> Result<sandbox_provider_docker::DockerProvider, String> {
     use sandbox_provider_docker::{DockerConfig, DockerProvider, NetworkMode, PullPolicy};
     let section = &config.docker;
     let image = TemplateId::new(section.image.clone()).map_err(|e| e.to_string())?;
@@ -132,10 +150,57 @@ pub async fn backend(
     docker.network = NetworkMode::parse(&section.network).map_err(|e| e.to_string())?;
     docker.allow_private_endpoints = section.allow_private_endpoints;
     docker.idle_ttl = Duration::from_secs(section.idle_ttl_seconds.max(1));
-    let provider = DockerProvider::connect(docker)
+    DockerProvider::connect(docker)
         .await
-        .map_err(|e| e.to_string())?;
-    Ok(Arc::new(provider))
+        .map_err(|e| e.to_string())
+}
+
+/// Makes the configured image present before the first request needs it: a missing
+/// `sandbox-busybox:<tag>` is built from the host's busybox-static (with progress in the log);
+/// any other missing image is left to the pull policy, with a warning naming the fix.
+#[cfg(feature = "docker")]
+async fn prepare_image(
+    provider: &sandbox_provider_docker::DockerProvider,
+    section: &crate::config::DockerSection,
+) -> Result<(), String> {
+    use sandbox_provider_docker::image_build::is_recipe_image;
+    let image = section.image.as_str();
+    if provider
+        .image_present(image)
+        .await
+        .map_err(|e| e.to_string())?
+    {
+        return Ok(());
+    }
+    if !(section.build_missing_image && is_recipe_image(image)) {
+        tracing::warn!(
+            image,
+            pull_policy = %section.pull_policy,
+            "the sandbox image is not present: creates fail with image_not_present unless the pull policy fetches it; build or load it, or set docker.image"
+        );
+        return Ok(());
+    }
+    let busybox = section.busybox_path.as_path();
+    tracing::info!(image, busybox = %busybox.display(), "the sandbox image is missing: building it locally (first start)");
+    let started = std::time::Instant::now();
+    let mut progress = |line: &str| tracing::info!(image, "build | {line}");
+    provider
+        .build_busybox_image(image, busybox, &mut progress)
+        .await
+        .map_err(|e| format!("cannot build the sandbox image: {}", e.message()))?;
+    tracing::info!(
+        image,
+        seconds = started.elapsed().as_secs_f64(),
+        "the sandbox image is built"
+    );
+    Ok(())
+}
+
+#[cfg(not(feature = "docker"))]
+async fn serving_backend(
+    config: &ServiceConfig,
+) -> Result<Arc<dyn sandbox_core::SandboxProvider>, String> {
+    backend(config).await
 }
 
 /// The configured backend provider.

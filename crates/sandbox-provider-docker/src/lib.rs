@@ -22,6 +22,7 @@ pub mod engine;
 pub mod errors;
 pub mod exec;
 pub mod files;
+pub mod image_build;
 pub mod labels;
 pub mod snapshots;
 pub mod sweeper;
