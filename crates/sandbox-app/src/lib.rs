@@ -5,10 +5,11 @@
 //! NDJSON streaming), files and attachments, WebSocket terminals behind single-use tickets,
 //! snapshots and ephemeral execution, session inspect/destroy/keep-alive, `/healthz`,
 //! `/metrics`, the OpenAPI document (`/v1/openapi.json`, generated from the route table), and
-//! the `serve` and `doctor` commands. The client commands (`exec`, `files`, `shell`) arrive in
-//! the next increment of the service issue.
+//! the `serve` and `doctor` commands, and the client commands (`exec`, `files get|put|ls`,
+//! `shell`) in [`client`].
 
 pub mod auth;
+pub mod client;
 pub mod config;
 pub mod doctor;
 pub mod http;

@@ -5,7 +5,8 @@ use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
+use sandbox_app::client::{self, Client, ClientError};
 use sandbox_app::config::ServiceConfig;
 
 #[derive(Parser, Debug)]
@@ -32,6 +33,112 @@ enum Command {
         /// A TOML config file.
         #[arg(long, env = "SANDBOX_CONFIG")]
         config: Option<PathBuf>,
+    },
+    /// Run a command in a session's sandbox; output streams as it is produced and the exit
+    /// status is the command's (124 when killed at its timeout).
+    Exec(ExecArgs),
+    /// Download, upload and list files of a session's sandbox.
+    #[command(subcommand)]
+    Files(FilesCommand),
+    /// An interactive shell in a session's sandbox, in this terminal (raw mode, resizes follow).
+    Shell {
+        #[command(flatten)]
+        conn: Conn,
+        /// The session.
+        session: String,
+    },
+}
+
+/// How a client command reaches the service. The token is read from `SANDBOX_TOKEN` or a file,
+/// never taken as an argument (arguments are visible to every user in the process list).
+#[derive(Args, Debug)]
+struct Conn {
+    /// The service's base URL.
+    #[arg(long, env = "SANDBOX_SERVER", default_value = "http://127.0.0.1:8080")]
+    server: String,
+    /// A file holding the API token (default: the development token file `sandbox serve`
+    /// creates). `SANDBOX_TOKEN` takes precedence.
+    #[arg(long, env = "SANDBOX_TOKEN_FILE")]
+    token_file: Option<PathBuf>,
+}
+
+impl Conn {
+    fn client(&self) -> Result<Client, ClientError> {
+        let env_token = std::env::var("SANDBOX_TOKEN").ok();
+        let token = client::load_token(env_token.as_deref(), self.token_file.as_deref())?;
+        Client::new(&self.server, token)
+    }
+}
+
+#[derive(Args, Debug)]
+struct ExecArgs {
+    #[command(flatten)]
+    conn: Conn,
+    /// Run the command words, joined by spaces, with the sandbox's `sh -c`.
+    #[arg(long)]
+    shell: bool,
+    /// Working directory inside the sandbox (default /workspace).
+    #[arg(long)]
+    cwd: Option<String>,
+    /// Environment variable for the command, `KEY=VALUE` (repeatable).
+    #[arg(short, long = "env", value_name = "KEY=VALUE")]
+    env: Vec<String>,
+    /// Kill the command after this many seconds.
+    #[arg(long, value_name = "SECONDS")]
+    timeout: Option<u32>,
+    /// The user to run as inside the sandbox.
+    #[arg(long)]
+    user: Option<String>,
+    /// Send this process's standard input (UTF-8 text) to the command.
+    #[arg(long)]
+    stdin: bool,
+    /// The session.
+    session: String,
+    /// The command and its arguments (after `--` when they start with a dash).
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+    command: Vec<String>,
+}
+
+#[derive(Subcommand, Debug)]
+enum FilesCommand {
+    /// Download a file (to stdout, or to `-o FILE`).
+    Get {
+        #[command(flatten)]
+        conn: Conn,
+        /// Write to this file instead of stdout.
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+        session: String,
+        /// Absolute path inside the sandbox.
+        path: String,
+    },
+    /// Upload a local file (`-` for stdin) to a path inside the sandbox.
+    Put {
+        #[command(flatten)]
+        conn: Conn,
+        /// Upload as a user attachment (below /workspace/input).
+        #[arg(long)]
+        attachment: bool,
+        session: String,
+        /// The local file, or `-` for stdin.
+        local: PathBuf,
+        /// Absolute path inside the sandbox.
+        path: String,
+    },
+    /// List a directory (kind, size, path), recursively to `--depth`.
+    Ls {
+        #[command(flatten)]
+        conn: Conn,
+        /// Levels to descend (1 = the directory's own entries).
+        #[arg(long, default_value_t = 1)]
+        depth: u32,
+        /// Print the service's JSON instead of lines.
+        #[arg(long)]
+        json: bool,
+        session: String,
+        /// Absolute path inside the sandbox.
+        #[arg(default_value = "/workspace")]
+        path: String,
     },
 }
 
@@ -85,6 +192,176 @@ fn main() -> ExitCode {
             } else {
                 ExitCode::FAILURE
             }
+        }
+        Command::Exec(args) => client_command(|| exec(args)),
+        Command::Files(command) => client_command(|| files(command)),
+        Command::Shell { conn, session } => client_command(|| async move {
+            let client = conn.client()?;
+            client::shell::run(&client, &session).await
+        }),
+    }
+}
+
+/// Runs a client command on a small runtime; its status, or 1 with the error on stderr.
+fn client_command<F, Fut>(command: F) -> ExitCode
+where
+    F: FnOnce() -> Fut,
+    Fut: std::future::Future<Output = Result<u8, ClientError>>,
+{
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => return fail(&format!("cannot start the runtime: {e}")),
+    };
+    match runtime.block_on(command()) {
+        Ok(status) => ExitCode::from(status),
+        Err(e) => fail(&e.to_string()),
+    }
+}
+
+async fn exec(args: ExecArgs) -> Result<u8, ClientError> {
+    let client = args.conn.client()?;
+    let mut env = BTreeMap::new();
+    for pair in &args.env {
+        let (k, v) = pair
+            .split_once('=')
+            .ok_or_else(|| ClientError::Usage(format!("--env {pair:?}: expected KEY=VALUE")))?;
+        env.insert(k.to_owned(), v.to_owned());
+    }
+    let stdin = if args.stdin {
+        let mut bytes = Vec::new();
+        tokio::io::AsyncReadExt::read_to_end(&mut tokio::io::stdin(), &mut bytes)
+            .await
+            .map_err(|e| ClientError::Local(format!("cannot read stdin: {e}")))?;
+        Some(String::from_utf8(bytes).map_err(|_| {
+            ClientError::Usage(
+                "--stdin takes UTF-8 text; upload binary input with `sandbox files put`".to_owned(),
+            )
+        })?)
+    } else {
+        None
+    };
+    let (command, rest) = match args.command.split_first() {
+        Some((first, rest)) => (first.clone(), rest.to_vec()),
+        None => return Err(ClientError::Usage("no command given".to_owned())),
+    };
+    let spec = sandbox_core::ExecSpec {
+        command: if args.shell {
+            args.command.join(" ")
+        } else {
+            command
+        },
+        args: if args.shell { Vec::new() } else { rest },
+        shell: args.shell,
+        stdin,
+        env,
+        cwd: args.cwd,
+        user: args.user,
+        timeout_ms: args.timeout.map(|s| i64::from(s) * 1000),
+    };
+    let (mut out, mut err) = (tokio::io::stdout(), tokio::io::stderr());
+    let ended = client::exec::run(&client, &args.session, &spec, &mut out, &mut err).await?;
+    if ended.killed {
+        let _ = writeln!(
+            std::io::stderr(),
+            "sandbox: the command was killed at its timeout"
+        );
+    }
+    if ended.overflow {
+        let _ = writeln!(
+            std::io::stderr(),
+            "sandbox: output was dropped because it was read too slowly"
+        );
+    }
+    Ok(ended.status())
+}
+
+async fn files(command: FilesCommand) -> Result<u8, ClientError> {
+    match command {
+        FilesCommand::Get {
+            conn,
+            output,
+            session,
+            path,
+        } => {
+            let client = conn.client()?;
+            match output {
+                None => {
+                    client::files::get(&client, &session, &path, &mut tokio::io::stdout()).await?;
+                }
+                Some(file) => {
+                    // Written beside the target and renamed, so a failed download leaves no
+                    // truncated file under the name.
+                    let partial = file.with_extension("sandbox-partial");
+                    let mut sink = tokio::fs::File::create(&partial).await.map_err(|e| {
+                        ClientError::Local(format!("cannot create {}: {e}", partial.display()))
+                    })?;
+                    let got = client::files::get(&client, &session, &path, &mut sink).await;
+                    if let Err(e) = got {
+                        let _ = tokio::fs::remove_file(&partial).await;
+                        return Err(e);
+                    }
+                    tokio::fs::rename(&partial, &file).await.map_err(|e| {
+                        ClientError::Local(format!("cannot write {}: {e}", file.display()))
+                    })?;
+                }
+            }
+            Ok(0)
+        }
+        FilesCommand::Put {
+            conn,
+            attachment,
+            session,
+            local,
+            path,
+        } => {
+            let client = conn.client()?;
+            let target = if attachment {
+                client::files::Target::Attachment
+            } else {
+                client::files::Target::Workspace
+            };
+            if local.as_os_str() == "-" {
+                client::files::put(&client, &session, &path, target, tokio::io::stdin(), None)
+                    .await?;
+            } else {
+                let file = tokio::fs::File::open(&local).await.map_err(|e| {
+                    ClientError::Local(format!("cannot open {}: {e}", local.display()))
+                })?;
+                let meta = file.metadata().await.map_err(|e| {
+                    ClientError::Local(format!("cannot read {}: {e}", local.display()))
+                })?;
+                if !meta.is_file() {
+                    return Err(ClientError::Usage(format!(
+                        "{} is not a file",
+                        local.display()
+                    )));
+                }
+                client::files::put(&client, &session, &path, target, file, Some(meta.len()))
+                    .await?;
+            }
+            Ok(0)
+        }
+        FilesCommand::Ls {
+            conn,
+            depth,
+            json,
+            session,
+            path,
+        } => {
+            let client = conn.client()?;
+            let entries = client::files::list(&client, &session, &path, depth).await?;
+            let text = if json {
+                serde_json::to_string_pretty(&entries).unwrap_or_default() + "\n"
+            } else {
+                client::files::render(&entries)
+            };
+            std::io::stdout()
+                .write_all(text.as_bytes())
+                .map_err(|e| ClientError::Local(format!("cannot write the listing: {e}")))?;
+            Ok(0)
         }
     }
 }

@@ -132,6 +132,25 @@ pub async fn read_bounded(headers: &HeaderMap, body: Body, limit: u64) -> Result
     Ok(Bytes::from(buf))
 }
 
+/// Refuses an upload before reading its body (a bad path, a wrong token). The body is drained
+/// as an over-limit one is (bounded in bytes and time), so a client still writing reads this
+/// answer instead of a broken pipe, and the connection is closed after it.
+async fn refuse_unread(headers: &HeaderMap, body: Body, error: ApiError) -> Response {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_none_or(|n| n <= DRAIN_MAX_BYTES) {
+        drain(&mut body.into_data_stream(), DRAIN_MAX_BYTES).await;
+    }
+    let mut response = error.into_response();
+    response.headers_mut().insert(
+        header::CONNECTION,
+        axum::http::HeaderValue::from_static("close"),
+    );
+    response
+}
+
 /// Discards up to `max` more bytes of `stream`, for at most [`DRAIN_DEADLINE`].
 async fn drain(stream: &mut axum::body::BodyDataStream, max: u64) {
     let discard = async {
@@ -183,19 +202,27 @@ pub async fn upload(
     SessionPath(session): SessionPath,
     q: QueryResult<PathQuery>,
     body: Body,
-) -> Result<StatusCode, ApiError> {
-    let (key, path) = key_and_path(&state, &headers, &session, q)?;
-    state
-        .manager
-        .layout()
-        .check_model_write(&path)
-        .map_err(ApiError::from)?;
-    let content = read_bounded(&headers, body, state.limits.upload_max_bytes).await?;
+) -> Result<StatusCode, Response> {
+    let checked = key_and_path(&state, &headers, &session, q).and_then(|(key, path)| {
+        state
+            .manager
+            .layout()
+            .check_model_write(&path)
+            .map_err(ApiError::from)?;
+        Ok((key, path))
+    });
+    let (key, path) = match checked {
+        Ok(checked) => checked,
+        Err(e) => return Err(refuse_unread(&headers, body, e).await),
+    };
+    let content = read_bounded(&headers, body, state.limits.upload_max_bytes)
+        .await
+        .map_err(IntoResponse::into_response)?;
     state
         .manager
         .write_file(&key, &path, &content)
         .await
-        .map_err(|e| observed(&state, e))?;
+        .map_err(|e| observed(&state, e).into_response())?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -206,19 +233,27 @@ pub async fn put_attachment(
     SessionPath(session): SessionPath,
     q: QueryResult<PathQuery>,
     body: Body,
-) -> Result<StatusCode, ApiError> {
-    let (key, path) = key_and_path(&state, &headers, &session, q)?;
-    state
-        .manager
-        .layout()
-        .check_attachment_write(&path)
-        .map_err(ApiError::from)?;
-    let content = read_bounded(&headers, body, state.limits.upload_max_bytes).await?;
+) -> Result<StatusCode, Response> {
+    let checked = key_and_path(&state, &headers, &session, q).and_then(|(key, path)| {
+        state
+            .manager
+            .layout()
+            .check_attachment_write(&path)
+            .map_err(ApiError::from)?;
+        Ok((key, path))
+    });
+    let (key, path) = match checked {
+        Ok(checked) => checked,
+        Err(e) => return Err(refuse_unread(&headers, body, e).await),
+    };
+    let content = read_bounded(&headers, body, state.limits.upload_max_bytes)
+        .await
+        .map_err(IntoResponse::into_response)?;
     state
         .manager
         .write_attachment(&key, &path, &content)
         .await
-        .map_err(|e| observed(&state, e))?;
+        .map_err(|e| observed(&state, e).into_response())?;
     Ok(StatusCode::NO_CONTENT)
 }
 
