@@ -26,10 +26,10 @@ const DOCTEST_DEADLINE: Duration = Duration::from_secs(1800);
 /// adapter's engine, registry and egress tests (ignored without the engine; run by their own
 /// stages), so the hermetic run's counts hold no skips. In `sandbox-app`, a test binary whose
 /// name ends in `_docker` needs the engine.
-const HERMETIC_FILTER: &str = "not binary(conformance) and not (package(sandbox-provider-docker) and (binary(engine) | binary(registry) | binary(egress))) and not (package(sandbox-session) and binary(docker)) and not (package(sandbox-app) and binary(*_docker))";
+const HERMETIC_FILTER: &str = "not binary(conformance) and not (package(sandbox-provider-docker) and (binary(engine) | binary(registry) | binary(egress))) and not (package(sandbox-session) and binary(docker)) and not (package(sandbox-app) and binary(*_docker)) and not (package(xtask) and binary(serve_docker))";
 
 /// The tests that need the Docker engine beyond conformance, run by the docker stage.
-const DOCKER_ENGINE_FILTER: &str = "(package(sandbox-provider-docker) and (binary(engine) | binary(registry))) | (package(sandbox-session) and binary(docker)) | (package(sandbox-app) and binary(*_docker))";
+const DOCKER_ENGINE_FILTER: &str = "(package(sandbox-provider-docker) and (binary(engine) | binary(registry))) | (package(sandbox-session) and binary(docker)) | (package(sandbox-app) and binary(*_docker)) | (package(xtask) and binary(serve_docker))";
 
 /// The nextest profile of the hermetic tier.
 const CI_PROFILE: &str = "ci";
