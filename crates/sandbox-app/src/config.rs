@@ -15,8 +15,9 @@ use serde::Deserialize;
 pub struct ServiceConfig {
     /// Where the HTTP API listens. Loopback by default: exposing it is a deliberate act.
     pub listen: SocketAddr,
-    /// `memory` (one process) — the distributed store arrives with its issue.
+    /// `memory` (one process) or `redis` (shared by every replica; see [`RedisSection`]).
     pub store: String,
+    pub redis: RedisSection,
     pub docker: DockerSection,
     pub limits: Limits,
     /// Tenants and their API tokens (stored as SHA-256 hex digests, never in clear).
@@ -46,6 +47,40 @@ pub struct DockerSection {
     pub busybox_path: PathBuf,
 }
 
+/// The Redis binding store (`store = "redis"`).
+#[derive(Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct RedisSection {
+    /// A standalone server: `redis://[user:password@]host:port[/db]`.
+    pub url: Option<String>,
+    /// Redis Cluster seed nodes (`host:port`); cluster mode when non-empty.
+    pub cluster_nodes: Vec<String>,
+    /// Scopes every key, so deployments can share one Redis (default `default`).
+    pub namespace: Option<String>,
+    /// ACL user. The password is best given as `SANDBOX_REDIS_PASSWORD`, not in a file.
+    pub username: Option<String>,
+    pub password: Option<String>,
+    /// The lifecycle lock's lease in milliseconds (default 60000; renewed at a third of it).
+    pub lock_lease_ms: Option<u64>,
+    /// Every Redis command's deadline in milliseconds (default 5000).
+    pub command_timeout_ms: Option<u64>,
+}
+
+impl std::fmt::Debug for RedisSection {
+    // The URL and the password may carry credentials.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisSection")
+            .field("url", &self.url.as_ref().map(|_| "[set]"))
+            .field("cluster_nodes", &self.cluster_nodes)
+            .field("namespace", &self.namespace)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "[redacted]"))
+            .field("lock_lease_ms", &self.lock_lease_ms)
+            .field("command_timeout_ms", &self.command_timeout_ms)
+            .finish()
+    }
+}
+
 /// Request limits.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -72,6 +107,7 @@ impl Default for ServiceConfig {
         ServiceConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             store: "memory".to_owned(),
+            redis: RedisSection::default(),
             docker: DockerSection::default(),
             limits: Limits::default(),
             tenants: Vec::new(),
@@ -137,7 +173,9 @@ impl ServiceConfig {
         Ok(config)
     }
 
-    /// `SANDBOX_LISTEN`, `SANDBOX_STORE`, `SANDBOX_DOCKER_ENABLED`, `SANDBOX_DOCKER_HOST`,
+    /// `SANDBOX_LISTEN`, `SANDBOX_STORE`, `SANDBOX_REDIS_URL`, `SANDBOX_REDIS_CLUSTER_NODES`,
+    /// `SANDBOX_REDIS_NAMESPACE`, `SANDBOX_REDIS_USERNAME`, `SANDBOX_REDIS_PASSWORD`,
+    /// `SANDBOX_REDIS_LOCK_LEASE_MS`, `SANDBOX_REDIS_COMMAND_TIMEOUT_MS`, `SANDBOX_DOCKER_ENABLED`, `SANDBOX_DOCKER_HOST`,
     /// `SANDBOX_DOCKER_IMAGE`,
     /// `SANDBOX_DOCKER_NAMESPACE`, `SANDBOX_DOCKER_NETWORK`, `SANDBOX_DOCKER_PULL_POLICY`,
     /// `SANDBOX_DOCKER_BUILD_IMAGE`, `SANDBOX_DOCKER_BUSYBOX`,
@@ -155,6 +193,38 @@ impl ServiceConfig {
         }
         if let Some(v) = get("SANDBOX_STORE") {
             self.store = v;
+        }
+        if let Some(v) = get("SANDBOX_REDIS_URL") {
+            self.redis.url = Some(v);
+        }
+        if let Some(v) = get("SANDBOX_REDIS_CLUSTER_NODES") {
+            self.redis.cluster_nodes = v
+                .split(',')
+                .map(|n| n.trim().to_owned())
+                .filter(|n| !n.is_empty())
+                .collect();
+        }
+        if let Some(v) = get("SANDBOX_REDIS_NAMESPACE") {
+            self.redis.namespace = Some(v);
+        }
+        if let Some(v) = get("SANDBOX_REDIS_USERNAME") {
+            self.redis.username = Some(v);
+        }
+        if let Some(v) = get("SANDBOX_REDIS_PASSWORD") {
+            self.redis.password = Some(v);
+        }
+        for (name, field) in [
+            ("SANDBOX_REDIS_LOCK_LEASE_MS", &mut self.redis.lock_lease_ms),
+            (
+                "SANDBOX_REDIS_COMMAND_TIMEOUT_MS",
+                &mut self.redis.command_timeout_ms,
+            ),
+        ] {
+            if let Some(v) = get(name) {
+                *field = Some(v.parse().map_err(|_| {
+                    ConfigError(format!("{name}={v:?} is not a number of milliseconds"))
+                })?);
+            }
         }
         if let Some(v) = get(sandbox_provider_docker_env::ENABLED) {
             self.docker.enabled = flag(&v);
@@ -195,11 +265,26 @@ impl ServiceConfig {
 
     /// Refuses configs that cannot work, with the field to fix.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.store != "memory" {
-            return Err(ConfigError(format!(
-                "store {:?} is not available in this build; use \"memory\"",
-                self.store
-            )));
+        match self.store.as_str() {
+            "memory" => {}
+            "redis" => {
+                let r = &self.redis;
+                if r.url.is_some() != r.cluster_nodes.is_empty() {
+                    return Err(ConfigError(
+                        "store \"redis\" needs exactly one of redis.url (SANDBOX_REDIS_URL) and redis.cluster_nodes (SANDBOX_REDIS_CLUSTER_NODES)".to_owned(),
+                    ));
+                }
+                if r.lock_lease_ms.is_some_and(|ms| ms < 30) || r.command_timeout_ms == Some(0) {
+                    return Err(ConfigError(
+                        "redis.lock_lease_ms must be at least 30 and redis.command_timeout_ms positive".to_owned(),
+                    ));
+                }
+            }
+            other => {
+                return Err(ConfigError(format!(
+                    "store {other:?} is not known; use \"memory\" or \"redis\""
+                )));
+            }
         }
         for t in &self.tenants {
             if t.id == 0 {

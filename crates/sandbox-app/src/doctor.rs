@@ -41,19 +41,42 @@ pub async fn run(config: &ServiceConfig) -> Vec<Check> {
         "config",
         format!("listen {}, store {}", config.listen, config.store),
     )];
-    checks.push(match config.store.as_str() {
+    checks.push(store(config).await);
+    checks.extend(backend(config).await);
+    checks
+}
+
+async fn store(config: &ServiceConfig) -> Check {
+    match config.store.as_str() {
         "memory" => Check::pass(
             "store",
             "memory store (single process; bindings do not survive a restart, sandboxes are re-adopted by metadata)",
         ),
+        #[cfg(feature = "redis")]
+        "redis" => match crate::serve::redis_store(&config.redis).await {
+            Ok(store) => match store.ping().await {
+                Ok(()) => Check::pass("store", "redis answers"),
+                Err(e) => Check::fail(
+                    "store",
+                    e.to_string(),
+                    "check that Redis is up and reachable from this host",
+                ),
+            },
+            Err(e) => {
+                let fix = if e.contains("auth") || e.contains("WRONGPASS") || e.contains("NOAUTH") {
+                    "set the ACL user and password (redis.username, SANDBOX_REDIS_PASSWORD)"
+                } else {
+                    "start Redis or correct redis.url / redis.cluster_nodes (SANDBOX_REDIS_URL, SANDBOX_REDIS_CLUSTER_NODES)"
+                };
+                Check::fail("store", e, fix)
+            }
+        },
         other => Check::fail(
             "store",
             format!("store {other:?} is not available in this build"),
-            "set store = \"memory\" (or SANDBOX_STORE=memory)",
+            "set store = \"memory\" or \"redis\" (SANDBOX_STORE)",
         ),
-    });
-    checks.extend(backend(config).await);
-    checks
+    }
 }
 
 #[cfg(feature = "docker")]

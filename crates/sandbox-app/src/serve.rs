@@ -13,8 +13,8 @@ use sandbox_session::memory_store::MemoryBindingStore;
 
 use crate::auth::{TenantAuth, digest, hex};
 use crate::config::ServiceConfig;
-use crate::http::AppState;
 use crate::http::metrics::Metrics;
+use crate::http::{AppState, StoreInfo};
 
 /// The tenant ID of the development token created when no tenant is configured.
 pub const DEV_TENANT: u64 = 1;
@@ -23,7 +23,7 @@ pub const DEV_TENANT: u64 = 1;
 pub async fn build_state(config: &ServiceConfig) -> Result<AppState, String> {
     let auth = tenants(config)?;
     let provider = serving_backend(config).await?;
-    let store = MemoryBindingStore::new();
+    let (store, store_info) = binding_store(config).await?;
     let image = TemplateId::new(config.docker.image.clone()).map_err(|e| e.to_string())?;
     let mut request = CreateRequest::new(image);
     let idle = IdleTimeout::after(Duration::from_secs(config.docker.idle_ttl_seconds.max(1)))
@@ -44,7 +44,7 @@ pub async fn build_state(config: &ServiceConfig) -> Result<AppState, String> {
     let metrics = Arc::new(Metrics::new());
     let lifecycle = Lifecycle::new(
         provider.clone(),
-        Arc::new(store),
+        store,
         Arc::new(PermissiveSessionExistence),
         lifecycle_config,
     )
@@ -57,7 +57,76 @@ pub async fn build_state(config: &ServiceConfig) -> Result<AppState, String> {
         metrics,
         limits: config.limits.clone(),
         tickets: Arc::new(crate::tickets::TerminalTickets::default()),
+        store: store_info,
     })
+}
+
+/// The configured binding store. A Redis store that cannot be reached fails the start with
+/// the reason: a replica must not serve without the shared truth.
+pub async fn binding_store(
+    config: &ServiceConfig,
+) -> Result<(Arc<dyn sandbox_core::BindingStore>, StoreInfo), String> {
+    match config.store.as_str() {
+        "memory" => Ok((Arc::new(MemoryBindingStore::new()), StoreInfo::memory())),
+        #[cfg(feature = "redis")]
+        "redis" => {
+            let store = redis_store(&config.redis).await?;
+            let info = StoreInfo {
+                kind: "redis",
+                health: Some(Arc::new(RedisHealth(store.clone()))),
+            };
+            Ok((Arc::new(store), info))
+        }
+        other => Err(format!(
+            "store {other:?} is not available in this build (features: memory{})",
+            if cfg!(feature = "redis") {
+                ", redis"
+            } else {
+                ""
+            }
+        )),
+    }
+}
+
+/// Connects the Redis store the section describes.
+#[cfg(feature = "redis")]
+pub async fn redis_store(
+    section: &crate::config::RedisSection,
+) -> Result<sandbox_store_redis::RedisBindingStore, String> {
+    use sandbox_store_redis::{RedisBindingStore, RedisStoreConfig, Topology};
+    let topology = match &section.url {
+        Some(url) => Topology::Standalone { url: url.clone() },
+        None => Topology::Cluster {
+            nodes: section.cluster_nodes.clone(),
+        },
+    };
+    let namespace = section
+        .namespace
+        .clone()
+        .unwrap_or_else(|| "default".to_owned());
+    let mut cfg = RedisStoreConfig::new(topology, namespace);
+    cfg.username.clone_from(&section.username);
+    cfg.password.clone_from(&section.password);
+    if let Some(ms) = section.lock_lease_ms {
+        cfg.lock_lease = Duration::from_millis(ms);
+    }
+    if let Some(ms) = section.command_timeout_ms {
+        cfg.command_timeout = Duration::from_millis(ms);
+    }
+    RedisBindingStore::connect(cfg)
+        .await
+        .map_err(|e| format!("redis store: {e}"))
+}
+
+#[cfg(feature = "redis")]
+struct RedisHealth(sandbox_store_redis::RedisBindingStore);
+
+#[cfg(feature = "redis")]
+#[async_trait::async_trait]
+impl crate::http::StoreHealth for RedisHealth {
+    async fn check(&self) -> Result<(), sandbox_core::Error> {
+        self.0.ping().await
+    }
 }
 
 fn tenants(config: &ServiceConfig) -> Result<TenantAuth, String> {

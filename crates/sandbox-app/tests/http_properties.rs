@@ -55,6 +55,7 @@ fn app() -> Router {
         metrics: Arc::new(Metrics::new()),
         limits: Limits::default(),
         tickets: Arc::new(sandbox_app::tickets::TerminalTickets::default()),
+        store: sandbox_app::http::StoreInfo::memory(),
     })
 }
 

@@ -47,8 +47,21 @@ fn op(name: &'static str) -> Operation {
     Operation::new(name)
 }
 
-/// Maps a fred error raised by `operation` onto the core taxonomy, once, here.
-pub(crate) fn map_err(operation: Operation, e: &fred::error::Error) -> Error {
+/// Maps a fred error raised by `operation` on `client` onto the core taxonomy, once, here. A
+/// command that timed out while the client had no connection (it was reconnecting) is
+/// `unavailable`: Redis is down, not slow.
+pub(crate) fn fail(client: &Client, operation: Operation, e: &fred::error::Error) -> Error {
+    let mapped = map_err(operation, e);
+    if mapped.kind() == ErrorKind::Timeout && !client.is_connected() {
+        return Error::unavailable(
+            operation,
+            format!("redis is unreachable (reconnecting): {}", e.details()),
+        );
+    }
+    mapped
+}
+
+fn map_err(operation: Operation, e: &fred::error::Error) -> Error {
     use fred::error::ErrorKind as K;
     let kind = match e.kind() {
         K::Timeout => ErrorKind::Timeout,
@@ -100,7 +113,7 @@ impl RedisBindingStore {
             client
                 .init()
                 .await
-                .map_err(|e| map_err(op("store.connect"), &e))?;
+                .map_err(|e| fail(&client, op("store.connect"), &e))?;
             Ok::<_, Error>(())
         };
         tokio::time::timeout(config.connect_timeout, connect)
@@ -139,7 +152,7 @@ impl RedisBindingStore {
             .ping::<String>(None)
             .await
             .map(|_| ())
-            .map_err(|e| map_err(op("store.ping"), &e))
+            .map_err(|e| fail(&self.inner.client, op("store.ping"), &e))
     }
 
     /// The keys of `key` (tests plant values through them).
@@ -157,7 +170,7 @@ impl RedisBindingStore {
             .client
             .get::<Option<Vec<u8>>, _>(key)
             .await
-            .map_err(|e| map_err(operation, &e))
+            .map_err(|e| fail(&self.inner.client, operation, &e))
     }
 
     /// Conditional write: swaps `expected` for `new` (empty: delete) only if the stored bytes
@@ -232,7 +245,7 @@ impl Inner {
             script
                 .load(&self.client)
                 .await
-                .map_err(|e| map_err(op("store.connect"), &e))?;
+                .map_err(|e| fail(&self.client, op("store.connect"), &e))?;
         }
         Ok(())
     }
@@ -255,7 +268,7 @@ impl Inner {
         script
             .evalsha_with_reload::<R, _, _>(&self.client, keys, args)
             .await
-            .map_err(|e| map_err(operation, &e))
+            .map_err(|e| fail(&self.client, operation, &e))
     }
 }
 
@@ -322,7 +335,7 @@ impl BindingStore for RedisBindingStore {
                 false,
             )
             .await
-            .map_err(|e| map_err(op("store.create"), &e))?;
+            .map_err(|e| fail(&self.inner.client, op("store.create"), &e))?;
         Ok(stored.is_some())
     }
 
@@ -398,7 +411,7 @@ impl BindingStore for RedisBindingStore {
                 self.inner.client.scan(pattern, Some(200), None).boxed()
             };
             while let Some(page) = pages.next().await {
-                let mut page = page.map_err(|e| map_err(operation, &e))?;
+                let mut page = page.map_err(|e| fail(&self.inner.client, operation, &e))?;
                 for k in page.take_results().unwrap_or_default() {
                     if let Some(s) = k
                         .as_str()
@@ -562,7 +575,7 @@ impl RewindLocks for RedisBindingStore {
             .client
             .exists(self.keys(key).rewind)
             .await
-            .map_err(|e| map_err(op("store.has_rewind_lock"), &e))?;
+            .map_err(|e| fail(&self.inner.client, op("store.has_rewind_lock"), &e))?;
         Ok(n > 0)
     }
 }
@@ -637,7 +650,7 @@ impl ActivityRegistry for RedisBindingStore {
             .client
             .hdel(self.keys(key).activity, id)
             .await
-            .map_err(|e| map_err(op("store.activity_remove"), &e))?;
+            .map_err(|e| fail(&self.inner.client, op("store.activity_remove"), &e))?;
         Ok(())
     }
 
@@ -689,6 +702,6 @@ pub(crate) async fn set_nx_px(
             false,
         )
         .await
-        .map_err(|e| map_err(operation, &e))?;
+        .map_err(|e| fail(client, operation, &e))?;
     Ok(set.is_some())
 }

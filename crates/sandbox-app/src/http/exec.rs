@@ -122,7 +122,7 @@ pub async fn exec(
                 end
             }
             Err(e) => {
-                metrics.observe_error(e.kind().as_str());
+                metrics.observe_error(&e);
                 let api = ApiError::from(e);
                 json!({ "error": { "code": api.code, "message": api.message } })
             }

@@ -46,6 +46,7 @@ pub struct Metrics {
     requests: Family<RequestLabels, Counter>,
     latency: Family<RouteLabels, Histogram>,
     provider_errors: Family<KindLabels, Counter>,
+    store_errors: Family<KindLabels, Counter>,
     resolves: Family<OutcomeLabels, Counter>,
     created: Counter,
     destroyed: Counter,
@@ -84,8 +85,14 @@ impl Metrics {
         );
         registry.register(
             "provider_errors",
-            "Errors returned to callers, by error kind",
+            "Backend errors returned to callers, by error kind",
             provider_errors.clone(),
+        );
+        let store_errors = Family::<KindLabels, Counter>::default();
+        registry.register(
+            "store_errors",
+            "Binding-store errors returned to callers, by error kind",
+            store_errors.clone(),
         );
         let resolves = Family::<OutcomeLabels, Counter>::default();
         registry.register(
@@ -110,6 +117,7 @@ impl Metrics {
             requests,
             latency,
             provider_errors,
+            store_errors,
             resolves,
             created,
             destroyed,
@@ -132,11 +140,17 @@ impl Metrics {
             .observe(elapsed.as_secs_f64());
     }
 
-    /// Records an error returned to a caller.
-    pub fn observe_error(&self, kind: &str) {
-        self.provider_errors
+    /// Records an error returned to a caller, as a store error when the binding store raised
+    /// it (its operation is `store.*`), else as a provider error.
+    pub fn observe_error(&self, error: &sandbox_core::Error) {
+        let family = if error.operation().as_str().starts_with("store.") {
+            &self.store_errors
+        } else {
+            &self.provider_errors
+        };
+        family
             .get_or_create(&KindLabels {
-                kind: kind.to_owned(),
+                kind: error.kind().as_str().to_owned(),
             })
             .inc();
     }

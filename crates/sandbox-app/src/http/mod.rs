@@ -38,6 +38,39 @@ pub struct AppState {
     pub limits: Limits,
     /// Single-use tickets authorising terminal WebSocket upgrades.
     pub tickets: Arc<crate::tickets::TerminalTickets>,
+    /// The binding store, as `/healthz` reports it.
+    pub store: StoreInfo,
+}
+
+/// The binding store's kind and, for a store with a backing service, its health check.
+#[derive(Clone)]
+pub struct StoreInfo {
+    pub kind: &'static str,
+    pub health: Option<Arc<dyn StoreHealth>>,
+}
+
+impl StoreInfo {
+    /// The process-local memory store (always healthy).
+    pub fn memory() -> Self {
+        StoreInfo {
+            kind: "memory",
+            health: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for StoreInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreInfo")
+            .field("kind", &self.kind)
+            .finish()
+    }
+}
+
+/// Whether a store's backing service answers.
+#[async_trait::async_trait]
+pub trait StoreHealth: Send + Sync {
+    async fn check(&self) -> Result<(), sandbox_core::Error>;
 }
 
 /// The router with every route and the metrics layer.
@@ -131,11 +164,26 @@ async fn record(State(state): State<AppState>, request: Request, next: Next) -> 
 /// `GET /healthz`: 200 when the backend answers, 503 with the reason otherwise. No auth: load
 /// balancers probe it.
 async fn healthz(State(state): State<AppState>) -> Response {
-    match state.provider.health().await {
-        Ok(()) => (StatusCode::OK, axum::Json(serde_json::json!({ "status": "ok", "backend": state.provider.provider().as_str() }))).into_response(),
-        Err(e) => (
+    let backend = state.provider.provider().as_str();
+    let store = state.store.kind;
+    let store_check = match &state.store.health {
+        Some(h) => h.check().await,
+        None => Ok(()),
+    };
+    let verdict = match (state.provider.health().await, store_check) {
+        (Ok(()), Ok(())) => Ok(()),
+        (Err(e), _) => Err(format!("backend: {e}")),
+        (Ok(()), Err(e)) => Err(format!("store: {e}")),
+    };
+    match verdict {
+        Ok(()) => (
+            StatusCode::OK,
+            axum::Json(serde_json::json!({ "status": "ok", "backend": backend, "store": store })),
+        )
+            .into_response(),
+        Err(reason) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            axum::Json(serde_json::json!({ "status": "unavailable", "backend": state.provider.provider().as_str(), "reason": e.to_string() })),
+            axum::Json(serde_json::json!({ "status": "unavailable", "backend": backend, "store": store, "reason": reason })),
         )
             .into_response(),
     }

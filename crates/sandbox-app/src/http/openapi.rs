@@ -1213,6 +1213,7 @@ mod tests {
             metrics: Arc::new(Metrics::new()),
             limits: crate::config::Limits::default(),
             tickets: Arc::new(crate::tickets::TerminalTickets::default()),
+            store: crate::http::StoreInfo::memory(),
         })
     }
 

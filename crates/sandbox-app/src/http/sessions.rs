@@ -74,6 +74,6 @@ pub async fn keep_alive(
 
 /// Converts a core error, counting it by kind.
 pub fn observed(state: &AppState, err: sandbox_core::Error) -> ApiError {
-    state.metrics.observe_error(err.kind().as_str());
+    state.metrics.observe_error(&err);
     ApiError::from(err)
 }

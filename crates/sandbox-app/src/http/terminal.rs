@@ -365,7 +365,7 @@ impl Relay {
                 (close_code::NORMAL, "terminal exited"),
             ),
             End::Failed(e) => {
-                self.metrics.observe_error(e.kind().as_str());
+                self.metrics.observe_error(&e);
                 let api = ApiError::from(e);
                 (
                     Some(json!({ "type": "error", "code": api.code, "message": api.message })),
