@@ -12,9 +12,13 @@ use serde::Deserialize;
 
 use crate::junit::{Counts, Status, TestCase};
 use crate::prereq::Tool;
+use crate::redis;
 
 pub const ENV_ADAPTER: &str = "SANDBOX_CONFORMANCE_ADAPTER";
 pub const ENV_DESCRIBE: &str = "SANDBOX_CONFORMANCE_DESCRIBE";
+/// Which topology the `redis` adapter's binary connects to: `standalone` (through
+/// `SANDBOX_TEST_REDIS_URL`) or `cluster` (through `SANDBOX_TEST_REDIS_CLUSTER_NODES`).
+pub const ENV_REDIS_TOPOLOGY: &str = "SANDBOX_REDIS_TOPOLOGY";
 
 /// The nextest profile conformance runs use (see `.config/nextest.toml`).
 pub const NEXTEST_PROFILE: &str = "conformance";
@@ -26,6 +30,10 @@ pub enum Service {
     DockerEngine,
     /// The local `sandbox-busybox:test` image (needs the engine).
     TestImage,
+    /// A standalone `redis-server` on a free 127.0.0.1 port.
+    Redis,
+    /// A Redis Cluster of three primaries on free 127.0.0.1 ports.
+    RedisCluster,
 }
 
 impl Service {
@@ -33,13 +41,27 @@ impl Service {
         match self {
             Self::DockerEngine => "Docker engine",
             Self::TestImage => "test image sandbox-busybox:test",
+            Self::Redis => "Redis server",
+            Self::RedisCluster => "Redis Cluster",
+        }
+    }
+
+    /// The environment variable that tells test processes where this service is, when they
+    /// need to be told (its value is known once the service runs; xtask sets it on the test
+    /// commands of the suites that need the service).
+    pub fn env_var(self) -> Option<&'static str> {
+        match self {
+            // The engine is found on its default socket, the image by its fixed name.
+            Self::DockerEngine | Self::TestImage => None,
+            Self::Redis => Some(redis::ENV_URL),
+            Self::RedisCluster => Some(redis::ENV_CLUSTER_NODES),
         }
     }
 
     /// Services that must be up before this one.
     pub fn depends_on(self) -> &'static [Service] {
         match self {
-            Self::DockerEngine => &[],
+            Self::DockerEngine | Self::Redis | Self::RedisCluster => &[],
             Self::TestImage => &[Service::DockerEngine],
         }
     }
@@ -49,6 +71,7 @@ impl Service {
         match self {
             Self::DockerEngine => &[Tool::Docker],
             Self::TestImage => &[Tool::Docker, Tool::Busybox],
+            Self::Redis | Self::RedisCluster => &[Tool::Redis],
         }
     }
 }
@@ -63,6 +86,55 @@ pub struct Adapter {
     /// The `[[test]]` target (`--test <target>`).
     pub test_target: &'static str,
     pub services: &'static [Service],
+    /// The configurations the suite runs against, one run and one table each (the Redis store:
+    /// standalone, then cluster). Empty: one run, no extra environment.
+    pub variants: &'static [Variant],
+}
+
+/// One configuration of an adapter's suite.
+#[derive(Clone, Copy, Debug)]
+pub struct Variant {
+    /// Names the run in its table and messages: `redis (cluster)`.
+    pub label: &'static str,
+    /// Set on the test binary's describe and nextest runs.
+    pub env: &'static [(&'static str, &'static str)],
+}
+
+impl Variant {
+    /// An adapter without variants runs once, like this.
+    const PLAIN: &'static [Variant] = &[Variant {
+        label: "",
+        env: &[],
+    }];
+
+    /// `redis (cluster)`, or just the adapter's name for the plain run.
+    pub fn title(&self, adapter: &str) -> String {
+        if self.label.is_empty() {
+            adapter.to_owned()
+        } else {
+            format!("{adapter} ({})", self.label)
+        }
+    }
+
+    /// For file names: `redis-cluster`, or the adapter's name.
+    pub fn stem(&self, adapter: &str) -> String {
+        if self.label.is_empty() {
+            adapter.to_owned()
+        } else {
+            format!("{adapter}-{}", self.label)
+        }
+    }
+}
+
+impl Adapter {
+    /// The runs of this adapter's suite, in order.
+    pub fn runs(&self) -> &'static [Variant] {
+        if self.variants.is_empty() {
+            Variant::PLAIN
+        } else {
+            self.variants
+        }
+    }
 }
 
 /// Every adapter `cargo xtask test` runs the suite against. Adding one is one line here (plus a
@@ -73,18 +145,39 @@ pub const ADAPTERS: &[Adapter] = &[
         package: "sandbox-testkit",
         test_target: "conformance",
         services: &[],
+        variants: &[],
     },
     Adapter {
         name: "docker",
         package: "sandbox-provider-docker",
         test_target: "conformance",
         services: &[Service::DockerEngine, Service::TestImage],
+        variants: &[],
     },
     Adapter {
         name: "memory",
         package: "sandbox-session",
         test_target: "conformance",
         services: &[],
+        variants: &[],
+    },
+    // The store must behave the same on one server and on a cluster (keys of one binding in one
+    // hash slot), so the suite runs against both.
+    Adapter {
+        name: "redis",
+        package: "sandbox-store-redis",
+        test_target: "conformance",
+        services: &[Service::Redis, Service::RedisCluster],
+        variants: &[
+            Variant {
+                label: "standalone",
+                env: &[(ENV_REDIS_TOPOLOGY, "standalone")],
+            },
+            Variant {
+                label: "cluster",
+                env: &[(ENV_REDIS_TOPOLOGY, "cluster")],
+            },
+        ],
     },
 ];
 
@@ -409,11 +502,42 @@ mod tests {
             package: "p",
             test_target: "t",
             services: &[Service::TestImage, Service::DockerEngine],
+            variants: &[],
         };
         assert_eq!(
             services_in_order(&a),
             vec![Service::DockerEngine, Service::TestImage]
         );
         assert_eq!(tools(&a), vec![Tool::Nextest, Tool::Docker, Tool::Busybox]);
+    }
+
+    #[test]
+    fn redis_runs_standalone_then_cluster() {
+        let redis = find("redis").unwrap();
+        assert_eq!(redis.package, "sandbox-store-redis");
+        assert_eq!(tools(redis), vec![Tool::Nextest, Tool::Redis]);
+        let runs = redis.runs();
+        assert_eq!(runs.len(), 2);
+        assert_eq!(runs[0].title("redis"), "redis (standalone)");
+        assert_eq!(runs[0].stem("redis"), "redis-standalone");
+        assert_eq!(runs[0].env, [(ENV_REDIS_TOPOLOGY, "standalone")]);
+        assert_eq!(runs[1].title("redis"), "redis (cluster)");
+        assert_eq!(runs[1].stem("redis"), "redis-cluster");
+        assert_eq!(runs[1].env, [(ENV_REDIS_TOPOLOGY, "cluster")]);
+        for s in services_in_order(redis) {
+            assert!(s.env_var().is_some(), "{s:?} must tell tests where it is");
+        }
+    }
+
+    #[test]
+    fn adapters_without_variants_run_once_under_their_name() {
+        for name in ["fake", "docker", "memory"] {
+            let a = find(name).unwrap();
+            let runs = a.runs();
+            assert_eq!(runs.len(), 1, "{name}");
+            assert_eq!(runs[0].title(name), name);
+            assert_eq!(runs[0].stem(name), name);
+            assert!(runs[0].env.is_empty());
+        }
     }
 }

@@ -1,5 +1,6 @@
-//! Services the suites need: the Docker engine and the local test image. Each is started at most
-//! once per run, remembered, and undone by [`Fixtures::cleanup`] (what we started, we stop).
+//! Services the suites need: the Docker engine, the local test image, and loopback Redis servers
+//! (one standalone, one cluster). Each is started at most once per run, remembered, and undone by
+//! [`Fixtures::cleanup`] (what we started, we stop).
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -9,6 +10,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use xtask::conformance::Service;
 use xtask::process::{self, Output, Stream};
+use xtask::redis;
 
 /// The image the Docker adapter's tests run: busybox and nothing else, built locally so tests
 /// never pull from a registry.
@@ -36,9 +38,13 @@ pub(crate) struct Fixtures {
     dockerd: Option<Child>,
     /// Whether the test image did not exist before this run built it.
     remove_image: bool,
+    /// The standalone Redis server (always started by this run: never a system one, whose
+    /// data and configuration are not ours).
+    redis: Option<Result<redis::Standalone, String>>,
+    redis_cluster: Option<Result<redis::Cluster, String>>,
     temp_dirs: Vec<PathBuf>,
     /// (service, log file) for every service this run started.
-    logs: Vec<(&'static str, PathBuf)>,
+    logs: Vec<(String, PathBuf)>,
     cleaned: bool,
     /// `cargo xtask serve`: the engine and image outlive this process (dockerd in its own
     /// process group, so the service's Ctrl-C does not reach it), and cleanup leaves them.
@@ -65,6 +71,8 @@ impl Fixtures {
             image: None,
             dockerd: None,
             remove_image: false,
+            redis: None,
+            redis_cluster: None,
             temp_dirs: Vec::new(),
             logs: Vec::new(),
             cleaned: false,
@@ -96,6 +104,24 @@ impl Fixtures {
                 }
                 self.image.clone().unwrap_or(Ok(()))
             }
+            Service::Redis => {
+                if self.redis.is_none() {
+                    self.redis = Some(self.start_redis());
+                }
+                match &self.redis {
+                    Some(Err(e)) => Err(e.clone()),
+                    _ => Ok(()),
+                }
+            }
+            Service::RedisCluster => {
+                if self.redis_cluster.is_none() {
+                    self.redis_cluster = Some(self.start_redis_cluster());
+                }
+                match &self.redis_cluster {
+                    Some(Err(e)) => Err(e.clone()),
+                    _ => Ok(()),
+                }
+            }
         }
     }
 
@@ -104,6 +130,81 @@ impl Fixtures {
         [&self.engine, &self.image]
             .iter()
             .any(|r| matches!(r, Some(Err(_))))
+            || matches!(self.redis, Some(Err(_)))
+            || matches!(self.redis_cluster, Some(Err(_)))
+    }
+
+    /// The environment telling test processes where `services` are (see
+    /// [`Service::env_var`]), for those of them this run has running. Set it on every test
+    /// command of a suite that needs the services, and on no other: a test that finds no
+    /// address must not find a stale one either.
+    pub(crate) fn test_env(&self, services: &[Service]) -> Vec<(&'static str, String)> {
+        let mut env = Vec::new();
+        for &service in services {
+            let Some(var) = service.env_var() else {
+                continue;
+            };
+            let value = match service {
+                Service::Redis => self
+                    .redis
+                    .as_ref()
+                    .and_then(|r| r.as_ref().ok())
+                    .map(redis::Standalone::url),
+                Service::RedisCluster => self
+                    .redis_cluster
+                    .as_ref()
+                    .and_then(|r| r.as_ref().ok())
+                    .map(redis::Cluster::seeds),
+                Service::DockerEngine | Service::TestImage => None,
+            };
+            if let Some(value) = value
+                && !env.iter().any(|(v, _)| *v == var)
+            {
+                env.push((var, value));
+            }
+        }
+        env
+    }
+
+    fn start_redis(&mut self) -> Result<redis::Standalone, String> {
+        let log = redis::Standalone::log(&self.logs_dir);
+        println!(
+            "    starting redis-server on {} (log: {})",
+            redis::LOOPBACK,
+            log.display()
+        );
+        self.logs.push(("redis-server".into(), log));
+        let start = Instant::now();
+        let server = redis::Standalone::start(&self.logs_dir)?;
+        println!(
+            "    Redis up after {} at {} (pid {})",
+            crate::ui::secs(start.elapsed()),
+            server.url(),
+            server.node().pid()
+        );
+        Ok(server)
+    }
+
+    fn start_redis_cluster(&mut self) -> Result<redis::Cluster, String> {
+        let logs = redis::Cluster::logs(&self.logs_dir);
+        println!(
+            "    starting a Redis Cluster of {} primaries on {} (logs: {})",
+            redis::CLUSTER_PRIMARIES,
+            redis::LOOPBACK,
+            self.logs_dir.join("redis-cluster-*.log").display()
+        );
+        for (n, log) in logs.into_iter().enumerate() {
+            self.logs
+                .push((format!("redis cluster node {}", n + 1), log));
+        }
+        let start = Instant::now();
+        let cluster = redis::Cluster::start(&self.logs_dir)?;
+        println!(
+            "    Redis Cluster up after {} (cluster_state:ok) at {}",
+            crate::ui::secs(start.elapsed()),
+            cluster.seeds()
+        );
+        Ok(cluster)
     }
 
     fn start_engine(&mut self) -> Result<(), String> {
@@ -151,7 +252,7 @@ impl Fixtures {
         let child = cmd
             .spawn()
             .map_err(|e| format!("cannot start {}: {e}", dockerd.display()))?;
-        self.logs.push(("dockerd", log_path));
+        self.logs.push(("dockerd".into(), log_path));
         let dockerd = self.dockerd.insert(child);
 
         let start = Instant::now();
@@ -244,7 +345,8 @@ impl Fixtures {
     }
 
     /// Undoes what this run did: test containers, the test image if we created it, dockerd if
-    /// we started it, temporary directories. Returns what could not be undone.
+    /// we started it, the Redis servers, temporary directories. Returns what could not be
+    /// undone.
     pub(crate) fn cleanup(&mut self) -> Vec<String> {
         self.cleaned = true;
         let mut problems = Vec::new();
@@ -295,9 +397,23 @@ impl Fixtures {
                 "    stopping dockerd (pid {}), which this run started",
                 child.id()
             );
-            if let Err(e) = stop(&mut child, DOCKERD_STOP_DEADLINE) {
+            if let Err(e) = process::terminate(&mut child, DOCKERD_STOP_DEADLINE) {
                 problems.push(e);
             }
+        }
+        // Never kept, even for `serve`: nothing outside a test run uses them.
+        if let Some(Ok(mut server)) = self.redis.take() {
+            println!("    stopping redis-server (pid {})", server.node().pid());
+            problems.extend(server.stop());
+        }
+        if let Some(Ok(mut cluster)) = self.redis_cluster.take() {
+            let pids: Vec<String> = cluster
+                .nodes()
+                .iter()
+                .map(|n| n.pid().to_string())
+                .collect();
+            println!("    stopping the Redis Cluster (pids {})", pids.join(", "));
+            problems.extend(cluster.stop());
         }
         for dir in self.temp_dirs.drain(..) {
             if let Err(e) = std::fs::remove_dir_all(&dir) {
@@ -352,25 +468,4 @@ fn run_quiet(mut cmd: Command, deadline: Duration) -> Result<String, String> {
     let out = process::run_with_deadline(&mut cmd, deadline, Output::Capture)?;
     out.check()?;
     Ok(out.stdout)
-}
-
-/// SIGTERM, then up to `deadline` for a clean exit, then SIGKILL.
-fn stop(child: &mut Child, deadline: Duration) -> Result<(), String> {
-    if let Ok(Some(_)) = child.try_wait() {
-        return Ok(());
-    }
-    process::send_signal(child.id(), "TERM")?;
-    let start = Instant::now();
-    while start.elapsed() < deadline {
-        if let Ok(Some(_)) = child.try_wait() {
-            return Ok(());
-        }
-        thread::sleep(Duration::from_millis(200));
-    }
-    process::kill_tree(child);
-    Err(format!(
-        "pid {} ignored SIGTERM for {}s and was killed",
-        child.id(),
-        deadline.as_secs()
-    ))
 }

@@ -8,6 +8,7 @@ pub mod junit;
 pub mod netclean;
 pub mod prereq;
 pub mod process;
+pub mod redis;
 pub mod tidy;
 pub mod tidy_source;
 pub mod workspace;

@@ -22,14 +22,25 @@ const CLIPPY_DEADLINE: Duration = Duration::from_secs(2400);
 const NEXTEST_DEADLINE: Duration = Duration::from_secs(3000);
 const DOCTEST_DEADLINE: Duration = Duration::from_secs(1800);
 
-/// The hermetic tier: everything but the conformance binaries (run per adapter) and the Docker
+/// The hermetic tier: everything but the conformance binaries (run per adapter), the Docker
 /// adapter's engine, registry and egress tests (ignored without the engine; run by their own
-/// stages), so the hermetic run's counts hold no skips. In `sandbox-app`, a test binary whose
-/// name ends in `_docker` needs the engine.
-const HERMETIC_FILTER: &str = "not binary(conformance) and not (package(sandbox-provider-docker) and (binary(engine) | binary(registry) | binary(egress))) and not (package(sandbox-session) and binary(docker)) and not (package(sandbox-app) and binary(*_docker)) and not (package(xtask) and binary(serve_docker))";
+/// stages) and the tests that need Redis servers, so the hermetic run's counts hold no skips. In
+/// `sandbox-app`, a test binary whose name ends in `_docker` needs the engine; in
+/// `sandbox-store-redis`, one whose name starts with `redis_` needs Redis.
+const HERMETIC_FILTER: &str = "not binary(conformance) and not (package(sandbox-provider-docker) and (binary(engine) | binary(registry) | binary(egress))) and not (package(sandbox-session) and binary(docker)) and not (package(sandbox-app) and binary(*_docker)) and not (package(xtask) and binary(serve_docker)) and not (package(sandbox-store-redis) and (binary(conformance) | binary(redis_*))) and not (package(xtask) and binary(redis_fixture))";
 
 /// The tests that need the Docker engine beyond conformance, run by the docker stage.
 const DOCKER_ENGINE_FILTER: &str = "(package(sandbox-provider-docker) and (binary(engine) | binary(registry))) | (package(sandbox-session) and binary(docker)) | (package(sandbox-app) and binary(*_docker)) | (package(xtask) and binary(serve_docker))";
+
+/// The tests that need the Redis fixtures beyond conformance, run by the redis stage: the Redis
+/// store's `redis_*` binaries and xtask's own check of the fixtures.
+const REDIS_FILTER: &str = "(package(sandbox-store-redis) and binary(redis_*)) | (package(xtask) and binary(redis_fixture))";
+
+/// What the redis stage starts, and whose addresses its tests are given.
+const REDIS_SERVICES: &[conformance::Service] = &[
+    conformance::Service::Redis,
+    conformance::Service::RedisCluster,
+];
 
 /// The nextest profile of the hermetic tier.
 const CI_PROFILE: &str = "ci";
@@ -43,6 +54,7 @@ const ALL_TOOLS: &[Tool] = &[
     Tool::Clippy,
     Tool::Registry,
     Tool::NetTools,
+    Tool::Redis,
 ];
 
 pub(crate) fn test(ctx: &Ctx) -> ExitCode {
@@ -81,6 +93,8 @@ pub(crate) fn test(ctx: &Ctx) -> ExitCode {
                 "clippy",
                 "--workspace",
                 "--all-targets",
+                // Test-only features (the store's failpoints) are linted too.
+                "--all-features",
                 "--",
                 "-D",
                 "warnings",
@@ -107,6 +121,10 @@ pub(crate) fn test(ctx: &Ctx) -> ExitCode {
             counts.get_or_insert_default().add(c);
         }
         conformance_verdict(&results)
+    });
+
+    stages.run("redis tests", || {
+        redis_stage(ctx, &mut fixtures, &avail, &mut counts)
     });
 
     stages.run("docker engine tests", || {
@@ -277,18 +295,20 @@ fn docker_engine_stage(
             Verdict::NotRun(format!("{why} (under CI=true this fails)"))
         }
     };
-    if let Some(why) = avail.lacking(&[Tool::Nextest, Tool::Docker, Tool::Busybox, Tool::Registry])
-    {
+    // The replica and failover tests start their own redis-server.
+    if let Some(why) = avail.lacking(&[
+        Tool::Nextest,
+        Tool::Docker,
+        Tool::Busybox,
+        Tool::Registry,
+        Tool::Redis,
+    ]) {
         return cannot(why);
     }
     if let Err(e) = fixtures.ensure(conformance::Service::TestImage) {
         return cannot(e);
     }
-    let junit = suite::junit_path(&ctx.target, CI_PROFILE);
-    if let Err(e) = suite::remove_stale(&junit) {
-        return Verdict::Failed(e);
-    }
-    let args = [
+    let main: &[&str] = &[
         "nextest",
         "run",
         "-p",
@@ -297,6 +317,9 @@ fn docker_engine_stage(
         "sandbox-session",
         "-p",
         "sandbox-app",
+        // The filter names xtask's serve_docker; nextest only filters what `-p` builds.
+        "-p",
+        "xtask",
         "--profile",
         CI_PROFILE,
         "--run-ignored",
@@ -304,8 +327,93 @@ fn docker_engine_stage(
         "-E",
         DOCKER_ENGINE_FILTER,
     ];
-    println!("    cargo {}", args.join(" "));
+    // The failover test needs the store's failpoints compiled into `sandbox`. A run of its own,
+    // after the others: building `sandbox` with other features while tests spawn it (or while
+    // xtask's serve test rebuilds it) would swap the binary under them.
+    let failover: &[&str] = &[
+        "nextest",
+        "run",
+        "-p",
+        "sandbox-app",
+        "--features",
+        "sandbox-app/failpoints",
+        "--test",
+        "failover_docker",
+        "--profile",
+        CI_PROFILE,
+        "--run-ignored",
+        "only",
+    ];
+    let mut verdict = Verdict::Passed;
+    for args in [main, failover] {
+        let junit = suite::junit_path(&ctx.target, CI_PROFILE);
+        if let Err(e) = suite::remove_stale(&junit) {
+            return Verdict::Failed(e);
+        }
+        println!("    cargo {}", args.join(" "));
+        let mut cmd = ctx.cargo_cmd(args);
+        let outcome = match process::run_with_deadline(&mut cmd, NEXTEST_DEADLINE, Output::Inherit)
+        {
+            Ok(o) if o.success() => Verdict::Passed,
+            Ok(o) => Verdict::Failed(o.describe()),
+            Err(e) => Verdict::Failed(e),
+        };
+        if let Ok(Ok(cases)) = std::fs::read_to_string(&junit).map(|xml| junit::parse(&xml)) {
+            counts.get_or_insert_default().add(Counts::of(&cases));
+        }
+        if matches!(verdict, Verdict::Passed) {
+            verdict = outcome;
+        }
+    }
+    verdict
+}
+
+/// The tests that need real Redis servers beyond conformance: the Redis store's `redis_*` binaries
+/// and xtask's own fixture test, given the standalone server and the cluster through
+/// `SANDBOX_TEST_REDIS_URL` and `SANDBOX_TEST_REDIS_CLUSTER_NODES`. The servers are the ones the
+/// conformance stage used, shared by every test of the run: tests keep to their own keys.
+fn redis_stage(
+    ctx: &Ctx,
+    fixtures: &mut Fixtures,
+    avail: &Availability,
+    counts: &mut Option<Counts>,
+) -> Verdict {
+    if let Some(why) = avail.lacking(&[Tool::Nextest, Tool::Redis]) {
+        return cannot_run(ctx, why);
+    }
+    for &service in REDIS_SERVICES {
+        if let Err(e) = fixtures.ensure(service) {
+            return cannot_run(ctx, format!("{} cannot start: {e}", service.name()));
+        }
+    }
+    let junit = suite::junit_path(&ctx.target, CI_PROFILE);
+    if let Err(e) = suite::remove_stale(&junit) {
+        return Verdict::Failed(e);
+    }
+    // `--run-ignored all`: the Redis tests are ignored without the servers, so a plain `cargo
+    // test` passes anywhere; here the servers are up. A filter that matches nothing fails: a
+    // stage that silently runs no test is a skipped stage.
+    let args = [
+        "nextest",
+        "run",
+        "-p",
+        "sandbox-store-redis",
+        "-p",
+        "xtask",
+        "--profile",
+        CI_PROFILE,
+        "--run-ignored",
+        "all",
+        "--no-tests",
+        "fail",
+        "-E",
+        REDIS_FILTER,
+    ];
+    let env = fixtures.test_env(REDIS_SERVICES);
+    let shown: Vec<String> = env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    println!("    {} cargo {}", shown.join(" "), args.join(" "));
     let mut cmd = ctx.cargo_cmd(args);
+    cmd.envs(env);
     let verdict = match process::run_with_deadline(&mut cmd, NEXTEST_DEADLINE, Output::Inherit) {
         Ok(o) if o.success() => Verdict::Passed,
         Ok(o) => Verdict::Failed(o.describe()),
@@ -315,6 +423,15 @@ fn docker_engine_stage(
         counts.get_or_insert_default().add(Counts::of(&cases));
     }
     verdict
+}
+
+/// A stage that cannot run: a failure under CI, else said and not run.
+fn cannot_run(ctx: &Ctx, why: String) -> Verdict {
+    if ctx.ci {
+        Verdict::Failed(why)
+    } else {
+        Verdict::NotRun(format!("{why} (under CI=true this fails)"))
+    }
 }
 
 /// The Docker adapter's egress test (real iptables, a network namespace): root only, one test

@@ -1,6 +1,6 @@
 //! Prerequisites: the tools the pipeline needs, how to tell they are there, and how to get them.
 //!
-//! One table, so a later service (redis-server, ...) is one more line.
+//! One table, so a later service is one more line.
 
 use std::path::Path;
 use std::time::Duration;
@@ -21,6 +21,9 @@ pub enum Tool {
     Registry,
     /// iptables and iproute2, for the Docker adapter's egress rules and its network test.
     NetTools,
+    /// `redis-server` and `redis-cli`: the loopback Redis servers and cluster of the Redis store's
+    /// tests.
+    Redis,
 }
 
 /// How to tell a prerequisite is present.
@@ -67,7 +70,7 @@ pub struct Prerequisite {
     pub reason: &'static str,
 }
 
-/// Everything `cargo xtask test` may need. Add a line per new tool (e.g. redis-server).
+/// Everything `cargo xtask test` may need. Add a line per new tool.
 pub const PREREQUISITES: &[Prerequisite] = &[
     Prerequisite {
         tool: Tool::Docker,
@@ -132,6 +135,21 @@ pub const PREREQUISITES: &[Prerequisite] = &[
         install: Install::Apt("iproute2"),
         reason: "network namespaces and policy routing of the egress test",
     },
+    Prerequisite {
+        tool: Tool::Redis,
+        what: "redis-server",
+        probe: Probe::Executable("redis-server"),
+        install: Install::Apt("redis-server"),
+        reason: "the Redis store's tests: a server and a 3-node cluster on 127.0.0.1, started by xtask",
+    },
+    Prerequisite {
+        tool: Tool::Redis,
+        what: "redis-cli",
+        probe: Probe::Executable("redis-cli"),
+        // Debian's redis-server depends on redis-tools, which holds redis-cli.
+        install: Install::Apt("redis-server"),
+        reason: "xtask's readiness probes and `redis-cli --cluster create`",
+    },
 ];
 
 /// The prerequisites for `tools`.
@@ -182,6 +200,14 @@ mod tests {
     }
 
     #[test]
+    fn redis_is_one_debian_package_for_both_binaries() {
+        let missing = for_tools(&[Tool::Redis]);
+        let names: Vec<&str> = missing.iter().map(|p| p.what).collect();
+        assert_eq!(names, vec!["redis-server", "redis-cli"]);
+        assert_eq!(apt_packages(&missing), vec!["redis-server"]);
+    }
+
+    #[test]
     fn every_tool_has_a_prerequisite() {
         for tool in [
             Tool::Docker,
@@ -189,6 +215,9 @@ mod tests {
             Tool::Nextest,
             Tool::Rustfmt,
             Tool::Clippy,
+            Tool::Registry,
+            Tool::NetTools,
+            Tool::Redis,
         ] {
             assert!(!for_tools(&[tool]).is_empty(), "{tool:?}");
         }

@@ -11,6 +11,9 @@ use crate::ui::Verdict;
 const APT_UPDATE_DEADLINE: Duration = Duration::from_secs(600);
 const APT_INSTALL_DEADLINE: Duration = Duration::from_secs(900);
 const CARGO_INSTALL_DEADLINE: Duration = Duration::from_secs(1800);
+/// Another apt-get or dpkg (unattended-upgrades on a fresh machine, a colleague's install) holds
+/// the dpkg lock for a while; apt waits this long for it instead of failing at once.
+const DPKG_LOCK_TIMEOUT: &str = "DPkg::Lock::Timeout=300";
 
 /// Which tools are usable after the prerequisites stage.
 #[derive(Debug, Default)]
@@ -119,12 +122,21 @@ fn probe<'p>(ctx: &Ctx, list: &[&'p Prerequisite]) -> Vec<&'p Prerequisite> {
 fn apt_install(packages: &[&str]) -> Result<(), String> {
     let mut show = |_: Stream, line: &str| println!("    apt | {line}");
     println!("    apt-get update");
-    let mut update = process::command("apt-get", ["update"]);
+    let mut update = process::command("apt-get", ["-o", DPKG_LOCK_TIMEOUT, "update"]);
     update.env("DEBIAN_FRONTEND", "noninteractive");
     process::run_with_deadline(&mut update, APT_UPDATE_DEADLINE, Output::Stream(&mut show))?
         .check()?;
     println!("    apt-get install {}", packages.join(" "));
-    let mut install = process::command("apt-get", ["install", "-y", "--no-install-recommends"]);
+    let mut install = process::command(
+        "apt-get",
+        [
+            "-o",
+            DPKG_LOCK_TIMEOUT,
+            "install",
+            "-y",
+            "--no-install-recommends",
+        ],
+    );
     install
         .args(packages)
         .env("DEBIAN_FRONTEND", "noninteractive");

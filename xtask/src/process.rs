@@ -256,6 +256,28 @@ pub fn kill_tree(child: &mut Child) {
     let _ = child.wait();
 }
 
+/// Stops a child we started: SIGTERM, up to `deadline` for a clean exit, then SIGKILL (the child
+/// and its descendants). `Err` says it had to be killed; either way it is gone and reaped.
+pub fn terminate(child: &mut Child, deadline: Duration) -> Result<(), String> {
+    if let Ok(Some(_)) = child.try_wait() {
+        return Ok(());
+    }
+    send_signal(child.id(), "TERM")?;
+    let start = Instant::now();
+    while start.elapsed() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return Ok(());
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+    kill_tree(child);
+    Err(format!(
+        "pid {} ignored SIGTERM for {}s and was killed",
+        child.id(),
+        deadline.as_secs()
+    ))
+}
+
 /// Sends a signal (`"TERM"`, `"KILL"`, ...) to one process.
 ///
 /// Goes through the `kill` program because the workspace denies `unsafe_code`, and std only

@@ -1,9 +1,10 @@
-//! Running the conformance suite against one adapter: describe, run under nextest, judge.
+//! Running the conformance suite against one adapter: describe, run under nextest, judge; once
+//! per variant of the adapter (the Redis store: standalone, then cluster), one table each.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use xtask::conformance::{self, Adapter, ENV_ADAPTER, ENV_DESCRIBE, NEXTEST_PROFILE};
+use xtask::conformance::{self, Adapter, ENV_ADAPTER, ENV_DESCRIBE, NEXTEST_PROFILE, Variant};
 use xtask::junit::{self, Counts};
 use xtask::process::{self, Output};
 
@@ -22,12 +23,13 @@ pub(crate) struct AdapterResult {
     pub(crate) not_run: Option<String>,
     pub(crate) problems: Vec<String>,
     pub(crate) warnings: Vec<String>,
-    /// Totals from the JUnit report, when nextest wrote one.
+    /// Totals from the JUnit reports (all variants), when nextest wrote one.
     pub(crate) counts: Option<Counts>,
 }
 
-/// Starts what `adapter` needs, runs its suite and prints its table. `strict`: services that
-/// cannot start and skipped or vanished cases fail (CI, or an explicitly requested adapter).
+/// Starts what `adapter` needs, runs its suite (once per variant) and prints a table per run.
+/// `strict`: services that cannot start and skipped or vanished cases fail (CI, or an explicitly
+/// requested adapter).
 pub(crate) fn run_adapter(
     ctx: &Ctx,
     fixtures: &mut Fixtures,
@@ -64,42 +66,86 @@ pub(crate) fn run_adapter(
             .push(format!("cannot create {}: {e}", work.display()));
         return result;
     }
-    let describe = match describe(ctx, adapter, &work) {
-        Ok(d) => d,
-        Err(e) => {
-            result.problems.push(format!("{name}: {e}"));
-            return result;
-        }
-    };
-
-    let (cases, nextest_error) = match run(ctx, adapter, &work) {
-        Ok(found) => found,
-        Err(e) => {
-            result.problems.push(format!("{name}: {e}"));
-            return result;
-        }
-    };
-    let report = conformance::evaluate(name, &describe, &cases);
-    print!("{}", report.table());
-    result.counts = Some(report.counts);
-    result.problems = report.problems(strict);
-    result.warnings = report.warnings(strict);
-    if let Some(e) = nextest_error
-        && report.failed.is_empty()
-    {
-        // nextest failed for a reason the report does not show (a crash, a setup script).
-        result.problems.push(format!("{name}: {e}"));
+    let service_env = fixtures.test_env(adapter.services);
+    for (var, value) in &service_env {
+        println!("    test environment: {var}={value}");
+    }
+    for variant in adapter.runs() {
+        let mut env: Vec<(&str, String)> = service_env.clone();
+        env.extend(variant.env.iter().map(|&(k, v)| (k, v.to_owned())));
+        run_variant(ctx, adapter, variant, &env, &work, strict, &mut result);
     }
     result
 }
 
-/// Runs the test binary in describe mode and reads its document.
-fn describe(ctx: &Ctx, adapter: &Adapter, work: &Path) -> Result<conformance::Describe, String> {
-    let path = work.join(format!("{}.describe.json", adapter.name));
-    remove_stale(&path)?;
+/// One run of `adapter`'s suite with `env` set on its commands; adds to `result`.
+fn run_variant(
+    ctx: &Ctx,
+    adapter: &Adapter,
+    variant: &Variant,
+    env: &[(&str, String)],
+    work: &Path,
+    strict: bool,
+    result: &mut AdapterResult,
+) {
+    let title = variant.title(adapter.name);
+    let stem = variant.stem(adapter.name);
+    let describe = match describe(
+        ctx,
+        adapter,
+        env,
+        &work.join(format!("{stem}.describe.json")),
+    ) {
+        Ok(d) => d,
+        Err(e) => {
+            result.problems.push(format!("{title}: {e}"));
+            return;
+        }
+    };
+
+    let (cases, nextest_error) =
+        match run(ctx, adapter, env, &work.join(format!("{stem}.junit.xml"))) {
+            Ok(found) => found,
+            Err(e) => {
+                result.problems.push(format!("{title}: {e}"));
+                return;
+            }
+        };
+    // Judged against the adapter's name (the describe document knows no variants), shown
+    // under the variant's title.
+    let mut report = conformance::evaluate(adapter.name, &describe, &cases);
+    report.adapter = title.clone();
+    print!("{}", report.table());
+    result.counts.get_or_insert_default().add(report.counts);
+    result.problems.extend(report.problems(strict));
+    result.warnings.extend(report.warnings(strict));
+    if let Some(e) = nextest_error
+        && report.failed.is_empty()
+    {
+        // nextest failed for a reason the report does not show (a crash, a setup script).
+        result.problems.push(format!("{title}: {e}"));
+    }
+}
+
+/// `, VAR=value` for each of `env`, for the command lines we print.
+fn show_env(env: &[(&str, String)]) -> String {
+    env.iter().map(|(k, v)| format!(", {k}={v}")).collect()
+}
+
+/// Runs the test binary in describe mode and reads its document from `path`.
+fn describe(
+    ctx: &Ctx,
+    adapter: &Adapter,
+    env: &[(&str, String)],
+    path: &Path,
+) -> Result<conformance::Describe, String> {
+    remove_stale(path)?;
     println!(
-        "    describe: cargo test -q -p {} --test {} ({ENV_ADAPTER}={}, {ENV_DESCRIBE}=...)",
-        adapter.package, adapter.test_target, adapter.name
+        "    describe: cargo test -q -p {} --test {} ({ENV_ADAPTER}={}{}, {ENV_DESCRIBE}=...)",
+        adapter.package,
+        adapter.test_target,
+        adapter.name,
+        show_env(env)
     );
     let mut cmd = ctx.cargo_cmd([
         "test",
@@ -109,11 +155,13 @@ fn describe(ctx: &Ctx, adapter: &Adapter, work: &Path) -> Result<conformance::De
         "--test",
         adapter.test_target,
     ]);
-    cmd.env(ENV_ADAPTER, adapter.name).env(ENV_DESCRIBE, &path);
+    cmd.env(ENV_ADAPTER, adapter.name)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .env(ENV_DESCRIBE, path);
     process::run_with_deadline(&mut cmd, DESCRIBE_DEADLINE, Output::Inherit)?
         .check()
         .map_err(|e| format!("the describe run failed: {e}"))?;
-    let text = std::fs::read_to_string(&path).map_err(|e| {
+    let text = std::fs::read_to_string(path).map_err(|e| {
         format!(
             "the test binary wrote no describe document to {} ({e}); it must honour {ENV_DESCRIBE}",
             path.display()
@@ -122,12 +170,14 @@ fn describe(ctx: &Ctx, adapter: &Adapter, work: &Path) -> Result<conformance::De
     conformance::parse_describe(&text)
 }
 
-/// Runs the applicable cases under nextest and reads the JUnit report. The second value is
-/// nextest's own failure, if any (failed cases are also in the report).
+/// Runs the applicable cases under nextest and reads the JUnit report, keeping a copy at
+/// `keep`. The second value is nextest's own failure, if any (failed cases are also in the
+/// report).
 fn run(
     ctx: &Ctx,
     adapter: &Adapter,
-    work: &Path,
+    env: &[(&str, String)],
+    keep: &Path,
 ) -> Result<(Vec<junit::TestCase>, Option<String>), String> {
     let junit_path = junit_path(&ctx.target, NEXTEST_PROFILE);
     remove_stale(&junit_path)?;
@@ -141,7 +191,14 @@ fn run(
         "--profile",
         NEXTEST_PROFILE,
     ]);
-    cmd.env(ENV_ADAPTER, adapter.name);
+    cmd.env(ENV_ADAPTER, adapter.name)
+        .envs(env.iter().map(|(k, v)| (k, v)));
+    println!(
+        "    run: {} ({ENV_ADAPTER}={}{})",
+        process::render(&cmd),
+        adapter.name,
+        show_env(env)
+    );
     let outcome = process::run_with_deadline(&mut cmd, RUN_DEADLINE, Output::Inherit)?;
     let nextest_error = outcome.check().err();
     let xml = std::fs::read_to_string(&junit_path).map_err(|e| {
@@ -154,8 +211,8 @@ fn run(
                 .unwrap_or_default()
         )
     })?;
-    // Keep a copy per adapter: the next adapter's run overwrites nextest's file.
-    let _ = std::fs::write(work.join(format!("{}.junit.xml", adapter.name)), &xml);
+    // Keep a copy per run: the next run overwrites nextest's file.
+    let _ = std::fs::write(keep, &xml);
     let cases = junit::parse(&xml).map_err(|e| format!("{}: {e}", junit_path.display()))?;
     Ok((cases, nextest_error))
 }

@@ -15,6 +15,8 @@
 //!   `store.*` operation); nothing reads as "unbound" and no lock is granted without Redis.
 
 pub mod config;
+#[cfg(feature = "failpoints")]
+mod failpoints;
 pub mod keys;
 mod lock;
 mod scripts;

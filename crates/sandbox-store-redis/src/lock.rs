@@ -58,7 +58,7 @@ pub(crate) async fn acquire(
         source.clone(),
         key.to_string(),
     ));
-    Ok(LifecycleLock::new(
+    let lock = LifecycleLock::new(
         ownership,
         Box::new(LifecycleRelease {
             held: Some(Held {
@@ -69,7 +69,10 @@ pub(crate) async fn acquire(
             }),
             source,
         }),
-    ))
+    );
+    #[cfg(feature = "failpoints")]
+    crate::failpoints::lock_held(key).await;
+    Ok(lock)
 }
 
 /// Renews the lease at a third of it; a refused or failed renewal trips ownership (another

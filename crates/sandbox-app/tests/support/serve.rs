@@ -76,6 +76,11 @@ impl Service {
         }
     }
 
+    /// A client of a service that another handle owns (no child process to kill on drop).
+    pub(crate) fn attach(base: String) -> Probe {
+        Probe { base }
+    }
+
     /// Waits until `/healthz` answers 200 (`Ok`) or the process exits (`Err` with its status).
     pub(crate) async fn ready(
         &mut self,
@@ -104,22 +109,7 @@ impl Service {
         token: Option<&str>,
         body: &str,
     ) -> Result<(u16, Value), String> {
-        let client: Client<HttpConnector, Full<Bytes>> =
-            Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
-        let mut req = hyper::Request::builder()
-            .method(method)
-            .uri(format!("{}{path}", self.base));
-        if let Some(t) = token {
-            req = req.header("authorization", format!("Bearer {t}"));
-        }
-        let resp = client
-            .request(req.body(Full::new(Bytes::from(body.to_owned()))).unwrap())
-            .await
-            .map_err(|e| e.to_string())?;
-        let status = resp.status().as_u16();
-        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-        let value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-        Ok((status, value))
+        request(&self.base, method, path, token, body).await
     }
 
     pub(crate) async fn call(
@@ -170,4 +160,46 @@ pub(crate) fn temp_dir() -> PathBuf {
     let dir = std::env::temp_dir().join(format!("sbx-restart-{:08x}", fastrand::u32(..)));
     std::fs::create_dir_all(&dir).unwrap();
     dir
+}
+
+/// A client of a running service, without its process.
+pub(crate) struct Probe {
+    base: String,
+}
+
+impl Probe {
+    pub(crate) async fn try_call(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        body: &str,
+    ) -> Result<(u16, Value), String> {
+        request(&self.base, method, path, token, body).await
+    }
+}
+
+async fn request(
+    base: &str,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: &str,
+) -> Result<(u16, Value), String> {
+    let client: Client<HttpConnector, Full<Bytes>> =
+        Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
+    let mut req = hyper::Request::builder()
+        .method(method)
+        .uri(format!("{base}{path}"));
+    if let Some(t) = token {
+        req = req.header("authorization", format!("Bearer {t}"));
+    }
+    let resp = client
+        .request(req.body(Full::new(Bytes::from(body.to_owned()))).unwrap())
+        .await
+        .map_err(|e| e.to_string())?;
+    let status = resp.status().as_u16();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    let value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    Ok((status, value))
 }
