@@ -165,6 +165,22 @@ pub struct Package {
     #[serde(default)]
     pub version: String,
     pub manifest_path: String,
+    /// The manifest's dependencies (to tell optional ones).
+    #[serde(default)]
+    pub dependencies: Vec<PackageDep>,
+    /// The manifest's features: name → what each enables.
+    #[serde(default)]
+    pub features: BTreeMap<String, Vec<String>>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+pub struct PackageDep {
+    /// The dependency's package name.
+    pub name: String,
+    #[serde(default)]
+    pub optional: bool,
+    #[serde(default)]
+    pub rename: Option<String>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -177,6 +193,9 @@ pub struct Node {
     pub id: String,
     #[serde(default)]
     pub deps: Vec<NodeDep>,
+    /// The package's activated features.
+    #[serde(default)]
+    pub features: Vec<String>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -195,6 +214,35 @@ pub struct DepKind {
 /// Parses the output of `cargo metadata --format-version 1`.
 pub fn parse_metadata(json: &str) -> Result<Metadata, String> {
     serde_json::from_str(json).map_err(|e| format!("cannot parse cargo metadata: {e}"))
+}
+
+/// Whether `parent` (with `active` features) really builds its dependency on package `child`.
+/// `cargo metadata` lists an optional dependency that only a weak feature (`dep?/feature`)
+/// mentions as if it were built (rust-lang/cargo#10801; rustls-webpki's `ring?/alloc` is one),
+/// so an optional dependency counts only when an active feature enables it. A document without
+/// dependency lists (older cargo, hand-made tests) keeps every edge: the strict reading.
+fn dependency_is_built(parent: &Package, active: &[String], child: &str) -> bool {
+    let declared: Vec<&PackageDep> = parent
+        .dependencies
+        .iter()
+        .filter(|d| d.name == child)
+        .collect();
+    if declared.is_empty() || declared.iter().any(|d| !d.optional) {
+        return true;
+    }
+    declared.iter().any(|d| {
+        let key = d.rename.as_deref().unwrap_or(&d.name);
+        active.iter().any(|feature| {
+            feature == key
+                || parent.features.get(feature).is_some_and(|enables| {
+                    enables.iter().any(|v| {
+                        v == key
+                            || v.strip_prefix("dep:") == Some(key)
+                            || v.strip_prefix(key).is_some_and(|rest| rest.starts_with('/'))
+                    })
+                })
+        })
+    })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -243,11 +291,19 @@ impl<'m> Graph<'m> {
                 .ok_or_else(|| format!("workspace member {id} is not among the packages"))?;
             members.insert(*n, id.as_str());
         }
+        let packages: BTreeMap<&str, &Package> =
+            md.packages.iter().map(|p| (p.id.as_str(), p)).collect();
         let mut edges = BTreeMap::new();
         for node in &resolve.nodes {
             let list = node
                 .deps
                 .iter()
+                .filter(|d| {
+                    let child = name.get(d.pkg.as_str()).copied().unwrap_or_default();
+                    packages
+                        .get(node.id.as_str())
+                        .is_none_or(|p| dependency_is_built(p, &node.features, child))
+                })
                 .map(|d| Edge {
                     to: d.pkg.as_str(),
                     kinds: if d.dep_kinds.is_empty() {
@@ -1024,6 +1080,33 @@ mod tests {
         // A build-only ring (e.g. a build script's helper) is not linked into anything.
         let doc = Doc::clean().with_edge("aws-lc-rs@1", "ring@1", Some("build"));
         assert_eq!(doc.violations(), vec![]);
+    }
+
+    #[test]
+    fn rule7_a_weakly_mentioned_optional_ring_is_not_built() {
+        // rustls-webpki's `alloc = ["ring?/alloc"]`: metadata lists the edge, nothing builds it.
+        let weak = |active: &[&str]| {
+            let mut doc = Doc::clean()
+                .with_edge("hyper@1", "webpki@1", None)
+                .with_edge("webpki@1", "ring@1", None)
+                .json();
+            let webpki = id("webpki@1");
+            for p in doc["packages"].as_array_mut().unwrap() {
+                if p["id"] == webpki.as_str() {
+                    p["dependencies"] = json!([{ "name": "ring", "optional": true }]);
+                    p["features"] = json!({ "alloc": ["ring?/alloc"], "ring": ["dep:ring"] });
+                }
+            }
+            for n in doc["resolve"]["nodes"].as_array_mut().unwrap() {
+                if n["id"] == webpki.as_str() {
+                    n["features"] = json!(active);
+                }
+            }
+            check(&parse_metadata(&doc.to_string()).unwrap()).unwrap()
+        };
+        assert_eq!(weak(&["alloc"]), vec![]);
+        let v = weak(&["alloc", "ring"]);
+        assert!(!v.is_empty() && v.iter().all(|v| v.rule == "no-ring"), "{v:#?}");
     }
 
     #[test]

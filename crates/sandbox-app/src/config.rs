@@ -64,6 +64,12 @@ pub struct RedisSection {
     pub lock_lease_ms: Option<u64>,
     /// Every Redis command's deadline in milliseconds (default 5000).
     pub command_timeout_ms: Option<u64>,
+    /// TLS: the CA (PEM) that signed the server's certificate; setting it turns TLS on (so does
+    /// a `rediss://` URL, which otherwise trusts the system's roots).
+    pub tls_ca_file: Option<PathBuf>,
+    /// TLS client certificate chain and key (PEM), for servers with `tls-auth-clients yes`.
+    pub tls_client_cert_file: Option<PathBuf>,
+    pub tls_client_key_file: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for RedisSection {
@@ -77,6 +83,9 @@ impl std::fmt::Debug for RedisSection {
             .field("password", &self.password.as_ref().map(|_| "[redacted]"))
             .field("lock_lease_ms", &self.lock_lease_ms)
             .field("command_timeout_ms", &self.command_timeout_ms)
+            .field("tls_ca_file", &self.tls_ca_file)
+            .field("tls_client_cert_file", &self.tls_client_cert_file)
+            .field("tls_client_key_file", &self.tls_client_key_file)
             .finish()
     }
 }
@@ -175,7 +184,9 @@ impl ServiceConfig {
 
     /// `SANDBOX_LISTEN`, `SANDBOX_STORE`, `SANDBOX_REDIS_URL`, `SANDBOX_REDIS_CLUSTER_NODES`,
     /// `SANDBOX_REDIS_NAMESPACE`, `SANDBOX_REDIS_USERNAME`, `SANDBOX_REDIS_PASSWORD`,
-    /// `SANDBOX_REDIS_LOCK_LEASE_MS`, `SANDBOX_REDIS_COMMAND_TIMEOUT_MS`, `SANDBOX_DOCKER_ENABLED`, `SANDBOX_DOCKER_HOST`,
+    /// `SANDBOX_REDIS_LOCK_LEASE_MS`, `SANDBOX_REDIS_COMMAND_TIMEOUT_MS`,
+    /// `SANDBOX_REDIS_TLS_CA_FILE`, `SANDBOX_REDIS_TLS_CLIENT_CERT_FILE`,
+    /// `SANDBOX_REDIS_TLS_CLIENT_KEY_FILE`, `SANDBOX_DOCKER_ENABLED`, `SANDBOX_DOCKER_HOST`,
     /// `SANDBOX_DOCKER_IMAGE`,
     /// `SANDBOX_DOCKER_NAMESPACE`, `SANDBOX_DOCKER_NETWORK`, `SANDBOX_DOCKER_PULL_POLICY`,
     /// `SANDBOX_DOCKER_BUILD_IMAGE`, `SANDBOX_DOCKER_BUSYBOX`,
@@ -212,6 +223,21 @@ impl ServiceConfig {
         }
         if let Some(v) = get("SANDBOX_REDIS_PASSWORD") {
             self.redis.password = Some(v);
+        }
+        for (name, field) in [
+            ("SANDBOX_REDIS_TLS_CA_FILE", &mut self.redis.tls_ca_file),
+            (
+                "SANDBOX_REDIS_TLS_CLIENT_CERT_FILE",
+                &mut self.redis.tls_client_cert_file,
+            ),
+            (
+                "SANDBOX_REDIS_TLS_CLIENT_KEY_FILE",
+                &mut self.redis.tls_client_key_file,
+            ),
+        ] {
+            if let Some(v) = get(name) {
+                *field = Some(PathBuf::from(v));
+            }
         }
         for (name, field) in [
             ("SANDBOX_REDIS_LOCK_LEASE_MS", &mut self.redis.lock_lease_ms),

@@ -107,6 +107,13 @@ pub async fn redis_store(
     let mut cfg = RedisStoreConfig::new(topology, namespace);
     cfg.username.clone_from(&section.username);
     cfg.password.clone_from(&section.password);
+    if section.tls_ca_file.is_some() || section.tls_client_cert_file.is_some() {
+        cfg.tls = Some(sandbox_store_redis::TlsSettings {
+            ca_file: section.tls_ca_file.clone(),
+            client_cert_file: section.tls_client_cert_file.clone(),
+            client_key_file: section.tls_client_key_file.clone(),
+        });
+    }
     if let Some(ms) = section.lock_lease_ms {
         cfg.lock_lease = Duration::from_millis(ms);
     }

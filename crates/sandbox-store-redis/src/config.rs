@@ -1,6 +1,8 @@
 //! What the store connects to and the timings it runs with.
 
 use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use fred::prelude::{Builder, Client, Config, ReconnectPolicy, ServerConfig};
@@ -41,6 +43,17 @@ impl fmt::Debug for Topology {
     }
 }
 
+/// TLS to Redis: the CA that signed the server's certificate and, for servers that require
+/// it, a client certificate. (A `rediss://` URL without these trusts the system's roots.)
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TlsSettings {
+    /// PEM file of the CA certificates to trust.
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate chain and its private key, for `tls-auth-clients yes`.
+    pub client_cert_file: Option<PathBuf>,
+    pub client_key_file: Option<PathBuf>,
+}
+
 /// The store's settings. Timings default to the reference's.
 #[derive(Clone)]
 pub struct RedisStoreConfig {
@@ -50,6 +63,8 @@ pub struct RedisStoreConfig {
     /// ACL user and password (cluster mode; a standalone URL may carry them instead).
     pub username: Option<String>,
     pub password: Option<String>,
+    /// TLS (also implied by a `rediss://` URL).
+    pub tls: Option<TlsSettings>,
     /// The lifecycle lock's lease; renewed at a third of it while held.
     pub lock_lease: Duration,
     /// A chat-turn lease's lifetime without being re-armed.
@@ -73,6 +88,7 @@ impl fmt::Debug for RedisStoreConfig {
             .field("namespace", &self.namespace)
             .field("username", &self.username)
             .field("password", &self.password.as_ref().map(|_| "[redacted]"))
+            .field("tls", &self.tls)
             .field("lock_lease", &self.lock_lease)
             .field("turn_lease_ttl", &self.turn_lease_ttl)
             .field("rewind_ttl", &self.rewind_ttl)
@@ -99,6 +115,7 @@ impl RedisStoreConfig {
             namespace: namespace.into(),
             username: None,
             password: None,
+            tls: None,
             lock_lease: DEFAULT_LOCK_LEASE,
             turn_lease_ttl: DEFAULT_TURN_LEASE_TTL,
             rewind_ttl: DEFAULT_REWIND_TTL,
@@ -153,6 +170,9 @@ impl RedisStoreConfig {
         if self.password.is_some() {
             config.password.clone_from(&self.password);
         }
+        if let Some(tls) = &self.tls {
+            config.tls = Some(tls_connector(tls)?.into());
+        }
         // A command waits at most `command_timeout`, also while the client reconnects, so a
         // Redis outage surfaces as errors rather than hung requests.
         config.fail_fast = true;
@@ -169,4 +189,76 @@ impl RedisStoreConfig {
             .map_err(|e| Self::invalid(format!("redis client: {}", e.details())))?;
         Ok(client)
     }
+}
+
+/// A rustls client config (aws-lc-rs) trusting `tls.ca_file` (or the system roots) and
+/// presenting the client certificate when one is configured.
+fn tls_connector(tls: &TlsSettings) -> Result<fred::types::config::TlsConnector, Error> {
+    use rustls::pki_types::pem::PemObject as _;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let bad = |what: &str, e: &dyn fmt::Display| {
+        RedisStoreConfig::invalid(format!("redis tls: {what}: {e}"))
+    };
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| bad("protocol versions", &e))?;
+    let mut roots = rustls::RootCertStore::empty();
+    match &tls.ca_file {
+        Some(path) => {
+            let certs = CertificateDer::pem_file_iter(path)
+                .map_err(|e| bad(&format!("cannot read {}", path.display()), &e))?;
+            for cert in certs {
+                let cert = cert.map_err(|e| bad(&format!("{}", path.display()), &e))?;
+                roots
+                    .add(cert)
+                    .map_err(|e| bad(&format!("{}", path.display()), &e))?;
+            }
+            if roots.is_empty() {
+                return Err(bad(
+                    &format!("{}", path.display()),
+                    &"holds no CA certificate",
+                ));
+            }
+        }
+        None => {
+            let found = rustls_native_certs_roots();
+            if found.is_empty() {
+                return Err(bad("system roots", &"none found; set a CA file"));
+            }
+            roots.extend(found);
+        }
+    }
+    let builder = builder.with_root_certificates(roots);
+    let config = match (&tls.client_cert_file, &tls.client_key_file) {
+        (Some(cert), Some(key)) => {
+            let chain = CertificateDer::pem_file_iter(cert)
+                .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+                .map_err(|e| bad(&format!("cannot read {}", cert.display()), &e))?;
+            let key = PrivateKeyDer::from_pem_file(key)
+                .map_err(|e| bad(&format!("cannot read {}", key.display()), &e))?;
+            builder
+                .with_client_auth_cert(chain, key)
+                .map_err(|e| bad("client certificate", &e))?
+        }
+        (None, None) => builder.with_no_client_auth(),
+        _ => {
+            return Err(RedisStoreConfig::invalid(
+                "redis tls: a client certificate needs both the certificate and the key file"
+                    .to_owned(),
+            ));
+        }
+    };
+    Ok(config.into())
+}
+
+/// The system's trust roots, as rustls wants them.
+fn rustls_native_certs_roots() -> Vec<rustls::pki_types::TrustAnchor<'static>> {
+    let mut out = Vec::new();
+    let mut store = rustls::RootCertStore::empty();
+    for cert in rustls_native_certs::load_native_certs().certs {
+        let _ = store.add(cert);
+    }
+    out.extend(store.roots);
+    out
 }

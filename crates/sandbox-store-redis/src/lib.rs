@@ -38,7 +38,7 @@ use sandbox_core::{
 };
 use time::OffsetDateTime;
 
-pub use config::{RedisStoreConfig, Topology};
+pub use config::{RedisStoreConfig, TlsSettings, Topology};
 use keys::{Namespace, SessionKeys};
 use scripts::Scripts;
 
@@ -65,6 +65,18 @@ pub(crate) fn fail(client: &Client, operation: Operation, e: &fred::error::Error
 
 fn map_err(operation: Operation, e: &fred::error::Error) -> Error {
     use fred::error::ErrorKind as K;
+    // rustls reports an untrusted or mismatched server certificate as an I/O error; it is a
+    // trust problem to fix in the config, not an outage to wait out.
+    if e.details().contains("InvalidCertificate") {
+        return Error::new(
+            ErrorKind::Authentication,
+            operation,
+            format!(
+                "redis: TLS: the server's certificate is not trusted ({}); check the CA file and the server name",
+                e.details()
+            ),
+        );
+    }
     let kind = match e.kind() {
         K::Timeout => ErrorKind::Timeout,
         K::IO | K::Canceled | K::Routing | K::Cluster | K::Backpressure | K::Sentinel => {
