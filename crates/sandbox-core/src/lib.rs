@@ -57,7 +57,7 @@ pub use ports::session::{
 };
 pub use ports::store::{
     ActivityRegistry, BackgroundActivity, BindingStore, InvalidationReport, LifecycleLock,
-    LockRelease, RewindLock, RewindLocks, TurnLeases, TurnState,
+    LockRelease, OptimisticReads, ResolveSnapshot, RewindLock, RewindLocks, TurnLeases, TurnState,
 };
 pub use provider::{Provider, SandboxType};
 pub use sandbox::{

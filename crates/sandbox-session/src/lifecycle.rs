@@ -194,6 +194,13 @@ impl Lifecycle {
         key: &BindingKey,
         options: ResolveOptions,
     ) -> Result<SandboxHandle, Error> {
+        if options.template_override.is_none()
+            && let Some(reads) = self.store.optimistic_reads()
+            && let Some(handle) = self.resolve_fast(key, reads).await
+        {
+            self.observer.resolved(ResolveOutcome::Bound);
+            return Ok(handle);
+        }
         let lock = self.store.lock_lifecycle(key).await?;
         let hold = Arc::new(Hold { lock: Some(lock) });
         let outcome = self.resolve_locked(key, &options, &hold).await;
@@ -212,6 +219,33 @@ impl Lifecycle {
             Err(e) => ResolveOutcome::Failed(e.kind()),
         });
         result
+    }
+
+    /// The fast path for an already-bound session: one lock-free read, then a connect. It never
+    /// writes to the store, and gives up (`None`, so the caller takes the locked path) on any
+    /// doubt: a read error, nothing bound, another provider's binding, a stale mark, a turn-lease
+    /// write due, a deleted session, any connect error, or a reissued token to persist.
+    async fn resolve_fast(
+        &self,
+        key: &BindingKey,
+        reads: &dyn sandbox_core::OptimisticReads,
+    ) -> Option<SandboxHandle> {
+        let snapshot = reads.read_for_resolve(key).await.ok()?;
+        let b = snapshot.binding?;
+        if snapshot.turn_needs_write
+            || b.stale_at.is_some()
+            || b.provider != self.provider.provider()
+        {
+            return None;
+        }
+        if !self.existence.session_exists(key).await.ok()? {
+            return None;
+        }
+        let handle = self.connect_bound(&b).await.ok()?;
+        if handle.traffic_token().is_some() && handle.traffic_token() != b.traffic_token.as_ref() {
+            return None;
+        }
+        Some(handle)
     }
 
     async fn resolve_locked(

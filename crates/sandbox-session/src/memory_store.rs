@@ -26,8 +26,8 @@ use async_trait::async_trait;
 use sandbox_core::{
     ActivityRegistry, BackgroundActivity, Binding, BindingKey, BindingStore, Clock, ConfigId,
     Error, ErrorCode, ErrorKind, InvalidationReport, LifecycleLock, LockRelease, Operation,
-    OwnershipToken, Provider, RewindLock, RewindLocks, SandboxId, Secret, SystemClock, TenantId,
-    TurnLeases, TurnState, timefmt,
+    OptimisticReads, OwnershipToken, Provider, ResolveSnapshot, RewindLock, RewindLocks, SandboxId,
+    Secret, SystemClock, TenantId, TurnLeases, TurnState, timefmt,
 };
 use time::OffsetDateTime;
 
@@ -48,6 +48,7 @@ pub struct MemoryBindingStoreBuilder {
     turn_lease_ttl: Duration,
     rewind_ttl: Duration,
     invalidate_lock_wait: Duration,
+    optimistic_reads: bool,
 }
 
 impl Default for MemoryBindingStoreBuilder {
@@ -57,6 +58,7 @@ impl Default for MemoryBindingStoreBuilder {
             turn_lease_ttl: DEFAULT_TURN_LEASE_TTL,
             rewind_ttl: DEFAULT_REWIND_TTL,
             invalidate_lock_wait: DEFAULT_INVALIDATE_LOCK_WAIT,
+            optimistic_reads: false,
         }
     }
 }
@@ -93,6 +95,14 @@ impl MemoryBindingStoreBuilder {
         self
     }
 
+    /// Offer [`OptimisticReads`] (the resolve fast path). Off by default: in one process a
+    /// lock costs no round trip, so the fast path buys nothing; embedders and tests that want
+    /// the same code path as a shared store turn it on.
+    pub fn optimistic_reads(mut self, on: bool) -> Self {
+        self.optimistic_reads = on;
+        self
+    }
+
     /// An empty store.
     pub fn build(self) -> MemoryBindingStore {
         MemoryBindingStore {
@@ -103,6 +113,7 @@ impl MemoryBindingStoreBuilder {
                     rewind: self.rewind_ttl,
                 },
                 invalidate_lock_wait: self.invalidate_lock_wait,
+                optimistic_reads: self.optimistic_reads,
                 state: Mutex::default(),
                 locks: Arc::default(),
             }),
@@ -120,6 +131,7 @@ struct Inner {
     clock: Arc<dyn Clock>,
     ttls: Ttls,
     invalidate_lock_wait: Duration,
+    optimistic_reads: bool,
     state: Mutex<State>,
     locks: Arc<LockMap>,
 }
@@ -307,6 +319,24 @@ impl BindingStore for MemoryBindingStore {
 
     fn activities(&self) -> Option<&dyn ActivityRegistry> {
         Some(self)
+    }
+
+    fn optimistic_reads(&self) -> Option<&dyn OptimisticReads> {
+        self.inner
+            .optimistic_reads
+            .then_some(self as &dyn OptimisticReads)
+    }
+}
+
+#[async_trait]
+impl OptimisticReads for MemoryBindingStore {
+    async fn read_for_resolve(&self, key: &BindingKey) -> Result<ResolveSnapshot, Error> {
+        let now = self.inner.now();
+        let (binding, turn_needs_write) = self.inner.state().snapshot(key, now, self.inner.ttls);
+        Ok(ResolveSnapshot {
+            binding,
+            turn_needs_write,
+        })
     }
 }
 

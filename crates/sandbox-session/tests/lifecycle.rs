@@ -936,3 +936,98 @@ async fn the_observer_hears_outcomes_creates_and_deletes() {
         "an unbound destroy deletes nothing"
     );
 }
+
+/// A lifecycle over a memory store that offers the fast path, behind a counting wrapper.
+fn fast_env() -> (Env, Arc<FaultyStore>) {
+    let memory = MemoryBindingStore::builder().optimistic_reads(true).build();
+    let faulty = Arc::new(FaultyStore::new(Arc::new(memory)));
+    (env_with(FakeProvider::new(), faulty.clone()), faulty)
+}
+
+/// A bound, clean session resolves without the lifecycle lock and without writing: one read,
+/// one connect.
+#[tokio::test]
+async fn a_bound_session_resolves_without_the_lock() {
+    let (e, store) = fast_env();
+    let first = e.lifecycle.resolve(&key(1)).await.unwrap();
+    let locks = store.calls(StoreOp::LockLifecycle);
+    assert_eq!(locks, 1, "the first resolve creates under the lock");
+    for _ in 0..5 {
+        let again = e.lifecycle.resolve(&key(1)).await.unwrap();
+        assert_eq!(again.id(), first.id());
+    }
+    assert_eq!(
+        store.calls(StoreOp::LockLifecycle),
+        locks,
+        "no lock for bound resolves"
+    );
+    assert_eq!(
+        store.calls(StoreOp::ConsumeTurnRebuild),
+        1,
+        "no turn write either"
+    );
+    assert_eq!(e.fake.calls(FakeOp::Create), 1);
+}
+
+/// Every doubt sends the resolve down the locked path, which then does what it always does.
+#[tokio::test]
+async fn the_fast_path_falls_back_on_any_doubt() {
+    let (e, store) = fast_env();
+    let first = e.lifecycle.resolve(&key(1)).await.unwrap();
+    let locks = || store.calls(StoreOp::LockLifecycle);
+
+    // A transient connect error: the locked path connects again and succeeds.
+    let before = locks();
+    e.fake.fail_next(FakeOp::ConnectSession, unavailable());
+    let h = e.lifecycle.resolve(&key(1)).await.unwrap();
+    assert_eq!(h.id(), first.id());
+    assert_eq!(locks(), before + 1, "fell back after a connect error");
+
+    // An unspent turn rebuild: the locked path spends it.
+    let turns = e.store.turn_leases().unwrap();
+    turns.begin_turn(&key(1)).await.unwrap();
+    let before = locks();
+    e.lifecycle.resolve(&key(1)).await.unwrap();
+    assert_eq!(locks(), before + 1, "fell back to spend the rebuild");
+    assert!(!turns.turn_state(&key(1)).await.unwrap().may_rebuild);
+    let before = locks();
+    e.lifecycle.resolve(&key(1)).await.unwrap();
+    assert_eq!(locks(), before, "spent: the fast path again");
+    turns.end_turn(&key(1)).await.unwrap();
+
+    // A stale mark: the locked path rebuilds.
+    let cfg = ConfigId::new("cfg-1").unwrap();
+    let report = e
+        .store
+        .invalidate_by_config(key(1).tenant, &cfg)
+        .await
+        .unwrap();
+    assert_eq!(report.marked, 1);
+    let before = locks();
+    let rebuilt = e.lifecycle.resolve(&key(1)).await.unwrap();
+    assert_ne!(rebuilt.id(), first.id(), "the stale sandbox was rebuilt");
+    assert_eq!(locks(), before + 1);
+
+    // A gone sandbox: the locked path replaces the binding.
+    e.fake.terminate(rebuilt.id());
+    let replaced = e.lifecycle.resolve(&key(1)).await.unwrap();
+    assert_ne!(replaced.id(), rebuilt.id());
+
+    // A store read error: the locked path reads again and fails closed, calling no provider.
+    store.fail_always(StoreOp::Get, unavailable());
+    let calls = provider_calls(&e.fake);
+    let err = e.lifecycle.resolve(&key(1)).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable);
+    assert_eq!(
+        provider_calls(&e.fake),
+        calls,
+        "no provider call without the store"
+    );
+    store.clear_all();
+
+    // A deleted session: the locked path destroys.
+    e.existence.gone.store(true, Ordering::SeqCst);
+    let err = e.lifecycle.resolve(&key(1)).await.unwrap_err();
+    assert_eq!(err.code(), Some(ErrorCode::SessionDeleted));
+    assert!(e.store.get(&key(1)).await.unwrap().is_none());
+}

@@ -33,8 +33,9 @@ use fred::types::{Expiration, SetOptions};
 use futures_util::StreamExt as _;
 use sandbox_core::{
     ActivityRegistry, BackgroundActivity, Binding, BindingKey, BindingStore, ConfigId, Error,
-    ErrorCode, ErrorKind, InvalidationReport, LifecycleLock, Operation, Provider, RewindLock,
-    RewindLocks, SandboxId, Secret, TenantId, TurnLeases, TurnState, timefmt,
+    ErrorCode, ErrorKind, InvalidationReport, LifecycleLock, Operation, OptimisticReads, Provider,
+    ResolveSnapshot, RewindLock, RewindLocks, SandboxId, Secret, TenantId, TurnLeases, TurnState,
+    timefmt,
 };
 use time::OffsetDateTime;
 
@@ -495,6 +496,36 @@ impl BindingStore for RedisBindingStore {
 
     fn activities(&self) -> Option<&dyn ActivityRegistry> {
         Some(self)
+    }
+
+    fn optimistic_reads(&self) -> Option<&dyn OptimisticReads> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl OptimisticReads for RedisBindingStore {
+    /// One `EVALSHA`: the binding and the turn lease's due writes, on the session's slot.
+    async fn read_for_resolve(&self, key: &BindingKey) -> Result<ResolveSnapshot, Error> {
+        let operation = op("store.read_for_resolve");
+        let k = self.keys(key);
+        let (raw, due): (Option<Vec<u8>>, i64) = self
+            .inner
+            .eval(
+                operation,
+                &self.inner.scripts.read_for_resolve,
+                vec![k.binding, k.turn],
+                vec![millis(self.inner.config.turn_lease_ttl / 2)],
+            )
+            .await?;
+        let binding = raw
+            .map(|raw| decode(key, &raw))
+            .transpose()
+            .map_err(|e| e.with_operation(operation))?;
+        Ok(ResolveSnapshot {
+            binding,
+            turn_needs_write: due == 1,
+        })
     }
 }
 

@@ -56,11 +56,14 @@ pub(crate) struct Scripts {
     pub(crate) renew_activity: Script,
     /// KEYS: activity. The live leases as a flat id, kind, started_at list.
     pub(crate) list_activities: Script,
+    /// KEYS: binding, turn. ARGV: half the turn lease in ms. {binding or nil, 1 when a resolve
+    /// would write to the turn lease (unspent rebuild, or past half its life)}. Writes nothing.
+    pub(crate) read_for_resolve: Script,
 }
 
 impl Scripts {
     /// Every script, for loading.
-    pub(crate) fn all(&self) -> [&Script; 12] {
+    pub(crate) fn all(&self) -> [&Script; 13] {
         [
             &self.cas,
             &self.renew,
@@ -74,6 +77,7 @@ impl Scripts {
             &self.add_activity,
             &self.renew_activity,
             &self.list_activities,
+            &self.read_for_resolve,
         ]
     }
 
@@ -189,7 +193,19 @@ impl Scripts {
              end\n\
              return out"
         ));
+        let read_for_resolve = Script::from_lua(
+            "local b = redis.call('GET', KEYS[1])\n\
+             local r = redis.call('HGET', KEYS[2], 'rebuild')\n\
+             local due = 0\n\
+             if r == '1' then due = 1\n\
+             elseif r then\n\
+               local ttl = redis.call('PTTL', KEYS[2])\n\
+               if ttl >= 0 and ttl < tonumber(ARGV[1]) then due = 1 end\n\
+             end\n\
+             return {b, due}",
+        );
         Scripts {
+            read_for_resolve,
             cas,
             renew,
             release,

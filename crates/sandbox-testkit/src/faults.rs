@@ -408,6 +408,30 @@ impl BindingStore for FaultyStore {
             .activities()
             .map(|_| self as &dyn ActivityRegistry)
     }
+
+    fn optimistic_reads(&self) -> Option<&dyn sandbox_core::OptimisticReads> {
+        self.inner
+            .optimistic_reads()
+            .map(|_| self as &dyn sandbox_core::OptimisticReads)
+    }
+}
+
+/// The fast-path read is a read: `get`'s faults apply to it.
+#[async_trait]
+impl sandbox_core::OptimisticReads for FaultyStore {
+    async fn read_for_resolve(
+        &self,
+        key: &BindingKey,
+    ) -> Result<sandbox_core::ResolveSnapshot, Error> {
+        self.enter(StoreOp::Get)?;
+        match self.inner.optimistic_reads() {
+            Some(reads) => reads.read_for_resolve(key).await,
+            None => Err(Error::unsupported(
+                sandbox_core::Operation::new("store.read_for_resolve"),
+                "the wrapped store has no optimistic reads",
+            )),
+        }
+    }
 }
 
 #[async_trait]

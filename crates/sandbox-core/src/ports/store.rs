@@ -88,6 +88,32 @@ pub trait BindingStore: Send + Sync + fmt::Debug {
     fn activities(&self) -> Option<&dyn ActivityRegistry> {
         None
     }
+    /// Lock-free reads for the resolve fast path, when the store offers them.
+    fn optimistic_reads(&self) -> Option<&dyn OptimisticReads> {
+        None
+    }
+}
+
+/// What the resolve fast path reads in one go, without the lifecycle lock.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ResolveSnapshot {
+    /// The binding, `None` when unbound.
+    pub binding: Option<Binding>,
+    /// The locked path would write to the session's turn lease: its rebuild is unspent, or the
+    /// lease is past half its life and a resolve would re-arm it.
+    pub turn_needs_write: bool,
+}
+
+/// Reads that let a resolve of an already-bound session skip the lifecycle lock. They never
+/// write; a caller uses the fast path only when the snapshot leaves nothing to write (bound, not
+/// stale, no turn-lease write due) and falls back to the locked path on any doubt.
+#[async_trait]
+pub trait OptimisticReads: Send + Sync {
+    /// The binding and the turn lease's state, read together (one round trip where the
+    /// backing allows it) and without side effects.
+    /// - `[optimistic.read_only]` Never writes, re-arms or creates anything.
+    /// - `[get.malformed]` As `get`: a stored value that fails to decode is an error.
+    async fn read_for_resolve(&self, key: &BindingKey) -> Result<ResolveSnapshot, Error>;
 }
 
 /// A held lifecycle lock.

@@ -190,6 +190,23 @@ impl State {
         }
     }
 
+    /// The binding and whether a resolve would write to the turn lease (an unspent rebuild,
+    /// or a lease past half its life to re-arm), read without changing anything.
+    pub(super) fn snapshot(
+        &self,
+        key: &BindingKey,
+        now: OffsetDateTime,
+        ttls: Ttls,
+    ) -> (Option<Binding>, bool) {
+        let half = time::Duration::try_from(ttls.turn_lease / 2).unwrap_or(time::Duration::MAX);
+        let needs_write = self
+            .turns
+            .get(key)
+            .filter(|t| t.expires_at > now)
+            .is_some_and(|t| t.rebuild || t.expires_at - now < half);
+        (self.bindings.get(key).cloned(), needs_write)
+    }
+
     pub(super) fn binding_count(&self) -> usize {
         self.bindings.len()
     }
