@@ -443,6 +443,16 @@ impl BindingStore for RedisBindingStore {
         let mut report = InvalidationReport::default();
         for session in sessions {
             let key = BindingKey { tenant, session };
+            // A binding of another config (or already stale) is never waited for: read first,
+            // without the lock, and only lock what may need marking (re-checked under it).
+            match self.get(&key).await {
+                Ok(Some(b)) if b.config_id.as_ref() == Some(config) && b.stale_at.is_none() => {}
+                Ok(_) => continue,
+                Err(e) => {
+                    report.failed.push((key.session.clone(), e));
+                    continue;
+                }
+            }
             // Under the session's lifecycle lock, so the mark never lands in the middle of a
             // resolve rebuilding this very binding; a bounded wait per session.
             let lock = match tokio::time::timeout(wait, self.lock_lifecycle(&key)).await {
