@@ -30,7 +30,7 @@ const DOCTEST_DEADLINE: Duration = Duration::from_secs(1800);
 const HERMETIC_FILTER: &str = "not binary(conformance) and not (package(sandbox-provider-docker) and (binary(engine) | binary(registry) | binary(egress))) and not (package(sandbox-session) and binary(docker)) and not (package(sandbox-app) and binary(*_docker)) and not (package(xtask) and binary(serve_docker)) and not (package(sandbox-store-redis) and (binary(conformance) | binary(redis_*))) and not (package(xtask) and binary(redis_fixture))";
 
 /// The tests that need the Docker engine beyond conformance, run by the docker stage.
-const DOCKER_ENGINE_FILTER: &str = "(package(sandbox-provider-docker) and (binary(engine) | binary(registry))) | (package(sandbox-session) and binary(docker)) | (package(sandbox-app) and binary(*_docker)) | (package(xtask) and binary(serve_docker))";
+const DOCKER_ENGINE_FILTER: &str = "(package(sandbox-provider-docker) and (binary(engine) | binary(registry))) | (package(sandbox-session) and binary(docker)) | (package(sandbox-app) and binary(*_docker))";
 
 /// The tests that need the Redis fixtures beyond conformance, run by the redis stage: the Redis
 /// store's `redis_*` binaries and xtask's own check of the fixtures.
@@ -317,9 +317,6 @@ fn docker_engine_stage(
         "sandbox-session",
         "-p",
         "sandbox-app",
-        // The filter names xtask's serve_docker; nextest only filters what `-p` builds.
-        "-p",
-        "xtask",
         "--profile",
         CI_PROFILE,
         "--run-ignored",
@@ -328,8 +325,8 @@ fn docker_engine_stage(
         DOCKER_ENGINE_FILTER,
     ];
     // The failover test needs the store's failpoints compiled into `sandbox`. A run of its own,
-    // after the others: building `sandbox` with other features while tests spawn it (or while
-    // xtask's serve test rebuilds it) would swap the binary under them.
+    // after the others: building `sandbox` with other features while tests spawn it would swap
+    // the binary under them.
     let failover: &[&str] = &[
         "nextest",
         "run",
@@ -344,8 +341,22 @@ fn docker_engine_stage(
         "--run-ignored",
         "only",
     ];
+    // The README's run command builds `sandbox` itself (with the feature set of a plain
+    // `cargo build`), which relinks `target/debug/sandbox`: last, alone.
+    let serve: &[&str] = &[
+        "nextest",
+        "run",
+        "-p",
+        "xtask",
+        "--test",
+        "serve_docker",
+        "--profile",
+        CI_PROFILE,
+        "--run-ignored",
+        "only",
+    ];
     let mut verdict = Verdict::Passed;
-    for args in [main, failover] {
+    for args in [main, failover, serve] {
         let junit = suite::junit_path(&ctx.target, CI_PROFILE);
         if let Err(e) = suite::remove_stale(&junit) {
             return Verdict::Failed(e);
