@@ -45,6 +45,14 @@ pub const SUITES: &[Suite] = &[
         package: "sandbox-session",
         bench: "session",
     },
+    // The Redis binding store against the memory store, on the fake provider. The bench binary
+    // starts its own redis-server (a child on a free loopback port, no persistence) and stops it
+    // at the end; it fails with a message saying so when redis-server is not installed.
+    Suite {
+        name: "store",
+        package: "sandbox-store-redis",
+        bench: "store",
+    },
 ];
 
 pub fn find(name: &str) -> Option<&'static Suite> {

@@ -1,11 +1,13 @@
 //! `sandbox-transport`: every outbound connection to a tenant-supplied endpoint, guarded.
 //!
 //! Built so far: the address classification ([`ip_class`]), the outbound policy and URL
-//! validation ([`policy`]), and the guarded connector ([`connector`]) that judges the concrete
-//! address it dials. Still to come (issue "sandbox-transport and sandbox-envd"): gateway
-//! routing, inbound tokens, the WebSocket dialer, TLS, and the envd client.
+//! validation ([`policy`]), the guarded connector ([`connector`]) that judges the concrete
+//! address it dials, and gateway routing with the inbound-token registry ([`gateway`]). Still
+//! to come (issue "sandbox-transport and sandbox-envd"): the pooled client that puts routing and
+//! the connector together, TLS, the WebSocket dialer, and the envd client.
 
 pub mod connector;
+pub mod gateway;
 pub mod ip_class;
 pub mod policy;
 
