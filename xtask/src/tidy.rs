@@ -238,7 +238,8 @@ fn dependency_is_built(parent: &Package, active: &[String], child: &str) -> bool
                     enables.iter().any(|v| {
                         v == key
                             || v.strip_prefix("dep:") == Some(key)
-                            || v.strip_prefix(key).is_some_and(|rest| rest.starts_with('/'))
+                            || v.strip_prefix(key)
+                                .is_some_and(|rest| rest.starts_with('/'))
                     })
                 })
         })
@@ -1106,7 +1107,10 @@ mod tests {
         };
         assert_eq!(weak(&["alloc"]), vec![]);
         let v = weak(&["alloc", "ring"]);
-        assert!(!v.is_empty() && v.iter().all(|v| v.rule == "no-ring"), "{v:#?}");
+        assert!(
+            !v.is_empty() && v.iter().all(|v| v.rule == "no-ring"),
+            "{v:#?}"
+        );
     }
 
     #[test]

@@ -169,7 +169,10 @@ impl tower_service::Service<Uri> for GuardedConnector {
                 Some("https") | Some("wss") => 443,
                 _ => 80,
             });
-            let stream = me.connect(host, port).await.map_err(|e| Box::new(e) as BoxError)?;
+            let stream = me
+                .connect(host, port)
+                .await
+                .map_err(|e| Box::new(e) as BoxError)?;
             Ok(TokioIo::new(stream))
         })
     }

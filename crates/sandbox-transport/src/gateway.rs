@@ -44,7 +44,9 @@ impl GatewayTarget {
             .map_err(|e| invalid(format!("gateway URL {raw:?}: {e}")))?;
         let scheme = url.scheme().to_owned();
         if scheme != "http" && scheme != "https" {
-            return Err(invalid(format!("gateway URL {raw:?}: scheme must be http or https")));
+            return Err(invalid(format!(
+                "gateway URL {raw:?}: scheme must be http or https"
+            )));
         }
         let host = url
             .host_str()
@@ -151,7 +153,11 @@ pub struct Routed<B> {
 }
 
 impl Gateway {
-    pub fn new(api_host: Option<&str>, target: Option<GatewayTarget>, tokens: InboundTokens) -> Self {
+    pub fn new(
+        api_host: Option<&str>,
+        target: Option<GatewayTarget>,
+        tokens: InboundTokens,
+    ) -> Self {
         Gateway {
             api_host: api_host.map(|h| h.trim_end_matches('.').to_ascii_lowercase()),
             target,
@@ -171,7 +177,9 @@ impl Gateway {
             return Ok(Plane::Control);
         }
         match data_label(&host)? {
-            Some((port, sandbox_id)) if self.target.is_some() => Ok(Plane::Data { port, sandbox_id }),
+            Some((port, sandbox_id)) if self.target.is_some() => {
+                Ok(Plane::Data { port, sandbox_id })
+            }
             _ => Ok(Plane::Control),
         }
     }
@@ -215,8 +223,9 @@ impl Gateway {
                         .map_or_else(|| host.to_owned(), |a| a.as_str().to_owned());
                     builder = builder.header(
                         HOST,
-                        HeaderValue::from_str(&authority)
-                            .map_err(|_| invalid(format!("host {authority:?} is not a header value")))?,
+                        HeaderValue::from_str(&authority).map_err(|_| {
+                            invalid(format!("host {authority:?} is not a header value"))
+                        })?,
                     );
                 }
                 let mut parts = uri.clone().into_parts();

@@ -186,7 +186,11 @@ pub fn classify_v6(ip: Ipv6Addr) -> IpClass {
     let table: &[([u16; 8], u32, IpClass)] = &[
         ([0x64, 0xff9b, 1, 0, 0, 0, 0, 0], 48, IpClass::Translated), // NAT64 local use
         ([0x2001, 0, 0, 0, 0, 0, 0, 0], 32, IpClass::Translated),    // Teredo
-        ([0x2001, 0xdb8, 0, 0, 0, 0, 0, 0], 32, IpClass::Documentation),
+        (
+            [0x2001, 0xdb8, 0, 0, 0, 0, 0, 0],
+            32,
+            IpClass::Documentation,
+        ),
         ([0x3fff, 0, 0, 0, 0, 0, 0, 0], 20, IpClass::Documentation), // RFC 9637
         ([0x2001, 0x10, 0, 0, 0, 0, 0, 0], 28, IpClass::Reserved),   // ORCHID
         ([0x2001, 0x20, 0, 0, 0, 0, 0, 0], 28, IpClass::Reserved),   // ORCHIDv2

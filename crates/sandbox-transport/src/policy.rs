@@ -61,7 +61,9 @@ impl Whitelist {
             } else {
                 return Err(Error::invalid_request(
                     OP_VALIDATE,
-                    format!("whitelist entry {entry:?} is neither a host name nor an address or CIDR"),
+                    format!(
+                        "whitelist entry {entry:?} is neither a host name nor an address or CIDR"
+                    ),
                 )
                 .with_code(ErrorCode::ConfigIncomplete));
             }
