@@ -4,7 +4,8 @@
 //! routed request (Host kept, token added when missing, scheme rewritten). Redirects are never
 //! followed: a 3xx is handed to the caller as it is.
 //!
-//! Plain HTTP so far; TLS (rustls on aws-lc-rs around the same connector) comes next.
+//! TLS is rustls on aws-lc-rs around the same connectors (`https` URLs; plain `http` stays
+//! plain), trusting the system roots plus any CA the operator adds ([`tls_config`]).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -12,6 +13,7 @@ use std::task::{Context, Poll};
 
 use hyper::body::{Body, Incoming};
 use hyper::{Request, Response, Uri};
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use sandbox_core::{Error, Operation};
@@ -57,12 +59,62 @@ impl tower_service::Service<Uri> for GatewayConnector {
     }
 }
 
+/// The TLS client settings: the system's roots (when `system_roots`) plus the PEM CA
+/// certificates in `extra_ca_pem`; TLS 1.2 and 1.3.
+pub fn tls_config(
+    system_roots: bool,
+    extra_ca_pem: &[&[u8]],
+) -> Result<rustls::ClientConfig, Error> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject as _;
+    let bad = |why: String| Error::invalid_request(OP_REQUEST, format!("tls: {why}"));
+    let mut roots = rustls::RootCertStore::empty();
+    if system_roots {
+        for cert in rustls_native_certs::load_native_certs().certs {
+            // A system root rustls cannot parse is skipped, as every TLS client does.
+            let _ = roots.add(cert);
+        }
+    }
+    for pem in extra_ca_pem {
+        let mut added = 0;
+        for cert in CertificateDer::pem_slice_iter(pem) {
+            let cert = cert.map_err(|e| bad(format!("CA certificate: {e}")))?;
+            roots
+                .add(cert)
+                .map_err(|e| bad(format!("CA certificate: {e}")))?;
+            added += 1;
+        }
+        if added == 0 {
+            return Err(bad("a CA file holds no certificate".to_owned()));
+        }
+    }
+    if roots.is_empty() {
+        return Err(bad("no trust roots".to_owned()));
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    // No ALPN here: the HTTPS connector sets it from the HTTP versions it enables (and refuses
+    // a config that already has some).
+    Ok(rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| bad(e.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth())
+}
+
+fn https<C>(tls: rustls::ClientConfig, inner: C) -> HttpsConnector<C> {
+    HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(inner)
+}
+
 /// One pool of a process: routing, the control-plane pool and the gateway pool.
 #[derive(Clone, Debug)]
 pub struct GuardedClient<B> {
     gateway: Gateway,
-    control: Client<GuardedConnector, B>,
-    data: Client<GatewayConnector, B>,
+    control: Client<HttpsConnector<GuardedConnector>, B>,
+    data: Client<HttpsConnector<GatewayConnector>, B>,
 }
 
 impl<B> GuardedClient<B>
@@ -71,16 +123,21 @@ where
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    /// A client whose every connection goes through `guard`.
-    pub fn new(guard: GuardedConnector, gateway: Gateway, target: Option<GatewayTarget>) -> Self {
+    /// A client whose every connection goes through `guard`, with `tls` for `https`.
+    pub fn new(
+        guard: GuardedConnector,
+        gateway: Gateway,
+        target: Option<GatewayTarget>,
+        tls: rustls::ClientConfig,
+    ) -> Self {
         let data_connector = GatewayConnector {
             guard: guard.clone(),
             target,
         };
         GuardedClient {
             gateway,
-            control: Client::builder(TokioExecutor::new()).build(guard),
-            data: Client::builder(TokioExecutor::new()).build(data_connector),
+            control: Client::builder(TokioExecutor::new()).build(https(tls.clone(), guard)),
+            data: Client::builder(TokioExecutor::new()).build(https(tls, data_connector)),
         }
     }
 
@@ -105,7 +162,23 @@ where
                 }
                 source = s.source();
             }
-            Error::unavailable(OP_REQUEST, format!("request failed: {e}"))
+            Error::unavailable(OP_REQUEST, format!("request failed: {}", chain(&e)))
         })
     }
+}
+
+/// An error and its sources on one line: hyper's own message ("client error (Connect)") says
+/// nothing of the cause, such as an untrusted certificate.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = s.source();
+    }
+    out
 }

@@ -3,9 +3,8 @@
 //! Built so far: the address classification ([`ip_class`]), the outbound policy and URL
 //! validation ([`policy`]), the guarded connector ([`connector`]) that judges the concrete
 //! address it dials, gateway routing with the inbound-token registry ([`gateway`]), and the
-//! pooled client that puts routing and the connector together ([`client`], plain HTTP). Still to
-//! come (issue "sandbox-transport and sandbox-envd"): TLS, the WebSocket dialer, and the envd
-//! client.
+//! pooled client that puts routing and the connector together, with TLS ([`client`]). Still to
+//! come (issue "sandbox-transport and sandbox-envd"): the WebSocket dialer and the envd client.
 
 pub mod client;
 pub mod connector;
@@ -13,7 +12,7 @@ pub mod gateway;
 pub mod ip_class;
 pub mod policy;
 
-pub use client::GuardedClient;
+pub use client::{GuardedClient, tls_config};
 pub use connector::{Dial, GuardedConnector, TcpDialer};
 pub use ip_class::{IpClass, classify};
 pub use policy::{OutboundPolicy, Resolve, SystemResolver, Whitelist, validate_url};
