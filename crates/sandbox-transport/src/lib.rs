@@ -3,16 +3,19 @@
 //! Built so far: the address classification ([`ip_class`]), the outbound policy and URL
 //! validation ([`policy`]), the guarded connector ([`connector`]) that judges the concrete
 //! address it dials, gateway routing with the inbound-token registry ([`gateway`]), and the
-//! pooled client that puts routing and the connector together, with TLS ([`client`]). Still to
-//! come (issue "sandbox-transport and sandbox-envd"): the WebSocket dialer and the envd client.
+//! pooled client that puts routing and the connector together, with TLS ([`client`]), and the
+//! WebSocket dialer on the same routing and guard ([`ws`]). Still to come (issue
+//! "sandbox-transport and sandbox-envd"): the envd client.
 
 pub mod client;
 pub mod connector;
 pub mod gateway;
 pub mod ip_class;
 pub mod policy;
+pub mod ws;
 
 pub use client::{GuardedClient, tls_config};
 pub use connector::{Dial, GuardedConnector, TcpDialer};
 pub use ip_class::{IpClass, classify};
 pub use policy::{OutboundPolicy, Resolve, SystemResolver, Whitelist, validate_url};
+pub use ws::WsDialer;
