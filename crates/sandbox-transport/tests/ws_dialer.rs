@@ -40,6 +40,8 @@ async fn ws_server(agree: bool) -> (u16, Arc<Mutex<Vec<HeaderMap>>>) {
         while let Ok((tcp, _)) = listener.accept().await {
             let record = record.clone();
             tokio::spawn(async move {
+                // tungstenite's callback signature returns its large error type by value.
+                #[allow(clippy::result_large_err)]
                 let callback = |req: &Request, mut resp: Response| {
                     record.lock().unwrap().push(req.headers().clone());
                     if agree {
