@@ -1,7 +1,10 @@
 //! A replica killed with SIGKILL while it holds a session's lifecycle lock: the other replica
-//! serves that session once the (short, test-configured) lease runs out — one container, the
-//! binding intact. The store's `failpoints` hook tells the test the exact moment replica A
+//! serves that session once the (short, test-configured) lease runs out — one container, one
+//! binding naming it. The store's `failpoints` hook tells the test the exact moment replica A
 //! holds the lock (and keeps it there), so the kill lands inside the critical section.
+//!
+//! A holds the lock of the session's *first* resolve (an already-bound session resolves on the
+//! lock-free fast path and never takes it): B cannot serve without waiting out A's lease.
 //!
 //! Built only with the `failpoints` feature (`cargo xtask test` enables it for the engine
 //! tests); needs the engine, the `sandbox-busybox:test` image and `redis-server`.
@@ -48,19 +51,8 @@ async fn a_replica_killed_holding_the_lock_hands_the_session_over_after_the_leas
     let mut b = Service::spawn(&namespace, &token_file, &dir.join("b.log"), &common);
     assert!(b.ready(START_DEADLINE).await.is_ok());
 
-    // Bind the session through B first, so there is a binding and a container to lose.
     let exec = "/v1/sessions/victim/exec";
-    let (status, out) = b
-        .call(
-            "POST",
-            exec,
-            TOKEN,
-            r#"{"command":"sh","args":["-c","echo before > f"]}"#,
-        )
-        .await;
-    assert_eq!(status, 200, "{out}");
-    let before = container_ids(&namespace).await;
-    assert_eq!(before.len(), 1);
+    assert!(container_ids(&namespace).await.is_empty());
 
     // A takes the lock and stops there (the failpoint).
     let base = a.base.clone();
@@ -109,29 +101,46 @@ async fn a_replica_killed_holding_the_lock_hands_the_session_over_after_the_leas
     );
     assert!(stuck.await.unwrap().is_err(), "A's request died with it");
 
-    // B serves the session once the lease has run out: the same sandbox, no second one.
+    // B serves the session once the lease has run out: A died before creating anything, so B
+    // creates the one container and binds it.
     let taken_over = Instant::now();
     let (status, out) = b
-        .call("POST", exec, TOKEN, r#"{"command":"cat","args":["f"]}"#)
+        .call(
+            "POST",
+            exec,
+            TOKEN,
+            r#"{"command":"sh","args":["-c","echo after > f && cat f"]}"#,
+        )
         .await;
     assert_eq!(
         (status, out["stdout"].as_str()),
-        (200, Some("before\n")),
+        (200, Some("after\n")),
         "{out}"
     );
     assert!(
         taken_over.elapsed() < START_DEADLINE,
         "the survivor waited out the lease, not forever"
     );
-    assert_eq!(container_ids(&namespace).await, before, "no duplicate");
+    let containers = container_ids(&namespace).await;
+    assert_eq!(containers.len(), 1, "no duplicate: {containers:?}");
     let binding = redis.cli(&[
         "GET",
         &format!("sandbox:session:{{{namespace}:1:victim}}:binding"),
     ]);
     assert!(
-        binding.contains(&before[0][..12]),
+        binding.contains(&containers[0][..12]),
         "the binding names the container: {binding}"
     );
+    // And it stays the one: the next exec (fast path now) finds the same file.
+    let (status, out) = b
+        .call("POST", exec, TOKEN, r#"{"command":"cat","args":["f"]}"#)
+        .await;
+    assert_eq!(
+        (status, out["stdout"].as_str()),
+        (200, Some("after\n")),
+        "{out}"
+    );
+    assert_eq!(container_ids(&namespace).await, containers);
 
     let (status, _) = b.call("DELETE", "/v1/sessions/victim", TOKEN, "").await;
     assert_eq!(status, 204);
