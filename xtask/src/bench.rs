@@ -53,6 +53,13 @@ pub const SUITES: &[Suite] = &[
         package: "sandbox-store-redis",
         bench: "store",
     },
+    // Hermetic: the guarded HTTP client against a plain hyper client on a loopback server the
+    // bench binary runs itself.
+    Suite {
+        name: "transport",
+        package: "sandbox-transport",
+        bench: "transport",
+    },
 ];
 
 pub fn find(name: &str) -> Option<&'static Suite> {
