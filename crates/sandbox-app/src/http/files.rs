@@ -203,27 +203,7 @@ pub async fn upload(
     q: QueryResult<PathQuery>,
     body: Body,
 ) -> Result<StatusCode, Response> {
-    let checked = key_and_path(&state, &headers, &session, q).and_then(|(key, path)| {
-        state
-            .manager
-            .layout()
-            .check_model_write(&path)
-            .map_err(ApiError::from)?;
-        Ok((key, path))
-    });
-    let (key, path) = match checked {
-        Ok(checked) => checked,
-        Err(e) => return Err(refuse_unread(&headers, body, e).await),
-    };
-    let content = read_bounded(&headers, body, state.limits.upload_max_bytes)
-        .await
-        .map_err(IntoResponse::into_response)?;
-    state
-        .manager
-        .write_file(&key, &path, &content)
-        .await
-        .map_err(|e| observed(&state, e).into_response())?;
-    Ok(StatusCode::NO_CONTENT)
+    write_upload(&state, &headers, &session, q, body, Upload::ModelFile).await
 }
 
 /// `PUT …/attachments?path=`: writes an attachment, only below `/workspace/input`. Provisions.
@@ -234,26 +214,49 @@ pub async fn put_attachment(
     q: QueryResult<PathQuery>,
     body: Body,
 ) -> Result<StatusCode, Response> {
-    let checked = key_and_path(&state, &headers, &session, q).and_then(|(key, path)| {
-        state
-            .manager
-            .layout()
-            .check_attachment_write(&path)
-            .map_err(ApiError::from)?;
+    write_upload(&state, &headers, &session, q, body, Upload::Attachment).await
+}
+
+/// Which write rule an upload follows.
+#[derive(Clone, Copy)]
+enum Upload {
+    /// Anywhere but `/workspace/input`.
+    ModelFile,
+    /// Only below `/workspace/input`.
+    Attachment,
+}
+
+/// The two upload routes: path and write rule first (a refusal drains the unread body), then
+/// the bounded read, then the write.
+async fn write_upload(
+    state: &AppState,
+    headers: &HeaderMap,
+    session: &str,
+    q: QueryResult<PathQuery>,
+    body: Body,
+    kind: Upload,
+) -> Result<StatusCode, Response> {
+    let checked = key_and_path(state, headers, session, q).and_then(|(key, path)| {
+        let layout = state.manager.layout();
+        match kind {
+            Upload::ModelFile => layout.check_model_write(&path),
+            Upload::Attachment => layout.check_attachment_write(&path),
+        }
+        .map_err(ApiError::from)?;
         Ok((key, path))
     });
     let (key, path) = match checked {
         Ok(checked) => checked,
-        Err(e) => return Err(refuse_unread(&headers, body, e).await),
+        Err(e) => return Err(refuse_unread(headers, body, e).await),
     };
-    let content = read_bounded(&headers, body, state.limits.upload_max_bytes)
+    let content = read_bounded(headers, body, state.limits.upload_max_bytes)
         .await
         .map_err(IntoResponse::into_response)?;
-    state
-        .manager
-        .write_attachment(&key, &path, &content)
-        .await
-        .map_err(|e| observed(&state, e).into_response())?;
+    let written = match kind {
+        Upload::ModelFile => state.manager.write_file(&key, &path, &content).await,
+        Upload::Attachment => state.manager.write_attachment(&key, &path, &content).await,
+    };
+    written.map_err(|e| observed(state, e).into_response())?;
     Ok(StatusCode::NO_CONTENT)
 }
 
