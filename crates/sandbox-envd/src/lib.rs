@@ -11,6 +11,7 @@
 //! - [`process`] and [`filesystem`]: every message of the two services, with the proto3-JSON
 //!   mapping written out by hand (no protobuf runtime, no code generation), plus each
 //!   service's method table ([`Method`], [`Rpc`]).
+//! - [`files`]: the plain HTTP file endpoints' parameters, upload answer and error body.
 //! - [`envelope`]: the streaming framing, an incremental decoder that takes chunks cut anywhere
 //!   and an encoder.
 //! - [`Code`], [`ConnectError`], [`EndStreamMessage`]: Connect's error model, its HTTP statuses,
@@ -24,6 +25,7 @@
 mod code;
 pub mod envelope;
 mod error;
+pub mod files;
 pub mod filesystem;
 mod json;
 pub mod process;

@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
 use std::path::{Path, PathBuf};
 
-use sandbox_envd::{ConnectError, EndStreamMessage, filesystem as fs, process as ps};
+use sandbox_envd::{ConnectError, EndStreamMessage, files, filesystem as fs, process as ps};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -167,6 +167,9 @@ fn codecs() -> BTreeMap<&'static str, Codec> {
         ),
         ("connect.EndStreamMessage", codec::<EndStreamMessage>()),
         ("connect.Error", codec::<ConnectError>()),
+        ("files.WriteInfo", codec::<files::WriteInfo>()),
+        ("files.WriteInfoList", codec::<Vec<files::WriteInfo>>()),
+        ("files.HttpError", codec::<files::HttpError>()),
     ])
 }
 

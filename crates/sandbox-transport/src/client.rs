@@ -5,7 +5,9 @@
 //! followed: a 3xx is handed to the caller as it is.
 //!
 //! TLS is rustls on aws-lc-rs around the same connectors (`https` URLs; plain `http` stays
-//! plain), trusting the system roots plus any CA the operator adds ([`tls_config`]).
+//! plain), trusting the system roots plus any CA the operator adds ([`tls_config`]), or, for a
+//! daemon that authenticates its clients (Docker's `tcp://` endpoints), only the operator's CA,
+//! with a client certificate ([`tls_client_auth_config`]).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -65,9 +67,6 @@ pub fn tls_config(
     system_roots: bool,
     extra_ca_pem: &[&[u8]],
 ) -> Result<rustls::ClientConfig, Error> {
-    use rustls::pki_types::CertificateDer;
-    use rustls::pki_types::pem::PemObject as _;
-    let bad = |why: String| Error::invalid_request(OP_REQUEST, format!("tls: {why}"));
     let mut roots = rustls::RootCertStore::empty();
     if system_roots {
         for cert in rustls_native_certs::load_native_certs().certs {
@@ -76,29 +75,93 @@ pub fn tls_config(
         }
     }
     for pem in extra_ca_pem {
-        let mut added = 0;
-        for cert in CertificateDer::pem_slice_iter(pem) {
-            let cert = cert.map_err(|e| bad(format!("CA certificate: {e}")))?;
-            roots
-                .add(cert)
-                .map_err(|e| bad(format!("CA certificate: {e}")))?;
-            added += 1;
-        }
-        if added == 0 {
-            return Err(bad("a CA file holds no certificate".to_owned()));
-        }
+        add_roots(&mut roots, pem, "CA certificate")?;
     }
     if roots.is_empty() {
-        return Err(bad("no trust roots".to_owned()));
+        return Err(bad_tls("no trust roots".to_owned()));
     }
+    Ok(client_builder()?
+        .with_root_certificates(roots)
+        .with_no_client_auth())
+}
+
+/// The TLS client settings of a daemon that authenticates its clients by certificate, as
+/// `docker --tlsverify` does: the server must present a certificate issued by the CA in
+/// `ca_pem` — and by nothing else, since any public CA can issue a certificate for a name, while
+/// only the operator's CA issues daemon certificates — and the client presents the chain in
+/// `cert_chain_pem` (leaf first) with the private key in `key_pem` (PKCS#8, PKCS#1 or SEC1).
+///
+/// Errors are `invalid_request` and name the part at fault by its conventional file name
+/// (`ca.pem`, `cert.pem`, `key.pem`); they never quote the key's contents.
+pub fn tls_client_auth_config(
+    ca_pem: &[u8],
+    cert_chain_pem: &[u8],
+    key_pem: &[u8],
+) -> Result<rustls::ClientConfig, Error> {
+    use rustls::pki_types::pem::PemObject as _;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let mut roots = rustls::RootCertStore::empty();
+    add_roots(&mut roots, ca_pem, "CA certificate (ca.pem)")?;
+    let chain = CertificateDer::pem_slice_iter(cert_chain_pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| bad_tls(format!("client certificate (cert.pem): {e}")))?;
+    if chain.is_empty() {
+        return Err(bad_tls(
+            "client certificate (cert.pem): holds no PEM certificate".to_owned(),
+        ));
+    }
+    // The parser's own message may quote a line or a bad base64 symbol of the key: only the
+    // category is reported.
+    let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|e| {
+        let why = match e {
+            rustls::pki_types::pem::Error::NoItemsFound => {
+                "holds no unencrypted private key (PKCS#8, PKCS#1 or SEC1 PEM)"
+            }
+            _ => "is not well-formed PEM",
+        };
+        bad_tls(format!("client key (key.pem): {why}"))
+    })?;
+    client_builder()?
+        .with_root_certificates(roots)
+        .with_client_auth_cert(chain, key)
+        .map_err(|e| {
+            bad_tls(format!(
+                "client certificate (cert.pem) and key (key.pem) are unusable together: {e}"
+            ))
+        })
+}
+
+fn bad_tls(why: String) -> Error {
+    Error::invalid_request(OP_REQUEST, format!("tls: {why}"))
+}
+
+/// Adds every certificate of `pem` to `roots`; a file without one is an error.
+fn add_roots(roots: &mut rustls::RootCertStore, pem: &[u8], what: &str) -> Result<(), Error> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject as _;
+    let mut added = 0;
+    for cert in CertificateDer::pem_slice_iter(pem) {
+        let cert = cert.map_err(|e| bad_tls(format!("{what}: {e}")))?;
+        roots
+            .add(cert)
+            .map_err(|e| bad_tls(format!("{what}: {e}")))?;
+        added += 1;
+    }
+    if added == 0 {
+        return Err(bad_tls(format!("{what}: holds no PEM certificate")));
+    }
+    Ok(())
+}
+
+/// rustls on aws-lc-rs, TLS 1.2 and 1.3.
+fn client_builder()
+-> Result<rustls::ConfigBuilder<rustls::ClientConfig, rustls::WantsVerifier>, Error> {
     let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     // No ALPN here: the HTTPS connector sets it from the HTTP versions it enables (and refuses
     // a config that already has some).
-    Ok(rustls::ClientConfig::builder_with_provider(provider)
+    rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .map_err(|e| bad(e.to_string()))?
-        .with_root_certificates(roots)
-        .with_no_client_auth())
+        .map_err(|e| bad_tls(e.to_string()))
 }
 
 fn https<C>(tls: rustls::ClientConfig, inner: C) -> HttpsConnector<C> {
@@ -153,23 +216,27 @@ where
             Plane::Data { .. } => self.data.request(routed.request).await,
             Plane::Control => self.control.request(routed.request).await,
         };
-        outcome.map_err(|e| {
-            // A refusal by the guard travels inside hyper's error: surface it as itself.
-            let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&e);
-            while let Some(s) = source {
-                if let Some(core) = s.downcast_ref::<Error>() {
-                    return core.clone();
-                }
-                source = s.source();
-            }
-            Error::unavailable(OP_REQUEST, format!("request failed: {}", chain(&e)))
-        })
+        outcome.map_err(|e| outbound_error(OP_REQUEST, &e))
     }
+}
+
+/// The workspace error for a failed outbound request. A refusal by the guard travels inside
+/// hyper's error: it surfaces as itself (`unsafe_outbound_url`); anything else is `unavailable`
+/// with the whole cause chain in the message.
+pub(crate) fn outbound_error(op: Operation, e: &(dyn std::error::Error + 'static)) -> Error {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = source {
+        if let Some(core) = s.downcast_ref::<Error>() {
+            return core.clone();
+        }
+        source = s.source();
+    }
+    Error::unavailable(op, format!("request failed: {}", chain(e)))
 }
 
 /// An error and its sources on one line: hyper's own message ("client error (Connect)") says
 /// nothing of the cause, such as an untrusted certificate.
-fn chain(e: &dyn std::error::Error) -> String {
+pub(crate) fn chain(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {
@@ -181,4 +248,56 @@ fn chain(e: &dyn std::error::Error) -> String {
         source = s.source();
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A CA and a client certificate it issued: (CA PEM, client chain PEM, client key PEM).
+    fn material() -> (String, String, String) {
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca_pem = ca.self_signed(&ca_key).unwrap().pem();
+        let issuer = rcgen::Issuer::new(ca, ca_key);
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["client".to_owned()])
+            .unwrap()
+            .signed_by(&key, &issuer)
+            .unwrap();
+        (ca_pem, cert.pem(), key.serialize_pem())
+    }
+
+    #[test]
+    fn client_auth_settings_name_the_bad_file_and_never_quote_the_key() {
+        let (ca, cert, key) = material();
+        let (_, _, other_key) = material();
+        let ok = tls_client_auth_config(ca.as_bytes(), cert.as_bytes(), key.as_bytes()).unwrap();
+        assert!(ok.client_auth_cert_resolver.has_certs());
+        assert!(
+            ok.alpn_protocols.is_empty(),
+            "the HTTPS connector sets ALPN"
+        );
+
+        let check = |ca: &str, cert: &str, key: &str, names: &str| {
+            let err =
+                tls_client_auth_config(ca.as_bytes(), cert.as_bytes(), key.as_bytes()).unwrap_err();
+            assert_eq!(err.kind(), sandbox_core::ErrorKind::InvalidRequest, "{err}");
+            assert!(err.to_string().contains(names), "{names}: {err}");
+            err.to_string()
+        };
+        check("", &cert, &key, "ca.pem");
+        check(&cert[..cert.len() / 2], &cert, &key, "ca.pem");
+        check(&ca, "", &key, "cert.pem");
+        check(&ca, &cert, "", "key.pem");
+        check(&ca, &cert, &other_key, "unusable together");
+        // A key whose base64 is damaged: the message must not carry any of its text.
+        let body: Vec<&str> = key.lines().filter(|l| !l.starts_with("-----")).collect();
+        let damaged = key.replacen(body[0], &format!("{}!", &body[0][1..]), 1);
+        let shown = check(&ca, &cert, &damaged, "key.pem");
+        for line in body {
+            assert!(!shown.contains(&line[..16]), "key material in {shown}");
+        }
+    }
 }

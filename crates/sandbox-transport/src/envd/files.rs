@@ -1,0 +1,277 @@
+//! envd's `/files` endpoints: multipart upload and streamed download (protocol.md §3.3).
+
+use bytes::{BufMut, Bytes, BytesMut};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper::header::{self, HeaderValue};
+use hyper::{Response, StatusCode};
+use hyper_util::client::legacy::connect::Connect;
+use sandbox_core::{Error, Operation};
+use sandbox_envd::files::{self, WriteInfo};
+
+use super::call::{
+    CallOptions, Deadline, EnvdClient, error_answer, full, ok_response, read_limited,
+};
+
+const OP_UPLOAD: Operation = Operation::new("envd.files.upload");
+const OP_DOWNLOAD: Operation = Operation::new("envd.files.download");
+
+/// Longest upload answer read: one short JSON object per file.
+const UPLOAD_ANSWER_LIMIT: usize = 1024 * 1024;
+
+/// One file of an upload: where it goes and what it holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UploadFile {
+    /// The target path (absolute, `~/…`, or relative to the user's home).
+    pub path: String,
+    /// The content.
+    pub data: Bytes,
+}
+
+impl UploadFile {
+    /// A file for `path` holding `data`.
+    pub fn new(path: impl Into<String>, data: impl Into<Bytes>) -> Self {
+        UploadFile {
+            path: path.into(),
+            data: data.into(),
+        }
+    }
+}
+
+/// A download in progress: the file's bytes, read chunk by chunk.
+#[derive(Debug)]
+pub struct Download {
+    body: Incoming,
+    length: Option<u64>,
+    deadline: Deadline,
+    received: u64,
+}
+
+impl Download {
+    /// The length envd announced, if it did.
+    pub fn content_length(&self) -> Option<u64> {
+        self.length
+    }
+
+    /// The next chunk; `Ok(None)` at the end. A connection cut before the announced length
+    /// is an error, never a short file.
+    pub async fn chunk(&mut self) -> Result<Option<Bytes>, Error> {
+        let op = OP_DOWNLOAD;
+        let deadline = self.deadline;
+        loop {
+            let frame = deadline.bound(op, async {
+                self.body.frame().await.transpose().map_err(|e| {
+                    Error::unavailable(
+                        op,
+                        format!(
+                            "the download broke after {} bytes: {}",
+                            self.received,
+                            crate::client::chain(&e)
+                        ),
+                    )
+                })
+            });
+            match frame.await? {
+                Some(frame) => {
+                    if let Ok(data) = frame.into_data()
+                        && !data.is_empty()
+                    {
+                        self.received += data.len() as u64;
+                        return Ok(Some(data));
+                    }
+                }
+                None => {
+                    if let Some(length) = self.length
+                        && length != self.received
+                    {
+                        return Err(Error::unavailable(
+                            op,
+                            format!("the download ended at {} of {length} bytes", self.received),
+                        ));
+                    }
+                    return Ok(None);
+                }
+            }
+        }
+    }
+
+    /// The whole file, refusing one longer than `limit` bytes.
+    pub async fn bytes(mut self, limit: u64) -> Result<Bytes, Error> {
+        let too_long = |size: u64| {
+            Error::invalid_request(
+                OP_DOWNLOAD,
+                format!("the file is {size} bytes or more, over the limit of {limit}"),
+            )
+        };
+        if let Some(length) = self.length
+            && length > limit
+        {
+            return Err(too_long(length));
+        }
+        let mut out = BytesMut::new();
+        while let Some(chunk) = self.chunk().await? {
+            if self.received > limit {
+                return Err(too_long(self.received));
+            }
+            out.extend_from_slice(&chunk);
+        }
+        Ok(out.freeze())
+    }
+}
+
+impl<C> EnvdClient<C>
+where
+    C: Connect + Clone + Send + Sync + 'static,
+{
+    /// Writes `files` in one multipart request (missing parent directories are created, an
+    /// existing file is overwritten) and returns what envd wrote.
+    pub async fn upload(
+        &self,
+        files: &[UploadFile],
+        options: CallOptions,
+    ) -> Result<Vec<WriteInfo>, Error> {
+        let op = OP_UPLOAD;
+        let [first, rest @ ..] = files else {
+            return Err(Error::invalid_request(
+                op,
+                "an upload needs at least one file",
+            ));
+        };
+        // One file names its target in the query; several name theirs in each part's filename.
+        let query = if rest.is_empty() {
+            self.files_query(Some(&first.path))
+        } else {
+            self.files_query(None)
+        };
+        let (content_type, body) = multipart(files)?;
+        let deadline = Deadline::start(options.budget(self.inner.config.unary_timeout));
+        let call = async {
+            let mut request = self.request(op, hyper::Method::POST, &query, full(body))?;
+            request
+                .headers_mut()
+                .insert(header::CONTENT_TYPE, content_type);
+            let response = self.send(op, request).await?;
+            let response = ok_response(op, response, "application/json", true).await?;
+            let body = read_limited(op, response.into_body(), UPLOAD_ANSWER_LIMIT).await?;
+            serde_json::from_slice::<Vec<WriteInfo>>(&body).map_err(|e| {
+                Error::internal(
+                    op,
+                    format!("envd answered the upload with malformed JSON: {e}"),
+                )
+            })
+        };
+        deadline.bound(op, call).await.map_err(|e| self.tag(e))
+    }
+
+    /// Writes one file.
+    pub async fn write_file(
+        &self,
+        path: &str,
+        data: impl Into<Bytes>,
+        options: CallOptions,
+    ) -> Result<WriteInfo, Error> {
+        let written = self.upload(&[UploadFile::new(path, data)], options).await?;
+        written
+            .into_iter()
+            .next()
+            .ok_or_else(|| self.tag(Error::internal(OP_UPLOAD, "envd reported no file written")))
+    }
+
+    /// Opens a download of `path`. The deadline covers reading the whole file.
+    pub async fn download(&self, path: &str, options: CallOptions) -> Result<Download, Error> {
+        let op = OP_DOWNLOAD;
+        let query = self.files_query(Some(path));
+        let deadline = Deadline::start(options.budget(self.inner.config.unary_timeout));
+        let open = async {
+            let request = self.request(op, hyper::Method::GET, &query, full(Bytes::new()))?;
+            let response: Response<Incoming> = self.send(op, request).await?;
+            if response.status() != StatusCode::OK {
+                return Err(error_answer(op, response, true).await);
+            }
+            Ok(response)
+        };
+        let response = deadline.bound(op, open).await.map_err(|e| self.tag(e))?;
+        let length = response
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok());
+        Ok(Download {
+            body: response.into_body(),
+            length,
+            deadline,
+            received: 0,
+        })
+    }
+
+    /// Reads a whole file of at most `limit` bytes.
+    pub async fn read_file(
+        &self,
+        path: &str,
+        limit: u64,
+        options: CallOptions,
+    ) -> Result<Bytes, Error> {
+        let download = self.download(path, options).await?;
+        download.bytes(limit).await.map_err(|e| self.tag(e))
+    }
+
+    fn files_query(&self, path: Option<&str>) -> String {
+        let mut query = url::form_urlencoded::Serializer::new(String::new());
+        if let Some(path) = path {
+            query.append_pair(files::QUERY_PATH, path);
+        }
+        if let Some(user) = &self.inner.config.user {
+            query.append_pair(files::QUERY_USERNAME, user);
+        }
+        let query = query.finish();
+        if query.is_empty() {
+            files::PATH.to_owned()
+        } else {
+            format!("{}?{query}", files::PATH)
+        }
+    }
+}
+
+/// A `multipart/form-data` body with one `file` part per file (RFC 7578), and its content type.
+fn multipart(files: &[UploadFile]) -> Result<(HeaderValue, Bytes), Error> {
+    // 128 random bits: content cannot contain the delimiter by accident, and the content's
+    // author never sees it in advance, so it cannot be planted either.
+    let boundary = format!(
+        "sandbox-{:016x}{:016x}",
+        fastrand::u64(..),
+        fastrand::u64(..)
+    );
+    let size: usize = files
+        .iter()
+        .map(|f| f.data.len() + f.path.len() + 200)
+        .sum();
+    let mut body = BytesMut::with_capacity(size + boundary.len() + 8);
+    for file in files {
+        if file.path.is_empty() || file.path.chars().any(char::is_control) {
+            return Err(Error::invalid_request(
+                OP_UPLOAD,
+                format!(
+                    "upload path {:?}: empty or with control characters",
+                    file.path
+                ),
+            ));
+        }
+        // A quoted-string: backslash and quote are escaped (Go's mime parser unescapes them).
+        let filename = file.path.replace('\\', "\\\\").replace('"', "\\\"");
+        body.put_slice(b"--");
+        body.put_slice(boundary.as_bytes());
+        body.put_slice(b"\r\nContent-Disposition: form-data; name=\"");
+        body.put_slice(files::MULTIPART_FIELD.as_bytes());
+        body.put_slice(b"\"; filename=\"");
+        body.put_slice(filename.as_bytes());
+        body.put_slice(b"\"\r\nContent-Type: application/octet-stream\r\n\r\n");
+        body.put_slice(&file.data);
+        body.put_slice(b"\r\n");
+    }
+    body.put_slice(b"--");
+    body.put_slice(boundary.as_bytes());
+    body.put_slice(b"--\r\n");
+    let content_type = HeaderValue::from_str(&format!("multipart/form-data; boundary={boundary}"))
+        .map_err(|_| Error::internal(OP_UPLOAD, "multipart boundary"))?;
+    Ok((content_type, body.freeze()))
+}

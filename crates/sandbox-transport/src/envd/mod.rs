@@ -1,0 +1,35 @@
+//! The envd client: Connect-RPC (JSON codec) over HTTP/1.1 or HTTP/2, plus envd's `/files`
+//! endpoints, on any connection a hyper connector can make.
+//!
+//! The client is generic over its connector, so the same code talks to envd through the
+//! guarded TCP connector (E2B, Cube), through TLS around it, or tomorrow over a relay stream
+//! into a container: anything that is a `tower_service::Service<Uri>` yielding a hyper
+//! connection. Connections are pooled per client; clone the client to share the pool.
+//!
+//! What the client adds to the bare protocol (protocol.md §3–4):
+//! - **Errors are the workspace's.** A unary error status, an end-of-stream error, a cut
+//!   connection or a malformed envelope all come back as [`sandbox_core::Error`] classified by
+//!   kind (Connect `not_found` ⇒ `not_found`, `unauthenticated` ⇒ `authentication`, a stream
+//!   cut inside an envelope ⇒ `unavailable`, a malformed message ⇒ `internal`).
+//! - **Deadlines.** A call's deadline is sent as `Connect-Timeout-Ms` and enforced here too, for
+//!   the whole call including every message of a stream (for `Start`, envd also kills the
+//!   process at that deadline).
+//! - **Keepalives.** Streaming calls that envd keeps alive ask for a ping interval
+//!   (`Keepalive-Ping-Interval`); a stream silent for longer than the idle limit (no message and
+//!   no keepalive) is declared dead rather than waited on forever.
+//! - **Cancellation.** Dropping a [`ServerStream`] closes it: the HTTP/2 stream is reset, an
+//!   HTTP/1.1 connection is closed (never returned to the pool half-read).
+//! - **Authentication.** The access token goes in `X-Access-Token` on every request; the Unix
+//!   user in `Authorization: Basic base64("<user>:")` on RPCs and in `username` on `/files`.
+
+mod call;
+mod config;
+mod files;
+mod services;
+mod stream;
+
+pub use call::{CallOptions, ClientStream, EnvdClient};
+pub use config::{ENVD_PORT, EnvdConfig, HttpVersion};
+pub use files::{Download, UploadFile};
+pub use services::InputStream;
+pub use stream::ServerStream;
