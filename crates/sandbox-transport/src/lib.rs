@@ -4,8 +4,9 @@
 //! validation ([`policy`]), the guarded connector ([`connector`]) that judges the concrete
 //! address it dials, gateway routing with the inbound-token registry ([`gateway`]), and the
 //! pooled client that puts routing and the connector together, with TLS ([`client`]), and the
-//! WebSocket dialer on the same routing and guard ([`ws`]), and the envd client ([`envd`]):
-//! Connect-RPC and `/files` over HTTP/1.1 or h2c on any connector.
+//! WebSocket dialer on the same routing and guard ([`ws`]), the envd client ([`envd`]):
+//! Connect-RPC and `/files` over HTTP/1.1 or h2c on any connector, and a connector over byte
+//! streams the caller opens ([`relay`]).
 
 pub mod client;
 pub mod connector;
@@ -13,6 +14,7 @@ pub mod envd;
 pub mod gateway;
 pub mod ip_class;
 pub mod policy;
+pub mod relay;
 pub mod ws;
 
 pub use client::{GuardedClient, tls_client_auth_config, tls_config};
@@ -20,4 +22,5 @@ pub use connector::{Dial, GuardedConnector, TcpDialer};
 pub use envd::{EnvdClient, EnvdConfig};
 pub use ip_class::{IpClass, classify};
 pub use policy::{OutboundPolicy, Resolve, SystemResolver, Whitelist, validate_url};
+pub use relay::RelayConnector;
 pub use ws::WsDialer;

@@ -20,7 +20,7 @@ use sandbox_envd::process::{self as ps, ProcessSelector, process_event::Event};
 use sandbox_transport::envd::{
     CallOptions, EnvdClient, EnvdConfig, HttpVersion, ServerStream, UploadFile,
 };
-use sandbox_transport::{Dial, GuardedConnector, OutboundPolicy, TcpDialer};
+use sandbox_transport::{Dial, GuardedConnector, OutboundPolicy, RelayConnector, TcpDialer};
 use tokio::net::TcpStream;
 
 const BOTH: [HttpVersion; 2] = [HttpVersion::Http1, HttpVersion::Http2];
@@ -858,4 +858,48 @@ async fn the_client_dials_only_through_the_guard() {
     let client = EnvdClient::new(guard, config).unwrap();
     client.list(CallOptions::new()).await.unwrap();
     assert_eq!(dialer.dials.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn the_client_runs_over_any_byte_stream() {
+    // In-memory pipes stand in for a relay stream into a container: no socket at all.
+    let server = Arc::new(Server::start().await);
+    for http in BOTH {
+        let opened = Arc::new(AtomicUsize::new(0));
+        let connector = {
+            let (server, opened) = (Arc::clone(&server), Arc::clone(&opened));
+            RelayConnector::new(move || {
+                let (client_end, server_end) = tokio::io::duplex(64 * 1024);
+                server.serve_stream(server_end);
+                opened.fetch_add(1, Ordering::SeqCst);
+                async move { Ok(client_end) }
+            })
+        };
+        let config = EnvdConfig::new("http://sandbox.internal:49983")
+            .unwrap()
+            .with_access_token(Secret::new(TOKEN))
+            .with_http(http);
+        let client = EnvdClient::new(connector, config).unwrap();
+        let mut stream = client
+            .start(&start_request("echo", &["relayed"]), CallOptions::new())
+            .await
+            .unwrap();
+        pid_of(&mut stream).await;
+        let (out, end, _) = drain(&mut stream).await;
+        assert_eq!((out.as_str(), end.exit_code), ("relayed\n", 0));
+        let path = format!("/relay-{http:?}.txt");
+        client
+            .write_file(&path, "over a pipe", CallOptions::new())
+            .await
+            .unwrap();
+        let back = client
+            .read_file(&path, 100, CallOptions::new())
+            .await
+            .unwrap();
+        assert_eq!(&back[..], b"over a pipe");
+        let seen = server.state.seen("/process.Process/Start").pop().unwrap();
+        assert_eq!(seen.version, version_of(http));
+        assert_eq!(seen.authority, "sandbox.internal:49983");
+        assert!(opened.load(Ordering::SeqCst) >= 1);
+    }
 }

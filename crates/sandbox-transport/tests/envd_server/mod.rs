@@ -44,6 +44,8 @@ pub(crate) struct Seen {
     pub(crate) path: String,
     pub(crate) query: String,
     pub(crate) version: Version,
+    /// The `Host` header (HTTP/1.1) or `:authority` (HTTP/2).
+    pub(crate) authority: String,
     pub(crate) headers: HeaderMap,
 }
 
@@ -148,26 +150,38 @@ impl Server {
                 let Ok((stream, _)) = listener.accept().await else {
                     return;
                 };
-                accept_state.connections.fetch_add(1, Ordering::SeqCst);
-                let state = Arc::clone(&accept_state);
-                tokio::spawn(async move {
-                    let service = hyper::service::service_fn(move |req| {
-                        let state = Arc::clone(&state);
-                        async move { Ok::<_, Infallible>(handle(state, req).await) }
-                    });
-                    // Both HTTP/1.1 and h2c (prior knowledge) on the same listener.
-                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
-                });
+                tokio::spawn(serve(Arc::clone(&accept_state), stream));
             }
         });
         Server { addr, state, task }
     }
 
+    /// Serves one connection over any byte stream (as a relay into a sandbox would carry).
+    pub(crate) fn serve_stream<S>(&self, stream: S)
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+    {
+        tokio::spawn(serve(Arc::clone(&self.state), stream));
+    }
+
     pub(crate) fn url(&self) -> String {
         format!("http://{}", self.addr)
     }
+}
+
+async fn serve<S>(state: Arc<State>, stream: S)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+{
+    state.connections.fetch_add(1, Ordering::SeqCst);
+    let service = hyper::service::service_fn(move |req| {
+        let state = Arc::clone(&state);
+        async move { Ok::<_, Infallible>(handle(state, req).await) }
+    });
+    // Both HTTP/1.1 and h2c (prior knowledge) on the same listener.
+    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+        .serve_connection(TokioIo::new(stream), service)
+        .await;
 }
 
 fn full(status: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Response<Body> {
@@ -207,6 +221,15 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
         path: path.clone(),
         query: req.uri().query().unwrap_or("").to_owned(),
         version: req.version(),
+        authority: req
+            .uri()
+            .authority()
+            .map(|a| a.to_string())
+            .or_else(|| {
+                let host = req.headers().get("host")?;
+                host.to_str().ok().map(str::to_owned)
+            })
+            .unwrap_or_default(),
         headers: req.headers().clone(),
     });
     if req.headers().get("x-access-token").map(|v| v.as_bytes()) != Some(TOKEN.as_bytes()) {
