@@ -172,7 +172,32 @@ fn https<C>(tls: rustls::ClientConfig, inner: C) -> HttpsConnector<C> {
         .wrap_connector(inner)
 }
 
-/// One pool of a process: routing, the control-plane pool and the gateway pool.
+/// A connection pool dialling where each request's URL says, through `guard`.
+pub(crate) fn control_pool<B>(
+    guard: GuardedConnector,
+    tls: rustls::ClientConfig,
+) -> Client<HttpsConnector<GuardedConnector>, B>
+where
+    B: Body + Send + 'static,
+    B::Data: Send,
+{
+    Client::builder(TokioExecutor::new()).build(https(tls, guard))
+}
+
+/// A connection pool dialling the gateway `target` for every request, through `guard`.
+pub(crate) fn data_pool<B>(
+    guard: GuardedConnector,
+    target: Option<GatewayTarget>,
+    tls: rustls::ClientConfig,
+) -> Client<HttpsConnector<GatewayConnector>, B>
+where
+    B: Body + Send + 'static,
+    B::Data: Send,
+{
+    Client::builder(TokioExecutor::new()).build(https(tls, GatewayConnector { guard, target }))
+}
+
+/// Routing over a control-plane pool and a gateway pool.
 #[derive(Clone, Debug)]
 pub struct GuardedClient<B> {
     gateway: Gateway,
@@ -193,14 +218,24 @@ where
         target: Option<GatewayTarget>,
         tls: rustls::ClientConfig,
     ) -> Self {
-        let data_connector = GatewayConnector {
-            guard: guard.clone(),
-            target,
-        };
         GuardedClient {
             gateway,
-            control: Client::builder(TokioExecutor::new()).build(https(tls.clone(), guard)),
-            data: Client::builder(TokioExecutor::new()).build(https(tls, data_connector)),
+            control: control_pool(guard.clone(), tls.clone()),
+            data: data_pool(guard, target, tls),
+        }
+    }
+
+    /// A client on pools that already exist (shared with other clients of a
+    /// [`GatewayPool`](crate::pool::GatewayPool)).
+    pub(crate) fn from_pools(
+        gateway: Gateway,
+        control: Client<HttpsConnector<GuardedConnector>, B>,
+        data: Client<HttpsConnector<GatewayConnector>, B>,
+    ) -> Self {
+        GuardedClient {
+            gateway,
+            control,
+            data,
         }
     }
 

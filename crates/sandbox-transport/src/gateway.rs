@@ -28,7 +28,7 @@ fn invalid(message: String) -> Error {
 }
 
 /// Where a gateway listens.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct GatewayTarget {
     /// `http` or `https`.
     pub scheme: String,

@@ -14,6 +14,7 @@ pub mod envd;
 pub mod gateway;
 pub mod ip_class;
 pub mod policy;
+pub mod pool;
 pub mod relay;
 pub mod ws;
 
@@ -22,5 +23,6 @@ pub use connector::{Dial, GuardedConnector, TcpDialer};
 pub use envd::{EnvdClient, EnvdConfig};
 pub use ip_class::{IpClass, classify};
 pub use policy::{OutboundPolicy, Resolve, SystemResolver, Whitelist, validate_url};
+pub use pool::GatewayPool;
 pub use relay::RelayConnector;
 pub use ws::WsDialer;
