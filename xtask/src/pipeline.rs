@@ -23,14 +23,14 @@ const NEXTEST_DEADLINE: Duration = Duration::from_secs(3000);
 const DOCTEST_DEADLINE: Duration = Duration::from_secs(1800);
 
 /// The hermetic tier: everything but the conformance binaries (run per adapter), the Docker
-/// adapter's engine, registry and egress tests (ignored without the engine; run by their own
-/// stages) and the tests that need Redis servers, so the hermetic run's counts hold no skips. In
-/// `sandbox-app`, a test binary whose name ends in `_docker` needs the engine; in
+/// adapter's engine, registry, egress and `tcp://` TLS tests (ignored without the engine; run by
+/// their own stages) and the tests that need Redis servers, so the hermetic run's counts hold
+/// no skips. In `sandbox-app`, a test binary whose name ends in `_docker` needs the engine; in
 /// `sandbox-store-redis`, one whose name starts with `redis_` needs Redis.
-const HERMETIC_FILTER: &str = "not binary(conformance) and not (package(sandbox-provider-docker) and (binary(engine) | binary(registry) | binary(egress))) and not (package(sandbox-session) and binary(docker)) and not (package(sandbox-app) and binary(*_docker)) and not (package(xtask) and binary(serve_docker)) and not (package(sandbox-store-redis) and (binary(conformance) | binary(redis_*))) and not (package(xtask) and binary(redis_fixture))";
+const HERMETIC_FILTER: &str = "not binary(conformance) and not (package(sandbox-provider-docker) and (binary(engine) | binary(registry) | binary(egress) | binary(tcp_tls))) and not (package(sandbox-session) and binary(docker)) and not (package(sandbox-app) and binary(*_docker)) and not (package(xtask) and binary(serve_docker)) and not (package(sandbox-store-redis) and (binary(conformance) | binary(redis_*))) and not (package(xtask) and binary(redis_fixture))";
 
 /// The tests that need the Docker engine beyond conformance, run by the docker stage.
-const DOCKER_ENGINE_FILTER: &str = "(package(sandbox-provider-docker) and (binary(engine) | binary(registry))) | (package(sandbox-session) and binary(docker)) | (package(sandbox-app) and binary(*_docker))";
+const DOCKER_ENGINE_FILTER: &str = "(package(sandbox-provider-docker) and (binary(engine) | binary(registry) | binary(tcp_tls))) | (package(sandbox-session) and binary(docker)) | (package(sandbox-app) and binary(*_docker))";
 
 /// The tests that need the Redis fixtures beyond conformance, run by the redis stage: the Redis
 /// store's `redis_*` binaries and xtask's own check of the fixtures.

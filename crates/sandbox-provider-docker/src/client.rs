@@ -24,7 +24,7 @@ use sandbox_core::{
 
 use crate::config::{DockerConfig, NetworkMode, PullPolicy};
 use crate::egress::{EgressGuard, EgressPolicy};
-use crate::engine::{self, EngineVersion};
+use crate::engine::{self, Dialing, Endpoint, EngineVersion};
 use crate::errors::{self, no_such_sandbox, provider_error};
 use crate::exec::{self, ACTIVITY_MARKER};
 use crate::{files, labels, snapshots};
@@ -92,15 +92,41 @@ impl fmt::Debug for DockerProvider {
 
 impl DockerProvider {
     /// Connects to the engine the config names (after the operator gate and validation) and
-    /// negotiates the API version.
+    /// negotiates the API version. A TCP daemon is dialled through the guarded connector with
+    /// the system resolver ([`engine::connect`]).
     pub async fn connect(config: DockerConfig) -> Result<Self, Error> {
+        let dialing = Dialing::system(config.rpc_timeout);
+        DockerProvider::connect_with(config, dialing).await
+    }
+
+    /// [`DockerProvider::connect`], with a TCP daemon's name resolution and dialling injected;
+    /// the guard and its policy are the same.
+    pub async fn connect_with(config: DockerConfig, dialing: Dialing) -> Result<Self, Error> {
         config.validate()?;
         let endpoint = engine::resolve_endpoint(
             config.host.as_deref(),
             std::env::var("DOCKER_HOST").ok().as_deref(),
             config.tls_cert_path.as_deref(),
         )?;
-        let (docker, version) = engine::connect(&endpoint, config.rpc_timeout).await?;
+        if config.network == NetworkMode::Bridge
+            && let Endpoint::Tcp(tcp) = &endpoint
+            && !endpoint.is_on_this_host()
+        {
+            // Fail closed: rules installed here would leave a remote daemon's sandboxes open.
+            return Err(Error::unsupported(
+                Operation::VALIDATE,
+                format!(
+                    "network bridge needs the Docker daemon on this host (its egress rules are \
+                     iptables chains installed where the adapter runs), and tcp://{} may be \
+                     elsewhere: use network none, or reach a local daemon by a unix socket or \
+                     tcp://127.0.0.1",
+                    tcp.authority()
+                ),
+            )
+            .with_code(ErrorCode::EgressProtectionUnavailable));
+        }
+        let (docker, version) =
+            engine::connect_with(&endpoint, config.rpc_timeout, dialing).await?;
         let egress = match config.network {
             NetworkMode::Bridge => Some(EgressGuard::new(docker.clone(), &config.namespace)?),
             NetworkMode::None => None,

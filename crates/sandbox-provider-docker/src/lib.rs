@@ -11,7 +11,8 @@
 //! adapter's own image namespace ([`snapshots`]); an idle sweep reclaims abandoned containers of
 //! the adapter's namespace only ([`sweeper`]).
 //!
-//! Map: `config.rs` (settings, opt-in gate), `engine.rs` (endpoint, API negotiation),
+//! Map: `config.rs` (settings, opt-in gate), `engine.rs` (endpoint, `tcp://` over mutual TLS
+//! through `sandbox-transport`'s guarded connector, API negotiation),
 //! `client.rs` (the provider: lifecycle), `errors.rs` (engine errors → core taxonomy),
 //! `labels.rs` (ownership and metadata labels).
 

@@ -27,11 +27,19 @@ use crate::gateway::{Gateway, GatewayTarget, Plane};
 const OP_REQUEST: Operation = Operation::new("outbound.request");
 
 /// Dials the gateway for every request, whatever the URI's authority (which stays in the
-/// request for the gateway's own routing).
+/// request for the gateway's own routing). Without a gateway it dials the URI's authority,
+/// through the same guard.
 #[derive(Clone, Debug)]
 pub struct GatewayConnector {
     guard: GuardedConnector,
     target: Option<GatewayTarget>,
+}
+
+impl GatewayConnector {
+    /// Dials `target` (or, without one, each URI's authority) through `guard`.
+    pub fn new(guard: GuardedConnector, target: Option<GatewayTarget>) -> Self {
+        GatewayConnector { guard, target }
+    }
 }
 
 impl tower_service::Service<Uri> for GatewayConnector {
@@ -43,15 +51,12 @@ impl tower_service::Service<Uri> for GatewayConnector {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, _uri: Uri) -> Self::Future {
-        let (guard, target) = (self.guard.clone(), self.target.clone());
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let (mut guard, target) = (self.guard.clone(), self.target.clone());
         Box::pin(async move {
-            let target = target.ok_or_else(|| {
-                Box::new(Error::internal(
-                    OP_REQUEST,
-                    "a data-plane request without a gateway",
-                )) as BoxError
-            })?;
+            let Some(target) = target else {
+                return tower_service::Service::call(&mut guard, uri).await;
+            };
             let stream = guard
                 .connect(&target.host, target.port)
                 .await
@@ -164,7 +169,7 @@ fn client_builder()
         .map_err(|e| bad_tls(e.to_string()))
 }
 
-fn https<C>(tls: rustls::ClientConfig, inner: C) -> HttpsConnector<C> {
+pub(crate) fn https<C>(tls: rustls::ClientConfig, inner: C) -> HttpsConnector<C> {
     HttpsConnectorBuilder::new()
         .with_tls_config(tls)
         .https_or_http()
@@ -194,7 +199,7 @@ where
     B: Body + Send + 'static,
     B::Data: Send,
 {
-    Client::builder(TokioExecutor::new()).build(https(tls, GatewayConnector { guard, target }))
+    Client::builder(TokioExecutor::new()).build(https(tls, GatewayConnector::new(guard, target)))
 }
 
 /// Routing over a control-plane pool and a gateway pool.

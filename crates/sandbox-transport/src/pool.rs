@@ -17,7 +17,7 @@ use hyper::body::Body;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 
-use crate::client::{GatewayConnector, GuardedClient, control_pool, data_pool};
+use crate::client::{GatewayConnector, GuardedClient, control_pool, data_pool, https};
 use crate::connector::GuardedConnector;
 use crate::gateway::{Gateway, GatewayTarget, InboundTokens};
 use crate::ws::WsDialer;
@@ -41,6 +41,17 @@ impl<B> fmt::Debug for GatewayPool<B> {
 }
 
 impl<B> GatewayPool<B> {
+    /// The connector for an [`EnvdClient`](crate::envd::EnvdClient) of one config: it dials
+    /// `gateway` (when the config has one) whatever the sandbox host in the envd URL, or
+    /// else the URL's own host, always through the pool's guard; TLS for `https` URLs.
+    pub fn envd_connector(
+        &self,
+        gateway: Option<&GatewayTarget>,
+    ) -> HttpsConnector<GatewayConnector> {
+        let connector = GatewayConnector::new(self.guard.clone(), gateway.cloned());
+        https(self.tls.clone(), connector)
+    }
+
     /// How many gateway endpoints have a pool.
     pub fn gateway_pools(&self) -> usize {
         self.gateways

@@ -20,7 +20,10 @@ use sandbox_envd::process::{self as ps, ProcessSelector, process_event::Event};
 use sandbox_transport::envd::{
     CallOptions, EnvdClient, EnvdConfig, HttpVersion, ServerStream, UploadFile,
 };
-use sandbox_transport::{Dial, GuardedConnector, OutboundPolicy, RelayConnector, TcpDialer};
+use sandbox_transport::gateway::GatewayTarget;
+use sandbox_transport::{
+    Dial, GatewayPool, GuardedConnector, OutboundPolicy, RelayConnector, TcpDialer,
+};
 use tokio::net::TcpStream;
 
 const BOTH: [HttpVersion; 2] = [HttpVersion::Http1, HttpVersion::Http2];
@@ -902,4 +905,34 @@ async fn the_client_runs_over_any_byte_stream() {
         assert_eq!(seen.authority, "sandbox.internal:49983");
         assert!(opened.load(Ordering::SeqCst) >= 1);
     }
+}
+
+#[tokio::test]
+async fn the_pools_envd_connector_dials_the_gateway_with_the_sandbox_host_kept() {
+    let server = Server::start().await;
+    let ca = rcgen::generate_simple_self_signed(vec!["unused.test".to_owned()]).unwrap();
+    let tls = sandbox_transport::tls_config(false, &[ca.cert.pem().as_bytes()]).unwrap();
+    let pool: GatewayPool<http_body_util::Empty<bytes::Bytes>> =
+        GatewayPool::new(GuardedConnector::new(OutboundPolicy::allow_private()), tls);
+    let gateway = GatewayTarget::parse(&server.url()).unwrap();
+
+    // The sandbox host does not resolve anywhere: only the gateway is dialled.
+    let config = EnvdConfig::new("http://49983-sbx1.cube.test")
+        .unwrap()
+        .with_access_token(Secret::new(TOKEN));
+    let client = EnvdClient::new(pool.envd_connector(Some(&gateway)), config).unwrap();
+    client.list(CallOptions::new()).await.unwrap();
+    let seen = server.state.seen("/process.Process/List").pop().unwrap();
+    assert_eq!(seen.authority, "49983-sbx1.cube.test");
+
+    // Without a gateway the URL's own host is dialled, through the same guard.
+    let config = EnvdConfig::new(&server.url())
+        .unwrap()
+        .with_access_token(Secret::new(TOKEN));
+    let client = EnvdClient::new(pool.envd_connector(None), config).unwrap();
+    client.list(CallOptions::new()).await.unwrap();
+    let metadata = EnvdConfig::new("http://169.254.169.254").unwrap();
+    let client = EnvdClient::new(pool.envd_connector(None), metadata).unwrap();
+    let e = client.list(CallOptions::new()).await.unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::UnsafeOutboundUrl), "{e}");
 }

@@ -1,0 +1,91 @@
+//! Shared by the `tcp://` tests: a test-made CA that issues daemon and client certificates, and
+//! a `tls_cert_path` directory holding `ca.pem`, `cert.pem` and `key.pem`, removed on drop.
+
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+};
+
+/// A certificate authority made for one test.
+pub(crate) struct Ca {
+    pub(crate) pem: String,
+    issuer: Issuer<'static, KeyPair>,
+}
+
+/// A certificate and its private key, both PEM.
+pub(crate) struct Issued {
+    pub(crate) cert_pem: String,
+    pub(crate) key_pem: String,
+}
+
+impl Ca {
+    pub(crate) fn new(name: &str) -> Ca {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.distinguished_name.push(DnType::CommonName, name);
+        let pem = params.self_signed(&key).unwrap().pem();
+        Ca {
+            pem,
+            issuer: Issuer::new(params, key),
+        }
+    }
+
+    /// A daemon certificate for 127.0.0.1 and `localhost`.
+    pub(crate) fn server(&self) -> Issued {
+        self.issue(
+            vec!["127.0.0.1".to_owned(), "localhost".to_owned()],
+            ExtendedKeyUsagePurpose::ServerAuth,
+        )
+    }
+
+    /// A client certificate, as `docker --tlsverify` presents one.
+    pub(crate) fn client(&self) -> Issued {
+        self.issue(Vec::new(), ExtendedKeyUsagePurpose::ClientAuth)
+    }
+
+    fn issue(&self, names: Vec<String>, usage: ExtendedKeyUsagePurpose) -> Issued {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(names).unwrap();
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "sandbox test");
+        params.extended_key_usages = vec![usage];
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        Issued {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+        }
+    }
+}
+
+/// A `tls_cert_path` directory; removed on drop.
+pub(crate) struct CertDir {
+    path: PathBuf,
+}
+
+impl CertDir {
+    /// `ca.pem` (the CA the daemon's certificate must come from), `cert.pem` and `key.pem`
+    /// (the client's).
+    pub(crate) fn new(ca: &Ca, client: &Issued) -> CertDir {
+        let path = std::env::temp_dir().join(format!("sbx-docker-tls-{:08x}", fastrand::u32(..)));
+        std::fs::create_dir_all(&path).unwrap();
+        std::fs::write(path.join("ca.pem"), &ca.pem).unwrap();
+        std::fs::write(path.join("cert.pem"), &client.cert_pem).unwrap();
+        std::fs::write(path.join("key.pem"), &client.key_pem).unwrap();
+        CertDir { path }
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for CertDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
