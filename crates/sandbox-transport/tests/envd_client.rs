@@ -109,6 +109,12 @@ async fn drain(
     }
 }
 
+/// Asserts that the next event is output `text`.
+async fn expect_output(stream: &mut ServerStream<ps::StartResponse>, text: &str) {
+    let event = next_event(stream).await;
+    assert_eq!(stdout_of(&event).as_deref(), Some(text), "{event:?}");
+}
+
 async fn pid_of(stream: &mut ServerStream<ps::StartResponse>) -> u32 {
     match next_event(stream).await {
         Event::Start(s) => s.pid,
@@ -186,19 +192,13 @@ async fn interactive_process_input_list_connect_and_close() {
             .send(ps::ProcessInput::stdin(b"abc".to_vec()))
             .await
             .unwrap();
-        assert_eq!(
-            stdout_of(&next_event(&mut stream).await).as_deref(),
-            Some("abc")
-        );
+        expect_output(&mut stream, "abc").await;
         input.keepalive().await.unwrap();
         input
             .send(ps::ProcessInput::stdin(b"def".to_vec()))
             .await
             .unwrap();
-        assert_eq!(
-            stdout_of(&next_event(&mut stream).await).as_deref(),
-            Some("def")
-        );
+        expect_output(&mut stream, "def").await;
         input.finish().await.unwrap();
         client
             .send_input(
@@ -208,10 +208,7 @@ async fn interactive_process_input_list_connect_and_close() {
             )
             .await
             .unwrap();
-        assert_eq!(
-            stdout_of(&next_event(&mut stream).await).as_deref(),
-            Some("ghi")
-        );
+        expect_output(&mut stream, "ghi").await;
 
         // A second attachment sees the live events from now on.
         let mut attached = client
@@ -274,10 +271,7 @@ async fn signals_pty_resize_and_unknown_processes() {
             .resize_pty(me.clone(), 100, 40, CallOptions::new())
             .await
             .unwrap();
-        assert_eq!(
-            stdout_of(&next_event(&mut stream).await).as_deref(),
-            Some("resized 100x40")
-        );
+        expect_output(&mut stream, "resized 100x40").await;
         client
             .send_input(
                 me.clone(),
@@ -286,10 +280,7 @@ async fn signals_pty_resize_and_unknown_processes() {
             )
             .await
             .unwrap();
-        assert_eq!(
-            stdout_of(&next_event(&mut stream).await).as_deref(),
-            Some("ls\r")
-        );
+        expect_output(&mut stream, "ls\r").await;
 
         let refused = client
             .send_signal(me.clone(), ps::Signal::Unspecified, CallOptions::new())
