@@ -89,6 +89,36 @@ async fn exec_sessions_and_errors_over_http() {
     assert_eq!(last["exit_code"], 0, "{seen}");
     assert!(seen.contains("after"), "{seen}");
 
+    // Output is never mangled: bytes that are not UTF-8 come back exactly (base64), buffered
+    // and streamed, and multi-byte text streamed in many chunks arrives whole.
+    let binary = r#"{"command":"printf 'caf\\303\\251 \\377\\376'","shell":true}"#;
+    let (status, r) = s
+        .call_as("POST", "/v1/sessions/chat-1/exec", Some(TOKEN_A), binary)
+        .await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["stdout_utf8"], false, "{r}");
+    let exact = b"caf\xc3\xa9 \xff\xfe".to_vec();
+    assert_eq!(b64(r["stdout_b64"].as_str().unwrap()), exact, "{r}");
+    let (lines, out) = stream_exec(&s, binary).await;
+    assert_eq!(out, exact, "{lines}");
+    assert!(lines.contains("data_b64"), "{lines}");
+    let text = "日本語テキスト ".repeat(20_000);
+    let spec = json!({"command": format!("i=0; while [ $i -lt 20000 ]; do printf '日本語テキスト '; i=$((i+1)); done"), "shell": true, "timeout_ms": 60000});
+    let (lines, out) = stream_exec(&s, &spec.to_string()).await;
+    assert!(
+        lines.lines().count() > 3,
+        "many chunks: {}",
+        lines.lines().count()
+    );
+    assert!(
+        !lines.contains("data_b64"),
+        "text cut mid-character went out as binary"
+    );
+    assert!(
+        String::from_utf8(out).unwrap() == text,
+        "streamed text differs"
+    );
+
     // Session inspect, keep-alive.
     let (status, info) = s
         .call_as("GET", "/v1/sessions/chat-1", Some(TOKEN_A), "")
@@ -291,4 +321,43 @@ fn sample(text: &str, series: &str) -> f64 {
         .map(|v| v.trim().parse::<f64>().unwrap())
         .next()
         .unwrap_or(0.0)
+}
+
+fn b64(text: &str) -> Vec<u8> {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD
+        .decode(text)
+        .unwrap()
+}
+
+/// Runs a streamed exec; returns the NDJSON text and the stdout bytes it carried.
+async fn stream_exec(s: &support::Server, spec: &str) -> (String, Vec<u8>) {
+    let req = hyper::Request::builder()
+        .method("POST")
+        .uri(format!("{}/v1/sessions/chat-1/exec?stream=true", s.base))
+        .header("authorization", format!("Bearer {TOKEN_A}"))
+        .body(support::full(Bytes::from(spec.to_owned())))
+        .unwrap();
+    let resp = s.client.request(req).await.unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    let body = tokio::time::timeout(Duration::from_secs(60), resp.into_body().collect())
+        .await
+        .unwrap()
+        .unwrap()
+        .to_bytes();
+    let lines = String::from_utf8(body.to_vec()).unwrap();
+    let mut out = Vec::new();
+    for line in lines.lines() {
+        let v: Value = serde_json::from_str(line).unwrap();
+        if v["stream"] == "stdout" {
+            match (v["data"].as_str(), v["data_b64"].as_str()) {
+                (Some(text), None) => out.extend_from_slice(text.as_bytes()),
+                (None, Some(b)) => out.extend(b64(b)),
+                _ => panic!("an output line with neither or both: {line}"),
+            }
+        }
+    }
+    let last: Value = serde_json::from_str(lines.lines().last().unwrap()).unwrap();
+    assert_eq!(last["exit_code"], 0, "{lines}");
+    (lines, out)
 }

@@ -1,6 +1,7 @@
 //! `sandbox exec`: runs a command in a session's sandbox through the streaming exec route, so
 //! output appears as it is produced, and exits with the command's exit code.
 
+use base64::Engine as _;
 use http_body_util::BodyExt;
 use hyper::Method;
 use hyper::body::Bytes;
@@ -105,9 +106,22 @@ where
     let value: serde_json::Value = serde_json::from_slice(line)
         .map_err(|e| ClientError::Connect(format!("the service sent a malformed line: {e}")))?;
     if let Some(stream) = value.get("stream").and_then(|s| s.as_str()) {
-        let data = value.get("data").and_then(|d| d.as_str()).unwrap_or("");
+        // Text as `data`; bytes that are not UTF-8 as `data_b64`, written out exactly.
+        let data = match value.get("data_b64").and_then(|d| d.as_str()) {
+            Some(b64) => base64::engine::general_purpose::STANDARD
+                .decode(b64)
+                .map_err(|e| {
+                    ClientError::Connect(format!("the service sent malformed base64 output: {e}"))
+                })?,
+            None => value
+                .get("data")
+                .and_then(|d| d.as_str())
+                .unwrap_or("")
+                .as_bytes()
+                .to_vec(),
+        };
         let sink: &mut (dyn AsyncWrite + Unpin) = if stream == "stderr" { err } else { out };
-        sink.write_all(data.as_bytes())
+        sink.write_all(&data)
             .await
             .map_err(|e| ClientError::local("cannot write the output", e))?;
         sink.flush()
@@ -151,6 +165,28 @@ where
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[tokio::test]
+    async fn binary_output_is_written_exactly() {
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        for line in [
+            r#"{"stream":"stdout","data":"caf"}"#,
+            r#"{"stream":"stdout","data_b64":"w6n//g=="}"#,
+        ] {
+            handle_line(line.as_bytes(), &mut out, &mut err)
+                .await
+                .unwrap();
+        }
+        assert_eq!(out, b"caf\xc3\xa9\xff\xfe");
+        let e = handle_line(
+            br#"{"stream":"stdout","data_b64":"%%"}"#,
+            &mut out,
+            &mut err,
+        )
+        .await
+        .unwrap_err();
+        assert!(e.to_string().contains("base64"), "{e}");
+    }
 
     async fn feed(lines: &[&str]) -> (Vec<Option<Ended>>, String, String) {
         let (mut out, mut err) = (Vec::new(), Vec::new());

@@ -2,14 +2,17 @@
 //! use). The body is an `ExecSpec` (`{"command":"echo","args":["hi"]}` or
 //! `{"command":"ls | wc -l","shell":true}`, plus stdin, env, cwd, timeout_ms).
 //!
-//! Buffered by default: one JSON result. With `?stream=true` the answer is NDJSON — one
-//! `{"stream":"stdout"|"stderr","data":"..."}` line per output chunk as it happens, then one
-//! `{"exit_code":..}` line (or `{"error":{..}}`). A client that disconnects mid-stream cancels
+//! Buffered by default: one JSON result (`stdout_b64`/`stderr_b64` carry the exact bytes when
+//! they are not UTF-8). With `?stream=true` the answer is NDJSON — one
+//! `{"stream":"stdout"|"stderr","data":"..."}` line per output chunk as it happens (text cut at
+//! character boundaries; `"data_b64"` instead of `"data"` for bytes that are not UTF-8), then
+//! one `{"exit_code":..}` line (or `{"error":{..}}`). A client that disconnects mid-stream cancels
 //! the exec, which kills the command inside the sandbox.
 
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Mutex, PoisonError};
 
 use axum::Json;
 use axum::body::{Body, Bytes};
@@ -17,12 +20,13 @@ use axum::extract::{Query, State};
 use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
 use futures_util::stream::StreamExt;
-use sandbox_core::{ExecRequest, ExecResult, ExecSpec, OutputHook, OutputStream};
+use sandbox_core::{ExecRequest, ExecSpec, OutputHook, OutputStream};
 use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::mpsc;
 
 use super::error::ApiError;
+use super::output::{Piece, Utf8Carry, result_json};
 use super::sessions::observed;
 use super::{AppState, SessionPath, session_key};
 
@@ -35,19 +39,6 @@ const MAX_QUEUED_BYTES: usize = 8 * 1024 * 1024;
 pub struct ExecQuery {
     #[serde(default)]
     stream: bool,
-}
-
-fn result_json(r: &ExecResult) -> serde_json::Value {
-    json!({
-        "exit_code": r.exit_code,
-        "killed": r.killed,
-        "duration_ms": r.duration.as_millis() as u64,
-        "stdout": String::from_utf8_lossy(&r.stdout),
-        "stderr": String::from_utf8_lossy(&r.stderr),
-        "truncated": r.truncated,
-        "stdout_utf8": std::str::from_utf8(&r.stdout).is_ok(),
-        "stderr_utf8": std::str::from_utf8(&r.stderr).is_ok(),
-    })
 }
 
 /// Parses the body, turning every failure into a 400 with a code the route documents.
@@ -88,15 +79,21 @@ pub async fn exec(
     let queued = Arc::new(AtomicUsize::new(0));
     let overflow = Arc::new(AtomicBool::new(false));
     let (hook_queued, hook_overflow) = (queued.clone(), overflow.clone());
+    // Each stream's text is cut at character boundaries, not at the adapter's chunk edges.
+    let carries: Arc<Mutex<[Utf8Carry; 2]>> = Arc::default();
+    let hook_carries = carries.clone();
     let hook = OutputHook::new(move |stream, chunk| {
         if hook_overflow.load(Ordering::Relaxed) {
             return;
         }
-        let line = json!({
-            "stream": match stream { OutputStream::Stdout => "stdout", OutputStream::Stderr => "stderr" },
-            "data": String::from_utf8_lossy(chunk),
-        });
-        let line = Bytes::from(format!("{line}\n"));
+        let piece = {
+            let mut carries = hook_carries.lock().unwrap_or_else(PoisonError::into_inner);
+            carries[stream_index(stream)].push(chunk)
+        };
+        let Some(piece) = piece else {
+            return;
+        };
+        let line = output_line(stream, piece);
         if hook_queued.fetch_add(line.len(), Ordering::AcqRel) + line.len() > MAX_QUEUED_BYTES {
             hook_overflow.store(true, Ordering::Relaxed);
             return;
@@ -107,7 +104,17 @@ pub async fn exec(
     let manager = state.manager.clone();
     let metrics = state.metrics.clone();
     let task = tokio::spawn(async move {
-        let last = match manager.exec(&key, request.on_output(hook)).await {
+        let outcome = manager.exec(&key, request.on_output(hook)).await;
+        // Characters the output ended in the middle of go out as they are.
+        if !final_overflow.load(Ordering::Relaxed) {
+            let mut carries = carries.lock().unwrap_or_else(PoisonError::into_inner);
+            for stream in [OutputStream::Stdout, OutputStream::Stderr] {
+                if let Some(piece) = carries[stream_index(stream)].finish() {
+                    let _ = tx.send(output_line(stream, piece));
+                }
+            }
+        }
+        let last = match outcome {
             Ok(result) => {
                 let mut end = result_json(&result);
                 // The output already went out line by line.
@@ -143,6 +150,26 @@ pub async fn exec(
         Body::from_stream(body),
     )
         .into_response())
+}
+
+fn stream_index(stream: OutputStream) -> usize {
+    match stream {
+        OutputStream::Stdout => 0,
+        OutputStream::Stderr => 1,
+    }
+}
+
+/// `{"stream":"stdout","data":"..."}` (or `"data_b64"` for bytes that are not UTF-8), newline
+/// terminated.
+fn output_line(stream: OutputStream, piece: Piece) -> Bytes {
+    let mut line = serde_json::Map::new();
+    let name = match stream {
+        OutputStream::Stdout => "stdout",
+        OutputStream::Stderr => "stderr",
+    };
+    line.insert("stream".to_owned(), json!(name));
+    piece.put(&mut line);
+    Bytes::from(format!("{}\n", serde_json::Value::Object(line)))
 }
 
 /// Aborts the exec task when the response body is dropped (the client went away).

@@ -11,12 +11,12 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::http::HeaderMap;
-use sandbox_core::{ExecResult, ExecTimeout};
+use sandbox_core::ExecTimeout;
 use sandbox_session::manager::Script;
 use serde::Deserialize;
-use serde_json::json;
 
 use super::error::ApiError;
+use super::output::result_json;
 use super::sessions::observed;
 use super::snapshots::json_body;
 use super::{AppState, tenant};
@@ -35,19 +35,6 @@ struct ScriptBody {
     env: BTreeMap<String, String>,
     #[serde(default)]
     timeout_ms: Option<i64>,
-}
-
-/// The exec route's buffered result shape.
-fn result_json(r: &ExecResult) -> serde_json::Value {
-    json!({
-        "exit_code": r.exit_code,
-        "killed": r.killed,
-        "duration_ms": u64::try_from(r.duration.as_millis()).unwrap_or(u64::MAX),
-        "stdout": String::from_utf8_lossy(&r.stdout),
-        "stderr": String::from_utf8_lossy(&r.stderr),
-        "stdout_utf8": std::str::from_utf8(&r.stdout).is_ok(),
-        "stderr_utf8": std::str::from_utf8(&r.stderr).is_ok(),
-    })
 }
 
 /// The handler.

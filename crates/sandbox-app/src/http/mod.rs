@@ -7,6 +7,7 @@ pub mod execute;
 pub mod files;
 pub mod metrics;
 pub mod openapi;
+mod output;
 pub mod sessions;
 pub mod snapshots;
 pub mod terminal;

@@ -348,7 +348,7 @@ pub const ROUTES: &[Route] = &[
         responses: &[
             ok(
                 200,
-                "The result (buffered), or an NDJSON stream of output chunks and a final result or error line",
+                "The result (buffered), or an NDJSON stream: `{\"stream\":\"stdout\"|\"stderr\",\"data\":\"...\"}` per output chunk (text cut at character boundaries; `data_b64` instead of `data` for bytes that are not UTF-8), then a final result or error line",
                 &[
                     Content {
                         media: JSON,
@@ -924,15 +924,18 @@ fn schemas() -> Value {
         },
         "ExecResult": {
             "type": "object",
-            "required": ["exit_code", "killed", "duration_ms", "stdout", "stderr", "stdout_utf8", "stderr_utf8"],
+            "required": ["exit_code", "killed", "duration_ms", "stdout", "stderr", "stdout_utf8", "stderr_utf8", "truncated"],
             "properties": {
                 "exit_code": { "type": "integer" },
                 "killed": { "type": "boolean" },
                 "duration_ms": { "type": "integer", "minimum": 0 },
-                "stdout": { "type": "string", "description": "Lossy UTF-8" },
-                "stderr": { "type": "string", "description": "Lossy UTF-8" },
+                "stdout": { "type": "string", "description": "Lossy UTF-8, for display" },
+                "stderr": { "type": "string", "description": "Lossy UTF-8, for display" },
                 "stdout_utf8": { "type": "boolean" },
-                "stderr_utf8": { "type": "boolean" }
+                "stderr_utf8": { "type": "boolean" },
+                "stdout_b64": { "type": "string", "contentEncoding": "base64", "description": "The exact bytes, present only when stdout is not UTF-8" },
+                "stderr_b64": { "type": "string", "contentEncoding": "base64", "description": "The exact bytes, present only when stderr is not UTF-8" },
+                "truncated": { "type": "boolean", "description": "Output past the capture limit was dropped" }
             }
         },
         "SnapshotRequest": {
