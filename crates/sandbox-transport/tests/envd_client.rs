@@ -787,6 +787,19 @@ async fn connections_are_pooled() {
         "20 sequential HTTP/1.1 calls on one kept-alive connection"
     );
 
+    // Streams read to their end give their connection back too.
+    let before = server.state.connections.load(Ordering::SeqCst);
+    for _ in 0..5 {
+        let mut stream = h1
+            .start(&start_request("echo", &["again"]), CallOptions::new())
+            .await
+            .unwrap();
+        pid_of(&mut stream).await;
+        drain(&mut stream).await;
+    }
+    let used = server.state.connections.load(Ordering::SeqCst) - before;
+    assert_eq!(used, 0, "5 finished streams on the pooled connection");
+
     // HTTP/2: concurrent calls share one connection.
     let h2 = client(&server, HttpVersion::Http2);
     h2.list(CallOptions::new()).await.unwrap();

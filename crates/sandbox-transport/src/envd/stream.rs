@@ -5,6 +5,7 @@ use std::marker::PhantomData;
 use std::time::Duration;
 
 use http_body_util::BodyExt;
+use hyper::body::Body as _;
 use hyper::body::Incoming;
 use sandbox_core::{Error, Operation, Provider};
 use sandbox_envd::{DecoderConfig, EnvelopeDecoder, EnvelopeError};
@@ -121,13 +122,10 @@ impl<T: DeserializeOwned> ServerStream<T> {
                     let end = envelope.parse_end_stream().map_err(|e| {
                         Error::internal(op, format!("envd sent a malformed end of stream: {e}"))
                     })?;
-                    return match end.into_result() {
-                        Ok(trailers) => {
-                            self.state = State::Ended(trailers);
-                            Ok(None)
-                        }
-                        Err(connect) => Err(connect.to_core_error(op)),
-                    };
+                    let trailers = end.into_result().map_err(|e| e.to_core_error(op))?;
+                    self.read_to_end().await?;
+                    self.state = State::Ended(trailers);
+                    return Ok(None);
                 }
                 let message = envelope.parse_message::<T>().map_err(|e| {
                     Error::internal(op, format!("envd sent a malformed message: {e}"))
@@ -139,60 +137,91 @@ impl<T: DeserializeOwned> ServerStream<T> {
         }
     }
 
-    /// Feeds the decoder the body's next chunk, watching the deadline and the idle limit.
-    async fn read_more(&mut self) -> Result<(), Error> {
-        let op = self.op;
-        let idle_at = Instant::now() + self.idle_timeout;
-        let (wake_at, is_deadline) = match self.deadline.at() {
-            Some(at) if at <= idle_at => (at, true),
-            _ => (idle_at, false),
-        };
-        let frame = tokio::select! {
-            frame = self.body.frame() => frame,
-            () = tokio::time::sleep_until(wake_at) => {
-                return Err(if is_deadline {
-                    self.deadline.exceeded(op)
-                } else {
-                    Error::unavailable(op, format!(
-                        "envd sent nothing, not even a keepalive, for {} ms",
-                        self.idle_timeout.as_millis()
-                    ))
-                });
+    /// Reads the body past the end-of-stream message to its end: nothing may follow it, and on
+    /// HTTP/1.1 only a body read to its end lets the connection go back to the pool.
+    async fn read_to_end(&mut self) -> Result<(), Error> {
+        loop {
+            if self.decoder.buffered() > 0 {
+                return Err(malformed(self.op, &EnvelopeError::DataAfterEndStream));
             }
-        };
-        match frame {
-            Some(Ok(frame)) => {
-                // Trailer frames carry nothing Connect needs: its trailers are in the
-                // end-of-stream message.
-                if let Some(data) = frame.data_ref() {
-                    self.decoder.push(data);
-                }
+            if self.body.is_end_stream() {
+                return Ok(());
+            }
+            match self.next_frame().await? {
+                Some(data) => self.decoder.push(&data),
+                None => return Ok(()),
+            }
+        }
+    }
+
+    /// Feeds the decoder the body's next chunk.
+    async fn read_more(&mut self) -> Result<(), Error> {
+        match self.next_frame().await? {
+            Some(data) => {
+                self.decoder.push(&data);
                 Ok(())
             }
-            Some(Err(e)) => Err(Error::unavailable(
-                op,
-                format!(
-                    "the stream broke after {} messages: {}",
-                    self.messages,
-                    crate::client::chain(&e)
-                ),
-            )),
             None => {
                 // The body is over: whatever is buffered must be whole envelopes (decoded by
                 // the caller's loop), and the end-of-stream message must have come.
                 if let Err(e) = self.decoder.finish() {
-                    return Err(malformed(op, &e));
+                    return Err(malformed(self.op, &e));
                 }
                 if self.decoder.buffered() > 0 {
                     return Ok(());
                 }
                 Err(Error::unavailable(
-                    op,
+                    self.op,
                     format!(
                         "the stream ended after {} messages without envd's end-of-stream message",
                         self.messages
                     ),
                 ))
+            }
+        }
+    }
+
+    /// The body's next data (`None` at its end), watching the deadline and the idle limit.
+    async fn next_frame(&mut self) -> Result<Option<bytes::Bytes>, Error> {
+        let op = self.op;
+        loop {
+            let idle_at = Instant::now() + self.idle_timeout;
+            let (wake_at, is_deadline) = match self.deadline.at() {
+                Some(at) if at <= idle_at => (at, true),
+                _ => (idle_at, false),
+            };
+            let frame = tokio::select! {
+                frame = self.body.frame() => frame,
+                () = tokio::time::sleep_until(wake_at) => {
+                    return Err(if is_deadline {
+                        self.deadline.exceeded(op)
+                    } else {
+                        Error::unavailable(op, format!(
+                            "envd sent nothing, not even a keepalive, for {} ms",
+                            self.idle_timeout.as_millis()
+                        ))
+                    });
+                }
+            };
+            match frame {
+                // Trailer frames carry nothing Connect needs: its trailers are in the
+                // end-of-stream message.
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        return Ok(Some(data));
+                    }
+                }
+                Some(Err(e)) => {
+                    return Err(Error::unavailable(
+                        op,
+                        format!(
+                            "the stream broke after {} messages: {}",
+                            self.messages,
+                            crate::client::chain(&e)
+                        ),
+                    ));
+                }
+                None => return Ok(None),
             }
         }
     }
