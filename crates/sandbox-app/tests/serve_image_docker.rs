@@ -160,6 +160,12 @@ async fn start_fails_naming_the_package(case: &str, busybox: &str) -> String {
         "the failure names the package:\n{text}"
     );
     assert!(!image_exists(&image), "no image under {image}");
+    for step in step_images(&text) {
+        assert!(
+            !image_exists(&step),
+            "the failed build's step image {step} was left behind:\n{text}"
+        );
+    }
     assert!(
         !text.contains('\u{1b}'),
         "the log file carries no colour codes"
@@ -182,6 +188,17 @@ async fn a_dynamically_linked_busybox_fails_the_start_naming_the_package() {
     // `FROM scratch` image it has no loader, so the build's RUN step fails.
     let text = start_fails_naming_the_package("dynamic-busybox", "/bin/ls").await;
     assert!(text.contains("must be statically linked"), "{text}");
+    // The COPY step committed an image before RUN failed, and it was removed (checked above).
+    assert!(!step_images(&text).is_empty(), "no step image in:\n{text}");
+}
+
+/// The images the build steps committed, from the build output in the log (` ---> <id>`).
+fn step_images(text: &str) -> Vec<String> {
+    text.lines()
+        .filter_map(|line| line.split("---> ").nth(1))
+        .map(|rest| rest.split_whitespace().next().unwrap_or("").to_owned())
+        .filter(|id| id.len() >= 12 && id.bytes().all(|b| b.is_ascii_hexdigit()))
+        .collect()
 }
 
 fn doctor(env: &[(&str, &str)]) -> (bool, String) {

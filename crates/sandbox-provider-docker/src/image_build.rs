@@ -100,6 +100,40 @@ impl DockerProvider {
             .networkmode("none")
             .labels(&labels)
             .build();
+        let mut steps = Vec::new();
+        let built = self.run_build(image, busybox, options, context, progress, &mut steps);
+        let outcome = built.await;
+        if outcome.is_err() {
+            self.remove_step_images(&steps).await;
+        }
+        outcome
+    }
+
+    /// Removes the images the steps of a failed build committed (the legacy builder keeps them
+    /// as build cache, and with the final image missing they would stay dangling). An image
+    /// that another image or a tag still needs is refused by the engine and kept; nothing here
+    /// is forced.
+    async fn remove_step_images(&self, steps: &[String]) {
+        for id in steps.iter().rev() {
+            let options = bollard::query_parameters::RemoveImageOptionsBuilder::default()
+                .force(false)
+                .noprune(false)
+                .build();
+            if let Err(e) = self.docker().remove_image(id, Some(options), None).await {
+                tracing::debug!(image = %id, error = %e, "a failed build's step image stays");
+            }
+        }
+    }
+
+    async fn run_build(
+        &self,
+        image: &str,
+        busybox: &Path,
+        options: bollard::query_parameters::BuildImageOptions,
+        context: Vec<u8>,
+        progress: &mut (dyn FnMut(&str) + Send),
+        steps: &mut Vec<String>,
+    ) -> Result<(), Error> {
         let mut stream =
             self.docker()
                 .build_image(options, None, Some(bollard::body_full(context.into())));
@@ -133,6 +167,9 @@ impl DockerProvider {
             }
             for line in info.stream.iter().flat_map(|s| s.lines()) {
                 let line = plain(line);
+                if let Some(id) = step_image(&line) {
+                    steps.push(id.to_owned());
+                }
                 if !line.is_empty() {
                     progress(&line);
                     last = line;
@@ -148,6 +185,12 @@ impl DockerProvider {
             ))
         }
     }
+}
+
+/// The image a legacy build step committed (` ---> 3f1c2d4e5a6b`), if the line names one.
+fn step_image(line: &str) -> Option<&str> {
+    let id = line.trim().strip_prefix("---> ")?;
+    (id.len() >= 12 && id.bytes().all(|b| b.is_ascii_hexdigit())).then_some(id)
 }
 
 /// A build output line without terminal escapes (the engine colours RUN's stderr) or other
@@ -192,6 +235,15 @@ fn build_context(busybox: &[u8]) -> std::io::Result<Vec<u8>> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn step_images_are_read_from_the_build_output() {
+        assert_eq!(step_image(" ---> 3f1c2d4e5a6b"), Some("3f1c2d4e5a6b"));
+        assert_eq!(step_image("---> Running in 3f1c2d4e5a6b"), None);
+        assert_eq!(step_image(" ---> Using cache"), None);
+        assert_eq!(step_image("Step 2/3 : COPY busybox /bin/busybox"), None);
+        assert_eq!(step_image(" ---> abc"), None);
+    }
 
     #[test]
     fn progress_lines_are_plain_text() {
