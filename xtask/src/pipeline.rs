@@ -91,6 +91,9 @@ pub(crate) fn test(ctx: &Ctx) -> ExitCode {
             ctx,
             &[
                 "clippy",
+                // The committed Cargo.lock must already match the manifests: a build that
+                // would rewrite it is not the build that was reviewed.
+                "--locked",
                 "--workspace",
                 "--all-targets",
                 // Test-only features (the store's failpoints) are linted too.
