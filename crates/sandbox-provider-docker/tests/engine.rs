@@ -9,6 +9,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Test binary: a failed unwrap is a failed test.
 
+mod support;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,26 +24,9 @@ use sandbox_core::{
     ListFilter, ManualClock, NetworkPolicy, SandboxPath, SandboxProvider, SandboxState, TemplateId,
     TimeoutAction, TimeoutPolicy, VolumeMount,
 };
-use sandbox_provider_docker::{
-    DockerConfig, DockerProvider, NetworkMode, PullPolicy, labels, sweeper,
-};
+use sandbox_provider_docker::{DockerProvider, NetworkMode, labels, sweeper};
 
-const IMAGE: &str = "sandbox-busybox:test";
-
-fn namespace(tag: &str) -> String {
-    format!("t{tag}-{:08x}", fastrand::u32(..))
-}
-
-fn config(ns: &str) -> DockerConfig {
-    let mut c = DockerConfig::new(TemplateId::new(IMAGE).unwrap(), ns);
-    c.enabled = true;
-    c.pull_policy = PullPolicy::Never;
-    c.network = NetworkMode::None;
-    c.idle_sweep = false;
-    c.extra_labels
-        .insert("sandbox.test".to_owned(), "1".to_owned());
-    c
-}
+use support::{IMAGE, config, namespace};
 
 async fn provider(ns: &str) -> DockerProvider {
     DockerProvider::connect(config(ns))

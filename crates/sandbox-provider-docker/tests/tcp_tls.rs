@@ -25,23 +25,13 @@ use sandbox_core::{
     CreateRequest, ErrorKind, ExecRequest, ListFilter, SandboxPath, SandboxProvider, TemplateId,
 };
 use sandbox_provider_docker::engine::{self, Endpoint};
-use sandbox_provider_docker::{DockerConfig, DockerProvider, NetworkMode, PullPolicy};
+use sandbox_provider_docker::{DockerConfig, DockerProvider};
 use support::{Ca, CertDir, Issued};
 
-const IMAGE: &str = "sandbox-busybox:test";
-
-fn namespace(tag: &str) -> String {
-    format!("t{tag}-{:08x}", fastrand::u32(..))
-}
+use support::{IMAGE, namespace};
 
 fn config(ns: &str, port: u16, certs: &Path) -> DockerConfig {
-    let mut c = DockerConfig::new(TemplateId::new(IMAGE).unwrap(), ns);
-    c.enabled = true;
-    c.pull_policy = PullPolicy::Never;
-    c.network = NetworkMode::None;
-    c.idle_sweep = false;
-    c.extra_labels
-        .insert("sandbox.test".to_owned(), "1".to_owned());
+    let mut c = support::config(ns);
     c.host = Some(format!("tcp://127.0.0.1:{port}"));
     c.tls_cert_path = Some(certs.to_path_buf());
     c

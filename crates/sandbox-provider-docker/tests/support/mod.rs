@@ -1,5 +1,7 @@
-//! Shared by the `tcp://` tests: a test-made CA that issues daemon and client certificates, and
-//! a `tls_cert_path` directory holding `ca.pem`, `cert.pem` and `key.pem`, removed on drop.
+//! Shared by the engine tests: the settings every test sandbox uses (the local image, no
+//! network, no sweep, the test label, a namespace unique to the test), and for the `tcp://`
+//! tests a test-made CA that issues daemon and client certificates and a `tls_cert_path`
+//! directory holding `ca.pem`, `cert.pem` and `key.pem`, removed on drop.
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
@@ -8,6 +10,27 @@ use std::path::{Path, PathBuf};
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
 };
+
+/// The locally built image every engine test runs (never pulled).
+pub(crate) const IMAGE: &str = "sandbox-busybox:test";
+
+/// A namespace unique to one test run: its containers are its own.
+pub(crate) fn namespace(tag: &str) -> String {
+    format!("t{tag}-{:08x}", fastrand::u32(..))
+}
+
+/// The adapter's settings for a test sandbox in namespace `ns` on the default engine.
+pub(crate) fn config(ns: &str) -> sandbox_provider_docker::DockerConfig {
+    use sandbox_provider_docker::{DockerConfig, NetworkMode, PullPolicy};
+    let mut c = DockerConfig::new(sandbox_core::TemplateId::new(IMAGE).unwrap(), ns);
+    c.enabled = true;
+    c.pull_policy = PullPolicy::Never;
+    c.network = NetworkMode::None;
+    c.idle_sweep = false;
+    c.extra_labels
+        .insert("sandbox.test".to_owned(), "1".to_owned());
+    c
+}
 
 /// A certificate authority made for one test.
 pub(crate) struct Ca {
