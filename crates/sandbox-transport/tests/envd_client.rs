@@ -492,6 +492,32 @@ async fn broken_streams_give_clear_errors() {
             let again = stream.message().await.unwrap_err();
             assert_eq!(again.message(), e.message(), "errors are sticky");
         }
+        // Bytes after the end-of-stream message break the protocol.
+        let mut stream = client
+            .start(&start_request("trailing", &[]), CallOptions::new())
+            .await
+            .unwrap();
+        pid_of(&mut stream).await;
+        assert!(matches!(next_event(&mut stream).await, Event::End(_)));
+        let e = stream.message().await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Internal, "{e}");
+        assert!(e.message().contains("after the end-of-stream"), "{e}");
+
+        // A body that stays open after a complete answer costs the connection, not the answer.
+        let began = Instant::now();
+        let mut stream = client
+            .start(&start_request("linger", &[]), CallOptions::new())
+            .await
+            .unwrap();
+        pid_of(&mut stream).await;
+        assert!(matches!(next_event(&mut stream).await, Event::End(_)));
+        assert!(stream.message().await.unwrap().is_none());
+        assert!(
+            began.elapsed() < Duration::from_secs(20),
+            "{:?}",
+            began.elapsed()
+        );
+
         // The client is still usable after all of that.
         client.list(CallOptions::new()).await.unwrap();
     }

@@ -15,6 +15,9 @@ use tokio::time::Instant;
 use super::call::Deadline;
 use super::config::EnvdConfig;
 
+/// How long the body may take to end after the end-of-stream message.
+const DRAIN_LIMIT: Duration = Duration::from_secs(1);
+
 /// The messages of a streaming answer, in order, ending with envd's end-of-stream verdict.
 ///
 /// [`message`](Self::message) yields each message, then `Ok(None)` once the stream ended
@@ -138,7 +141,9 @@ impl<T: DeserializeOwned> ServerStream<T> {
     }
 
     /// Reads the body past the end-of-stream message to its end: nothing may follow it, and on
-    /// HTTP/1.1 only a body read to its end lets the connection go back to the pool.
+    /// HTTP/1.1 only a body read to its end lets the connection go back to the pool. The call's
+    /// answer is complete already, so a body that does not end promptly (or breaks) only costs
+    /// the connection, never the answer.
     async fn read_to_end(&mut self) -> Result<(), Error> {
         loop {
             if self.decoder.buffered() > 0 {
@@ -147,9 +152,9 @@ impl<T: DeserializeOwned> ServerStream<T> {
             if self.body.is_end_stream() {
                 return Ok(());
             }
-            match self.next_frame().await? {
-                Some(data) => self.decoder.push(&data),
-                None => return Ok(()),
+            match tokio::time::timeout(DRAIN_LIMIT, self.next_frame()).await {
+                Ok(Ok(Some(data))) => self.decoder.push(&data),
+                Ok(Ok(None) | Err(_)) | Err(_) => return Ok(()),
             }
         }
     }

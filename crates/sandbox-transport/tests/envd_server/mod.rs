@@ -419,6 +419,17 @@ async fn start(state: &Arc<State>, request: ps::StartRequest, keepalive: Duratio
             out.message(&event(Event::End(end_event(0, false)))).await;
             return;
         }
+        "linger" | "trailing" => {
+            // A complete answer, then the body stays open (or carries bytes after the end).
+            out.message(&start).await;
+            out.message(&event(Event::End(end_event(0, false)))).await;
+            out.send(end_stream(Ok(()))).await;
+            if config.cmd == "trailing" {
+                out.send(envelope(&start)).await;
+            }
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            return;
+        }
         "fail" => {
             out.message(&start).await;
             let e = ConnectError::new(Code::ResourceExhausted, "too many processes");
