@@ -15,6 +15,11 @@
 //!   request it routes (copies the request), and per connection it parses and judges the host
 //!   and dials through the injected dialer, inside the HTTPS-or-HTTP wrapper.
 //!
+//! - envd: [`EnvdClient`] over the guarded connector calling `process.Process/List` (a unary
+//!   Connect call: JSON request, protocol headers, deadline, JSON answer parsed), against the
+//!   plain pooled hyper client posting the same bytes with the same headers and parsing the same
+//!   answer. Report only: the issue sets no goal for it; it shows what the envd layer costs.
+//!
 //! Each request is a `GET` plus collecting the body, one in flight, in one spawned task. A round
 //! runs a fixed number of requests with each client back to back, alternating which goes
 //! first, so drift on a shared machine hits both. Per request latency is timed; per round, p50
@@ -42,6 +47,8 @@ use hyper::{Request, Response};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use sandbox_envd::process::ListResponse;
+use sandbox_transport::envd::{CallOptions, EnvdClient, EnvdConfig};
 use sandbox_transport::gateway::{Gateway, InboundTokens};
 use sandbox_transport::{
     GuardedClient, GuardedConnector, OutboundPolicy, Resolve, TcpDialer, tls_config,
@@ -52,6 +59,8 @@ use tokio::runtime::Runtime;
 const GOAL_POOLED: f64 = 1.05;
 const GOAL_NEW_CONN: f64 = 1.10;
 const BODY: &[u8] = b"ok";
+const ENVD_PATH: &str = "/process.Process/List";
+const ENVD_ANSWER: &[u8] = b"{\"processes\":[{\"pid\":7,\"config\":{\"cmd\":\"sh\"}}]}";
 
 struct Plan {
     smoke: bool,
@@ -107,8 +116,19 @@ async fn server(keep_alive: bool) -> (u16, Arc<AtomicU64>) {
             stream.set_nodelay(true).unwrap();
             count.fetch_add(1, Ordering::Relaxed);
             tokio::spawn(async move {
-                let service = hyper::service::service_fn(|_req: Request<Incoming>| async {
-                    Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(BODY))))
+                let service = hyper::service::service_fn(|req: Request<Incoming>| async move {
+                    let envd = req.uri().path() == ENVD_PATH;
+                    let (body, media) = if envd {
+                        (ENVD_ANSWER, "application/json")
+                    } else {
+                        (BODY, "text/plain")
+                    };
+                    let mut resp = Response::new(Full::new(Bytes::from_static(body)));
+                    resp.headers_mut().insert(
+                        "content-type",
+                        hyper::header::HeaderValue::from_static(media),
+                    );
+                    Ok::<_, Infallible>(resp)
                 });
                 let _ = hyper::server::conn::http1::Builder::new()
                     .keep_alive(keep_alive)
@@ -184,6 +204,61 @@ fn guarded_run() -> Run {
                     .body(Empty::new())
                     .unwrap();
                 check(client.request(&req).await.unwrap()).await;
+                lat.push(start.elapsed());
+            }
+            lat
+        })
+    })
+}
+
+/// The envd baseline: a plain pooled hyper client posting the call's exact bytes and headers and
+/// parsing the answer into the same message type.
+fn plain_envd_run() -> Run {
+    let mut http = HttpConnector::new();
+    http.set_nodelay(true);
+    let client: Client<HttpConnector, Full<Bytes>> =
+        Client::builder(TokioExecutor::new()).build(http);
+    Arc::new(move |base, n| {
+        let client = client.clone();
+        let uri = format!("{}{}", base.trim_end_matches('/'), ENVD_PATH);
+        tokio::spawn(async move {
+            let mut lat = Vec::with_capacity(n);
+            for _ in 0..n {
+                let start = Instant::now();
+                let req = Request::post(black_box(uri.as_str()))
+                    .header("content-type", "application/json")
+                    .header("connect-protocol-version", "1")
+                    .header("connect-timeout-ms", "60000")
+                    .body(Full::new(Bytes::from_static(b"{}")))
+                    .unwrap();
+                let resp = client.request(req).await.unwrap();
+                assert_eq!(resp.status(), 200);
+                let body = resp.into_body().collect().await.unwrap().to_bytes();
+                let answer: ListResponse = serde_json::from_slice(&body).unwrap();
+                assert_eq!(answer.processes.len(), 1);
+                lat.push(start.elapsed());
+            }
+            lat
+        })
+    })
+}
+
+/// The envd client over the guarded connector, built once for `base`.
+fn envd_run(base: &str) -> Run {
+    let guard = GuardedConnector::with(
+        OutboundPolicy::allow_private(),
+        Arc::new(NoDns),
+        Arc::new(TcpDialer::default()),
+    );
+    let client = EnvdClient::new(guard, EnvdConfig::new(base).unwrap()).unwrap();
+    Arc::new(move |_base, n| {
+        let client = client.clone();
+        tokio::spawn(async move {
+            let mut lat = Vec::with_capacity(n);
+            for _ in 0..n {
+                let start = Instant::now();
+                let processes = client.list(CallOptions::new()).await.unwrap();
+                assert_eq!(black_box(processes).len(), 1);
                 lat.push(start.elapsed());
             }
             lat
@@ -345,6 +420,14 @@ fn main() {
         close_conns, close_requests as u64,
         "one connection per request on the close port"
     );
+    let envd = figure(
+        &rt,
+        &plan,
+        &plain_envd_run(),
+        &envd_run(&keep_uri),
+        &keep_uri,
+        plan.pooled_n,
+    );
     let route_ns = route_cost(&keep_uri, smoke);
 
     println!("mode: {}", if plan.smoke { "smoke" } else { "full" });
@@ -363,7 +446,11 @@ fn main() {
          {close_conns} (one per request)",
         2 * (plan.rounds * plan.pooled_n + plan.warm.min(plan.pooled_n * 2))
     );
-    for (label, f) in [("pooled", &pooled), ("new connection", &new_conn)] {
+    for (label, f) in [
+        ("pooled", &pooled),
+        ("new connection", &new_conn),
+        ("envd unary (plain = raw hyper POST)", &envd),
+    ] {
         for (name, t) in [("plain", &f.plain), ("guarded", &f.guarded)] {
             println!(
                 "{label}, {name}: p50 best {:.1} us, median {:.1} us; p99 median {:.1} us; \
@@ -397,7 +484,13 @@ fn main() {
         "elapsed: {:.1?}",
         started.elapsed().max(Duration::from_millis(1))
     );
+    println!("envd_unary_ratio: report only (no goal in the issue)");
     println!("BENCH transport pooled_ratio={:.3}", pooled.p50_ratio());
+    println!("BENCH transport envd_unary_ratio={:.3}", envd.p50_ratio());
+    println!(
+        "BENCH transport envd_unary_p50_us={:.1}",
+        envd.guarded.best_p50()
+    );
     println!("BENCH transport new_conn_ratio={:.3}", new_conn.p50_ratio());
     println!(
         "BENCH transport pooled_plain_p50_us={:.1}",
