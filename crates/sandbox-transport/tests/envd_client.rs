@@ -651,6 +651,62 @@ async fn filesystem_service() {
 }
 
 #[tokio::test]
+async fn health_and_streams_as_futures_streams() {
+    use futures_util::StreamExt as _;
+    let server = Server::start().await;
+    for http in BOTH {
+        let client = client(&server, http);
+        client.health(CallOptions::new()).await.unwrap();
+        // Health needs no token.
+        let anonymous = client_with(EnvdConfig::new(&server.url()).unwrap().with_http(http));
+        anonymous.health(CallOptions::new()).await.unwrap();
+
+        let stream = client
+            .start(
+                &start_request("echo", &["as", "stream"]),
+                CallOptions::new(),
+            )
+            .await
+            .unwrap();
+        let events: Vec<_> = stream.into_stream().collect().await;
+        assert!(events.iter().all(Result::is_ok));
+        let out: String = events
+            .iter()
+            .filter_map(|e| stdout_of(e.as_ref().unwrap().event.as_ref()?.event.as_ref()?))
+            .collect();
+        assert_eq!(out, "as stream\n");
+        assert!(matches!(
+            events
+                .last()
+                .unwrap()
+                .as_ref()
+                .unwrap()
+                .event
+                .as_ref()
+                .unwrap()
+                .event,
+            Some(Event::End(_))
+        ));
+        // A failing stream yields its error, then ends.
+        let stream = client
+            .start(&start_request("fail", &[]), CallOptions::new())
+            .await
+            .unwrap();
+        let items: Vec<_> = stream.into_stream().collect().await;
+        assert_eq!(items.len(), 2, "start, then the error");
+        let e = items[1].as_ref().unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Capacity, "{e}");
+    }
+    let refused = client_with(
+        EnvdConfig::new("http://127.0.0.1:9")
+            .unwrap()
+            .with_unary_timeout(None),
+    );
+    let e = refused.health(CallOptions::new()).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+}
+
+#[tokio::test]
 async fn watch_dir_streams_changes() {
     let server = Server::start().await;
     for http in BOTH {

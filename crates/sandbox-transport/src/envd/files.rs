@@ -15,6 +15,10 @@ use super::call::{
 
 const OP_UPLOAD: Operation = Operation::new("envd.files.upload");
 const OP_DOWNLOAD: Operation = Operation::new("envd.files.download");
+const OP_HEALTH: Operation = Operation::new("envd.health");
+
+/// The SDK's bound on a health probe (protocol.md §4.2).
+const HEALTH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Longest upload answer read: one short JSON object per file.
 const UPLOAD_ANSWER_LIMIT: usize = 1024 * 1024;
@@ -123,6 +127,23 @@ impl<C> EnvdClient<C>
 where
     C: Connect + Clone + Send + Sync + 'static,
 {
+    /// Whether envd answers its health check (`GET /health`, 204; no token needed). A
+    /// sandbox that is gone answers 502 from the edge: `unavailable`, like a refused
+    /// connection.
+    pub async fn health(&self, options: CallOptions) -> Result<(), Error> {
+        let op = OP_HEALTH;
+        let deadline = Deadline::start(options.budget(Some(HEALTH_TIMEOUT)));
+        let call = async {
+            let request = self.request(op, hyper::Method::GET, "/health", full(Bytes::new()))?;
+            let response = self.send(op, request).await?;
+            if response.status().is_success() {
+                return Ok(());
+            }
+            Err(error_answer(op, response, true).await)
+        };
+        deadline.bound(op, call).await.map_err(|e| self.tag(e))
+    }
+
     /// Writes `files` in one multipart request (missing parent directories are created, an
     /// existing file is overwritten) and returns what envd wrote.
     pub async fn upload(

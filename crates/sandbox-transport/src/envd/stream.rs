@@ -112,6 +112,23 @@ impl<T: DeserializeOwned> ServerStream<T> {
         }
     }
 
+    /// The same messages as a `futures` [`Stream`](futures_util::Stream), for `select!` and
+    /// the stream combinators: each item is a message or the error that ended the stream, and
+    /// the stream ends after the successful end of stream or the first error.
+    pub fn into_stream(self) -> impl futures_util::Stream<Item = Result<T, Error>> + Send
+    where
+        T: Send + 'static,
+    {
+        futures_util::stream::unfold(Some(self), |stream| async move {
+            let mut stream = stream?;
+            match stream.message().await {
+                Ok(Some(message)) => Some((Ok(message), Some(stream))),
+                Ok(None) => None,
+                Err(e) => Some((Err(e), None)),
+            }
+        })
+    }
+
     /// How many messages have been handed out.
     pub fn messages_read(&self) -> u64 {
         self.messages

@@ -232,6 +232,10 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
             .unwrap_or_default(),
         headers: req.headers().clone(),
     });
+    if path == "/health" {
+        // Answered without a token, as envd does.
+        return full(StatusCode::NO_CONTENT, "text/plain", Bytes::new());
+    }
     if req.headers().get("x-access-token").map(|v| v.as_bytes()) != Some(TOKEN.as_bytes()) {
         return http_error(
             StatusCode::UNAUTHORIZED,
