@@ -10,8 +10,8 @@
 //!   [`Lifecycle::resolve`] on them, in one task and in 8 concurrent tasks on 8 *different*
 //!   bound sessions. Variants, each with its own fake provider and sessions: Redis with the
 //!   resolve fast path (one lock-free `EVALSHA` read, then the connect), Redis with the fast
-//!   path hidden by a wrapper (`LockedOnly`: the lifecycle lock around every resolve, as before
-//!   the fast path), the memory store as the service ships it (locked; a lock costs no round
+//!   path hidden (`FaultyStore::without_optimistic_reads`: the lifecycle lock around every
+//!   resolve, as before the fast path), the memory store as the service ships it (locked; a lock costs no round
 //!   trip in one process) — the baseline — and the memory store with its fast path on. Two
 //!   floors put the Redis figures in proportion: `read_for_resolve` alone (the fast path's one
 //!   round trip, no coordinator, no provider) and `PING` (one round trip that does nothing).
@@ -51,14 +51,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sandbox_core::{
-    Binding, BindingKey, BindingStore, ConfigId, CreateRequest, Error, InvalidationReport,
-    LifecycleLock, PermissiveSessionExistence, Provider, SandboxId, SandboxProvider, Secret,
-    TenantId, TurnLeases,
+    BindingKey, BindingStore, ConfigId, CreateRequest, PermissiveSessionExistence, SandboxId,
+    SandboxProvider,
 };
 use sandbox_session::lifecycle::{Lifecycle, LifecycleConfig};
 use sandbox_session::memory_store::MemoryBindingStore;
 use sandbox_store_redis::{RedisBindingStore, RedisStoreConfig, Topology};
-use sandbox_testkit::{FakeOp, FakeProvider};
+use sandbox_testkit::{FakeOp, FakeProvider, FaultyStore};
 use tokio::runtime::Runtime;
 
 /// Goal from the issue: Redis commands per resolve of a bound session.
@@ -228,50 +227,6 @@ fn self_cpu() -> Duration {
 
 // ---------------------------------------------------------------------------------------------
 // Stores and coordinators.
-
-/// The Redis store with its fast path hidden (no `optimistic_reads`): every resolve takes the
-/// lifecycle lock, as before the fast path existed.
-#[derive(Debug)]
-struct LockedOnly(RedisBindingStore);
-
-#[async_trait::async_trait]
-impl BindingStore for LockedOnly {
-    async fn get(&self, k: &BindingKey) -> Result<Option<Binding>, Error> {
-        self.0.get(k).await
-    }
-    async fn create(&self, k: &BindingKey, b: &Binding) -> Result<bool, Error> {
-        self.0.create(k, b).await
-    }
-    async fn delete_if_match(
-        &self,
-        k: &BindingKey,
-        p: Provider,
-        id: &SandboxId,
-    ) -> Result<bool, Error> {
-        self.0.delete_if_match(k, p, id).await
-    }
-    async fn replace_traffic_token_if_match(
-        &self,
-        k: &BindingKey,
-        e: &Binding,
-        t: &Secret,
-    ) -> Result<bool, Error> {
-        self.0.replace_traffic_token_if_match(k, e, t).await
-    }
-    async fn lock_lifecycle(&self, k: &BindingKey) -> Result<LifecycleLock, Error> {
-        self.0.lock_lifecycle(k).await
-    }
-    async fn invalidate_by_config(
-        &self,
-        t: TenantId,
-        c: &ConfigId,
-    ) -> Result<InvalidationReport, Error> {
-        self.0.invalidate_by_config(t, c).await
-    }
-    fn turn_leases(&self) -> Option<&dyn TurnLeases> {
-        self.0.turn_leases()
-    }
-}
 
 /// A coordinator over its own fake provider and `store`.
 fn lifecycle(store: Arc<dyn BindingStore>) -> (FakeProvider, Lifecycle) {
@@ -591,7 +546,9 @@ fn main() {
         )))
         .unwrap_or_else(|e| panic!("cannot connect to the bench's redis-server: {e}"));
     let (fake_fast, lc_fast) = lifecycle(Arc::new(redis.clone()));
-    let (fake_locked, lc_locked) = lifecycle(Arc::new(LockedOnly(redis.clone())));
+    let (fake_locked, lc_locked) = lifecycle(Arc::new(
+        FaultyStore::new(Arc::new(redis.clone())).without_optimistic_reads(),
+    ));
     let (fake_mem, lc_mem) = lifecycle(Arc::new(MemoryBindingStore::new()));
     let (fake_mem_fast, lc_mem_fast) = lifecycle(Arc::new(
         MemoryBindingStore::builder().optimistic_reads(true).build(),

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use sandbox_core::{BindingKey, BindingStore, ConfigId, CreateRequest, PermissiveSessionExistence};
 use sandbox_session::lifecycle::{Lifecycle, LifecycleConfig};
 use sandbox_store_redis::{RedisBindingStore, RedisStoreConfig, Topology};
+use sandbox_testkit::FaultyStore;
 use sandbox_testkit::fake::FakeProvider;
 
 const RESOLVES: u64 = 200;
@@ -111,59 +112,6 @@ async fn per_resolve(s: &Server, store: Arc<dyn BindingStore>, key: &BindingKey)
     (after - before - 1) as f64 / RESOLVES as f64
 }
 
-/// The store with its fast path hidden: the locked path's count, for comparison.
-#[derive(Debug)]
-struct LockedOnly(RedisBindingStore);
-
-#[async_trait::async_trait]
-impl BindingStore for LockedOnly {
-    async fn get(
-        &self,
-        k: &BindingKey,
-    ) -> Result<Option<sandbox_core::Binding>, sandbox_core::Error> {
-        self.0.get(k).await
-    }
-    async fn create(
-        &self,
-        k: &BindingKey,
-        b: &sandbox_core::Binding,
-    ) -> Result<bool, sandbox_core::Error> {
-        self.0.create(k, b).await
-    }
-    async fn delete_if_match(
-        &self,
-        k: &BindingKey,
-        p: sandbox_core::Provider,
-        id: &sandbox_core::SandboxId,
-    ) -> Result<bool, sandbox_core::Error> {
-        self.0.delete_if_match(k, p, id).await
-    }
-    async fn replace_traffic_token_if_match(
-        &self,
-        k: &BindingKey,
-        e: &sandbox_core::Binding,
-        t: &sandbox_core::Secret,
-    ) -> Result<bool, sandbox_core::Error> {
-        self.0.replace_traffic_token_if_match(k, e, t).await
-    }
-    async fn lock_lifecycle(
-        &self,
-        k: &BindingKey,
-    ) -> Result<sandbox_core::LifecycleLock, sandbox_core::Error> {
-        self.0.lock_lifecycle(k).await
-    }
-    async fn invalidate_by_config(
-        &self,
-        t: sandbox_core::TenantId,
-        c: &ConfigId,
-    ) -> Result<sandbox_core::InvalidationReport, sandbox_core::Error> {
-        self.0.invalidate_by_config(t, c).await
-    }
-    fn turn_leases(&self) -> Option<&dyn sandbox_core::TurnLeases> {
-        self.0.turn_leases()
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs redis-server: cargo xtask test runs it"]
 async fn a_bound_resolve_costs_three_redis_commands_and_the_fast_read_writes_nothing() {
@@ -185,7 +133,7 @@ async fn a_bound_resolve_costs_three_redis_commands_and_the_fast_read_writes_not
     .await;
     let locked = per_resolve(
         &s,
-        Arc::new(LockedOnly(store.clone())),
+        Arc::new(FaultyStore::new(Arc::new(store.clone())).without_optimistic_reads()),
         &BindingKey::new(1, "locked").unwrap(),
     )
     .await;

@@ -140,6 +140,7 @@ fn lock(table: &Table) -> MutexGuard<'_, Faults> {
 pub struct FaultyStore {
     inner: Arc<dyn BindingStore>,
     table: Table,
+    optimistic_reads: bool,
 }
 
 impl FaultyStore {
@@ -148,7 +149,16 @@ impl FaultyStore {
         FaultyStore {
             inner,
             table: Arc::default(),
+            optimistic_reads: true,
         }
+    }
+
+    /// Hides the inner store's optimistic reads, so every resolve takes the locked path (what
+    /// a store without the fast path does): for measuring or testing that path on a store that
+    /// has one.
+    pub fn without_optimistic_reads(mut self) -> Self {
+        self.optimistic_reads = false;
+        self
     }
 
     /// The wrapped store, for tests that need to observe or arrange state behind the faults.
@@ -410,6 +420,9 @@ impl BindingStore for FaultyStore {
     }
 
     fn optimistic_reads(&self) -> Option<&dyn sandbox_core::OptimisticReads> {
+        if !self.optimistic_reads {
+            return None;
+        }
         self.inner
             .optimistic_reads()
             .map(|_| self as &dyn sandbox_core::OptimisticReads)
