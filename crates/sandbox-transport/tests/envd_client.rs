@@ -707,6 +707,74 @@ async fn health_and_streams_as_futures_streams() {
 }
 
 #[tokio::test]
+async fn polled_watchers_drain_their_events() {
+    let server = Server::start().await;
+    for http in BOTH {
+        let client = client(&server, http);
+        let dir = format!("/polled-{http:?}");
+        client.make_dir(&dir, CallOptions::new()).await.unwrap();
+        let request = fs::CreateWatcherRequest {
+            path: dir.clone(),
+            ..Default::default()
+        };
+        let id = client
+            .create_watcher(&request, CallOptions::new())
+            .await
+            .unwrap();
+        assert!(!id.is_empty());
+        let seen = server
+            .state
+            .seen("/filesystem.Filesystem/CreateWatcher")
+            .pop()
+            .unwrap();
+        assert_eq!(seen.headers["keepalive-ping-interval"], "1");
+        client
+            .write_file(&format!("{dir}/a"), "1", CallOptions::new())
+            .await
+            .unwrap();
+        client
+            .write_file(&format!("{dir}/a"), "2", CallOptions::new())
+            .await
+            .unwrap();
+        let mut events = Vec::new();
+        for _ in 0..100 {
+            events.extend(
+                client
+                    .watcher_events(&id, CallOptions::new())
+                    .await
+                    .unwrap(),
+            );
+            if events.len() >= 2 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let kinds: Vec<_> = events.iter().map(|e| (e.name.as_str(), e.r#type)).collect();
+        assert_eq!(
+            kinds,
+            [("a", fs::EventType::Create), ("a", fs::EventType::Write)]
+        );
+        // Drained: nothing new since.
+        assert!(
+            client
+                .watcher_events(&id, CallOptions::new())
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        client
+            .remove_watcher(&id, CallOptions::new())
+            .await
+            .unwrap();
+        let e = client
+            .watcher_events(&id, CallOptions::new())
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
+    }
+}
+
+#[tokio::test]
 async fn watch_dir_streams_changes() {
     let server = Server::start().await;
     for http in BOTH {

@@ -193,6 +193,48 @@ where
             .await
     }
 
+    /// Starts a polled watcher of a directory (the alternative to [`watch_dir`]
+    /// (Self::watch_dir) for callers that cannot hold a stream open); returns its id.
+    pub async fn create_watcher(
+        &self,
+        request: &fs::CreateWatcherRequest,
+        options: CallOptions,
+    ) -> Result<String, Error> {
+        Ok(self
+            .unary::<fs_rpc::CreateWatcher>(request, options)
+            .await?
+            .watcher_id)
+    }
+
+    /// The events a polled watcher saw since the last call (drained).
+    pub async fn watcher_events(
+        &self,
+        watcher_id: &str,
+        options: CallOptions,
+    ) -> Result<Vec<fs::FilesystemEvent>, Error> {
+        let request = fs::GetWatcherEventsRequest {
+            watcher_id: watcher_id.to_owned(),
+        };
+        Ok(self
+            .unary::<fs_rpc::GetWatcherEvents>(&request, options)
+            .await?
+            .events)
+    }
+
+    /// Stops a polled watcher.
+    pub async fn remove_watcher(
+        &self,
+        watcher_id: &str,
+        options: CallOptions,
+    ) -> Result<(), Error> {
+        let request = fs::RemoveWatcherRequest {
+            watcher_id: watcher_id.to_owned(),
+        };
+        self.unary::<fs_rpc::RemoveWatcher>(&request, options)
+            .await?;
+        Ok(())
+    }
+
     fn entry(
         &self,
         entry: Option<fs::EntryInfo>,

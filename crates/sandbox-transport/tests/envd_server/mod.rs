@@ -73,6 +73,8 @@ pub(crate) struct State {
     pub(crate) cancelled: AtomicUsize,
     pub(crate) cancelled_signal: tokio::sync::Notify,
     processes: Mutex<HashMap<u32, Proc>>,
+    /// Polled watchers: directory, recursive, and the events seen since the last poll.
+    watchers: Mutex<HashMap<String, Arc<Mutex<Vec<fs::FilesystemEvent>>>>>,
     next_pid: AtomicU32,
     watch: broadcast::Sender<(PathBuf, fs::FilesystemEvent)>,
 }
@@ -141,6 +143,7 @@ impl Server {
             cancelled: AtomicUsize::new(0),
             cancelled_signal: tokio::sync::Notify::new(),
             processes: Mutex::new(HashMap::new()),
+            watchers: Mutex::new(HashMap::new()),
             next_pid: AtomicU32::new(100),
             watch: broadcast::channel(1024).0,
         });
@@ -756,6 +759,67 @@ async fn unary(state: &Arc<State>, path: &str, body: &[u8]) -> Response<Body> {
             state.notify(&host, fs::EventType::Remove);
             Ok(json(&fs::RemoveResponse {}))
         }),
+        "/filesystem.Filesystem/CreateWatcher" => {
+            match parse::<fs::CreateWatcherRequest>(body).and_then(|r| {
+                let dir = state.resolve(&r.path)?;
+                if !dir.is_dir() {
+                    return Err(not_found(&r.path));
+                }
+                Ok((dir, r.recursive))
+            }) {
+                Ok((dir, recursive)) => {
+                    let id = format!("w{}", state.next_pid.fetch_add(1, Ordering::SeqCst));
+                    let events = Arc::new(Mutex::new(Vec::new()));
+                    state
+                        .watchers
+                        .lock()
+                        .unwrap()
+                        .insert(id.clone(), Arc::clone(&events));
+                    let mut rx = state.watch.subscribe();
+                    tokio::spawn(async move {
+                        while let Ok((host, mut ev)) = rx.recv().await {
+                            let Ok(relative) = host.strip_prefix(&dir) else {
+                                continue;
+                            };
+                            if recursive || relative.components().count() == 1 {
+                                ev.name = relative.to_string_lossy().into_owned();
+                                events.lock().unwrap().push(ev);
+                            }
+                        }
+                    });
+                    Ok(json(&fs::CreateWatcherResponse { watcher_id: id }))
+                }
+                Err(e) => Err(e),
+            }
+        }
+        "/filesystem.Filesystem/GetWatcherEvents" => parse::<fs::GetWatcherEventsRequest>(body)
+            .and_then(|r| {
+                let watchers = state.watchers.lock().unwrap();
+                let events = watchers.get(&r.watcher_id).ok_or_else(|| {
+                    ConnectError::new(
+                        Code::NotFound,
+                        format!("watcher {} not found", r.watcher_id),
+                    )
+                })?;
+                let events = std::mem::take(&mut *events.lock().unwrap());
+                Ok(json(&fs::GetWatcherEventsResponse { events }))
+            }),
+        "/filesystem.Filesystem/RemoveWatcher" => {
+            parse::<fs::RemoveWatcherRequest>(body).and_then(|r| {
+                state
+                    .watchers
+                    .lock()
+                    .unwrap()
+                    .remove(&r.watcher_id)
+                    .map(|_| json(&fs::RemoveWatcherResponse {}))
+                    .ok_or_else(|| {
+                        ConnectError::new(
+                            Code::NotFound,
+                            format!("watcher {} not found", r.watcher_id),
+                        )
+                    })
+            })
+        }
         other => Err(ConnectError::new(
             Code::Unimplemented,
             format!("{other} is not implemented"),
