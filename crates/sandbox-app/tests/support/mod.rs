@@ -161,6 +161,43 @@ impl Server {
     }
 }
 
+/// Removes the namespace's containers however the test ends (a test that panics, or one that
+/// leaves sessions bound on purpose, would otherwise leak them: the service's containers carry
+/// no test label for the pipeline's final sweep).
+impl Drop for Server {
+    fn drop(&mut self) {
+        remove_namespace(&self.namespace);
+    }
+}
+
+/// Force-removes every container labelled with `namespace` (blocking; for `Drop`).
+pub(crate) fn remove_namespace(namespace: &str) {
+    let listed = std::process::Command::new("docker")
+        .args([
+            "ps",
+            "-aq",
+            "--filter",
+            &format!("label=sandbox.namespace={namespace}"),
+        ])
+        .env_remove("DOCKER_HOST")
+        .output();
+    let Ok(listed) = listed else {
+        return;
+    };
+    let ids: Vec<String> = String::from_utf8_lossy(&listed.stdout)
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect();
+    if ids.is_empty() {
+        return;
+    }
+    let _ = std::process::Command::new("docker")
+        .args(["rm", "-f"])
+        .args(&ids)
+        .env_remove("DOCKER_HOST")
+        .output();
+}
+
 /// IDs of the containers labelled with `namespace`, asked of the engine directly (never all of
 /// `docker ps`).
 pub(crate) async fn container_ids(namespace: &str) -> Vec<String> {
