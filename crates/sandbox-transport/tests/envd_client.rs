@@ -1085,8 +1085,11 @@ async fn the_pools_envd_connector_dials_the_gateway_with_the_sandbox_host_kept()
         .with_access_token(Secret::new(TOKEN));
     let client = EnvdClient::new(pool.envd_connector(None), config).unwrap();
     client.list(CallOptions::new()).await.unwrap();
-    let metadata = EnvdConfig::new("http://169.254.169.254").unwrap();
-    let client = EnvdClient::new(pool.envd_connector(None), metadata).unwrap();
-    let e = client.list(CallOptions::new()).await.unwrap_err();
-    assert_eq!(e.code(), Some(ErrorCode::UnsafeOutboundUrl), "{e}");
+    // A refusal keeps its code through the TLS wrapper too.
+    for base in ["http://169.254.169.254", "https://169.254.169.254"] {
+        let metadata = EnvdConfig::new(base).unwrap();
+        let client = EnvdClient::new(pool.envd_connector(None), metadata).unwrap();
+        let e = client.list(CallOptions::new()).await.unwrap_err();
+        assert_eq!(e.code(), Some(ErrorCode::UnsafeOutboundUrl), "{base}: {e}");
+    }
 }
