@@ -180,6 +180,19 @@ pub enum ErrorCode {
     EgressProtectionUnavailable,
     /// The image (template) is not present and the pull policy forbids fetching it.
     ImageNotPresent,
+    /// The snapshot does not exist, or is not this tenant's snapshot in this namespace (the two
+    /// answer alike, so the error reveals nothing about other tenants' snapshots).
+    SnapshotNotFound,
+    /// A per-tenant quota is spent; the message names the limit. Nothing was created.
+    QuotaExceeded,
+    /// A file read met something other than a regular file (a FIFO, a device, a directory, a
+    /// symlink into a reserved tree): refused before any byte is read.
+    NotARegularFile,
+    /// A file is larger than the operation may return.
+    FileTooLarge,
+    /// The sandbox disappeared while the operation ran (removed, or died): the binding is
+    /// dropped and the next provisioning call creates a new one.
+    SandboxGone,
 }
 
 impl ErrorCode {
@@ -207,6 +220,11 @@ impl ErrorCode {
             ErrorCode::BackendDisabled => "backend_disabled",
             ErrorCode::EgressProtectionUnavailable => "egress_protection_unavailable",
             ErrorCode::ImageNotPresent => "image_not_present",
+            ErrorCode::SnapshotNotFound => "snapshot_not_found",
+            ErrorCode::QuotaExceeded => "quota_exceeded",
+            ErrorCode::NotARegularFile => "not_a_regular_file",
+            ErrorCode::FileTooLarge => "file_too_large",
+            ErrorCode::SandboxGone => "sandbox_gone",
         }
     }
 }

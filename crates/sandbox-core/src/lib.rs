@@ -44,7 +44,9 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{SandboxIdentity, TenantSandboxConfig};
 pub use error::{Error, ErrorCode, ErrorKind, Operation, Result, can_replace_binding};
 pub use exec::{Command, ExecRequest, ExecResult, ExecSpec, ExecTimeout, OutputHook, OutputStream};
-pub use fs::{DirEntry, EntryKind, StatEntry};
+pub use fs::{
+    BufferedStream, ByteStream, DirEntry, EntryKind, ReadStream, StatEntry, TreeLimits, TreeListing,
+};
 pub use ids::{ConfigId, SandboxId, SessionId, SnapshotId, TemplateId, TenantId};
 pub use ownership::{OwnershipSource, OwnershipToken};
 pub use path::SandboxPath;

@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
-use crate::ids::{SandboxId, SnapshotId};
+use crate::ids::{SandboxId, SnapshotId, TenantId};
 use crate::timefmt;
 
 /// The provider-neutral view of a template, as a settings page lists it. IDs stay opaque.
@@ -41,4 +41,8 @@ pub struct SnapshotRef {
         skip_serializing_if = "Option::is_none"
     )]
     pub created_at: Option<OffsetDateTime>,
+    /// The tenant whose sandbox it was taken from, when the provider records it (per-tenant
+    /// snapshot quotas count these). Not serialized: it is the provider's record, never input.
+    #[serde(skip)]
+    pub tenant: Option<TenantId>,
 }

@@ -102,6 +102,7 @@ impl Snapshots for DockerProvider {
             name: name.map(str::to_owned),
             source: Some(sandbox.clone()),
             created_at: Some(self.inner.config.clock.now()),
+            tenant: None,
         })
     }
 
@@ -178,6 +179,7 @@ impl Snapshots for DockerProvider {
                         .get(labels::SNAPSHOT_SOURCE)
                         .and_then(|s| SandboxId::new(s.clone()).ok()),
                     created_at: time::OffsetDateTime::from_unix_timestamp(image.created).ok(),
+                    tenant: None,
                 });
             }
         }

@@ -51,8 +51,14 @@ pub fn classify(err: &Error) -> (StatusCode, &'static str) {
             | ErrorCode::ConfigIncomplete
             | ErrorCode::UnsafeOutboundUrl
             | ErrorCode::SecurityViolation
-            | ErrorCode::ImageNotPresent => StatusCode::BAD_REQUEST,
-            ErrorCode::SessionDeleted | ErrorCode::NoLiveSandbox => StatusCode::NOT_FOUND,
+            | ErrorCode::ImageNotPresent
+            | ErrorCode::NotARegularFile
+            | ErrorCode::FileTooLarge => StatusCode::BAD_REQUEST,
+            ErrorCode::SessionDeleted
+            | ErrorCode::NoLiveSandbox
+            | ErrorCode::SnapshotNotFound
+            | ErrorCode::SandboxGone => StatusCode::NOT_FOUND,
+            ErrorCode::QuotaExceeded => StatusCode::TOO_MANY_REQUESTS,
             ErrorCode::SandboxPaused
             | ErrorCode::SessionRewindLocked
             | ErrorCode::SessionTurnActive

@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use crate::capabilities::Capabilities;
 use crate::error::Error;
 use crate::exec::{ExecRequest, ExecResult};
-use crate::fs::{DirEntry, StatEntry};
+use crate::fs::{BufferedStream, DirEntry, ReadStream, StatEntry, TreeLimits, TreeListing};
 use crate::ids::{SandboxId, SnapshotId};
 use crate::path::SandboxPath;
 use crate::provider::Provider;
@@ -51,6 +51,12 @@ pub trait SandboxProvider: Send + Sync + std::fmt::Debug {
     /// - `[create.volumes]` Without the `volumes` capability, non-empty mounts are refused with
     ///   `unsupported`.
     /// - `[create.running]` The returned sandbox is running and accepts `exec`.
+    /// - `[create.snapshot_owner]` With `from_snapshot`, the template must be a snapshot this
+    ///   client took, in its namespace, of a sandbox of the tenant the request's ownership
+    ///   metadata names (`owner_metadata::TENANT`; none names only snapshots without a tenant).
+    ///   Anything else, whether missing, foreign or not a snapshot at all, is `not_found` with
+    ///   code `snapshot_not_found` and one message for all of them, and nothing is fetched from
+    ///   a registry on the way.
     async fn create(&self, request: CreateRequest) -> Result<SandboxHandle, Error>;
 
     /// Re-attaches to an existing sandbox, resuming it when it is paused or stopped.
@@ -83,7 +89,8 @@ pub trait SandboxProvider: Send + Sync + std::fmt::Debug {
     /// - `[exec.io]` Stdin is delivered then closed; env and cwd apply; stdout and stderr are
     ///   kept apart and returned whole (at least 1 MiB intact), exit codes exactly.
     /// - `[exec.stream]` `on_output` sees output while the command runs, not replayed at the
-    ///   end.
+    ///   end. With a hook attached the adapter keeps nothing: the result's `stdout` and
+    ///   `stderr` are empty (the hook had every byte), so streaming costs no buffer.
     /// - `[exec.timeout]` A command exceeding its timeout returns promptly with
     ///   `killed == true`, and (`[exec.timeout.reaped]`) leaves no process behind in the
     ///   sandbox; a command that itself exits 124 or 137 is *not* reported as killed.
@@ -112,6 +119,73 @@ pub trait SandboxProvider: Send + Sync + std::fmt::Debug {
         sandbox: &SandboxHandle,
         path: &SandboxPath,
     ) -> Result<Vec<u8>, Error>;
+
+    /// Reads a file as a stream of chunks, pulled by the caller.
+    /// - `[files.stream]` The chunks are the file's bytes in order; the adapter reads ahead of
+    ///   the caller by a bounded amount (backpressure), never the whole file.
+    /// - `[files.stream.regular]` Only a regular file is read, judged on what the path
+    ///   resolves to: a FIFO, a device (`/dev/zero` through a symlink), a directory or a path
+    ///   resolving into a reserved tree is `invalid_request` with code `not_a_regular_file`
+    ///   or `invalid_path`, answered without waiting on the file.
+    /// - `[files.stream.cap]` A file longer than `max_bytes` ends the stream with an error of
+    ///   code `file_too_large` as soon as the cap is passed, and the reader is stopped then.
+    /// - `[files.missing]` A missing path is `not_found`.
+    ///
+    /// The provided implementation reads the whole file with
+    /// [`read_file`](SandboxProvider::read_file): correct, but memory-bound by the file. Adapters
+    /// that can stream override it.
+    async fn read_file_stream(
+        &self,
+        sandbox: &SandboxHandle,
+        path: &SandboxPath,
+        max_bytes: u64,
+    ) -> Result<ReadStream, Error> {
+        let bytes = self.read_file(sandbox, path).await?;
+        if u64::try_from(bytes.len()).unwrap_or(u64::MAX) > max_bytes {
+            return Err(file_too_large(path, max_bytes));
+        }
+        Ok(Box::new(BufferedStream::new(bytes)))
+    }
+
+    /// Lists a directory tree, bounded (needs `fs_enumeration`).
+    /// - `[files.tree]` Entries below `dir` down to `limits.depth` levels, sorted by path; a
+    ///   missing root is `not_found`.
+    /// - `[files.tree.caps]` At most `limits.max_entries` entries; a walk that reaches the cap
+    ///   or `limits.deadline` stops and says `truncated`, instead of failing or running on.
+    ///
+    /// The provided implementation walks with [`list_dir`](SandboxProvider::list_dir), one call
+    /// per directory; adapters with a real shell override it with one command.
+    async fn list_tree(
+        &self,
+        sandbox: &SandboxHandle,
+        dir: &SandboxPath,
+        limits: TreeLimits,
+    ) -> Result<TreeListing, Error> {
+        let started = std::time::Instant::now();
+        let root = self.list_dir(sandbox, dir).await?;
+        let mut out = TreeListing::default();
+        // An explicit stack instead of recursion: a hostile tree cannot blow the stack.
+        let mut stack: Vec<(Vec<DirEntry>, usize)> = vec![(root, 1)];
+        'walk: while let Some((entries, level)) = stack.pop() {
+            for entry in entries {
+                if out.entries.len() >= limits.max_entries || started.elapsed() > limits.deadline {
+                    out.truncated = true;
+                    break 'walk;
+                }
+                if entry.kind == crate::fs::EntryKind::Dir && level < limits.depth {
+                    match self.list_dir(sandbox, &entry.path).await {
+                        Ok(children) => stack.push((children, level + 1)),
+                        // Removed between the two listings: it is simply not there any more.
+                        Err(e) if e.kind() == crate::error::ErrorKind::NotFound => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                out.entries.push(entry);
+            }
+        }
+        out.entries.sort_by(|a, b| a.path.cmp(&b.path));
+        Ok(out)
+    }
 
     /// Lists one directory level (needs `fs_enumeration`).
     /// - `[files.list]` Entries name their kind (file, dir, other) and size; a missing directory
@@ -162,6 +236,15 @@ pub trait SandboxProvider: Send + Sync + std::fmt::Debug {
     }
 }
 
+/// The error of a read past its cap.
+pub fn file_too_large(path: &SandboxPath, max_bytes: u64) -> Error {
+    Error::invalid_request(
+        crate::error::Operation::READ_FILE,
+        format!("{path} is larger than the {max_bytes} bytes this read may return"),
+    )
+    .with_code(crate::error::ErrorCode::FileTooLarge)
+}
+
 /// Snapshotting sandboxes into reusable templates (capability `snapshots`).
 #[async_trait]
 pub trait Snapshots: Send + Sync {
@@ -178,6 +261,8 @@ pub trait Snapshots: Send + Sync {
     /// - `[snapshot.delete_idempotent]` A missing snapshot is success.
     async fn delete_snapshot(&self, id: &SnapshotId) -> Result<(), Error>;
     /// Lists snapshots, all of them or those taken from one sandbox.
+    /// - `[snapshot.tenant]` Each carries the tenant of the sandbox it was taken from, when
+    ///   that sandbox's ownership metadata named one.
     async fn list_snapshots(&self, source: Option<&SandboxId>) -> Result<Vec<SnapshotRef>, Error>;
 }
 

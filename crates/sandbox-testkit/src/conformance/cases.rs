@@ -4,10 +4,10 @@
 use std::time::{Duration, Instant};
 
 use sandbox_core::{
-    Capability, ConnectRequest, CreateRequest, EntryKind, Error, ErrorKind, ExecRequest,
-    ExecResult, ExecTimeout, ListFilter, OutputHook, OutputStream, SandboxHandle, SandboxId,
-    SandboxPath, SandboxState, Secret, TemplateId, TerminalEvent, TerminalOptions, TerminalSize,
-    VolumeMount, narrow,
+    Capability, ConnectRequest, CreateRequest, EntryKind, Error, ErrorCode, ErrorKind, ExecRequest,
+    ExecResult, ExecTimeout, ListFilter, OutputHook, OutputStream, ReadStream, SandboxHandle,
+    SandboxId, SandboxPath, SandboxState, Secret, TemplateId, TerminalEvent, TerminalOptions,
+    TerminalSize, TreeLimits, VolumeMount, narrow, owner_metadata,
 };
 use tokio::sync::mpsc;
 
@@ -360,11 +360,22 @@ async fn exec_output_streams_while_running(ctx: &Ctx) -> CaseResult {
     .await?
     .map_err(|e| Failure(format!("exec task failed: {e}")))??;
     ensure_eq("exit code", result.exit_code, 0)?;
+    // Everything the command printed reached the hook, and the result kept none of it.
+    while let Ok(chunk) = rx.try_recv() {
+        seen.extend_from_slice(&chunk);
+    }
     ensure_eq(
-        "final stdout",
-        result.stdout_lossy(),
+        "stdout seen by the hook",
+        String::from_utf8_lossy(&seen).into_owned(),
         format!("{token}\ndone-{token}\n"),
-    )
+    )?;
+    ensure(result.stdout.is_empty() && result.stderr.is_empty(), || {
+        format!(
+            "with a hook attached the result must carry no output, got {} + {} bytes",
+            result.stdout.len(),
+            result.stderr.len()
+        )
+    })
 }
 
 async fn exec_shell_form(ctx: &Ctx) -> CaseResult {
@@ -670,6 +681,188 @@ async fn files_missing_is_not_found(ctx: &Ctx) -> CaseResult {
     Ok(())
 }
 
+/// Drains a read stream, bounded in time: what it yielded, and the error that ended it.
+async fn drain(mut stream: ReadStream) -> Result<(Vec<u8>, Option<Error>), Failure> {
+    let mut out = Vec::new();
+    let pull = async {
+        while let Some(chunk) = stream.next_chunk().await {
+            match chunk {
+                Ok(bytes) => out.extend_from_slice(&bytes),
+                Err(e) => return Some(e),
+            }
+        }
+        None
+    };
+    let ended = within(Duration::from_secs(60), "read_file_stream", pull).await?;
+    Ok((out, ended))
+}
+
+async fn files_stream_round_trip(ctx: &Ctx) -> CaseResult {
+    let h = ctx.create().await?;
+    let file = scratch(ctx, "stream.bin")?;
+    let payload = ctx.bytes(ctx.int(65_536..=(1 << 20)) as usize);
+    ctx.provider().write_file(&h, &file, &payload).await?;
+    let len = payload.len() as u64;
+    let stream = ctx.provider().read_file_stream(&h, &file, len).await?;
+    let (back, ended) = drain(stream).await?;
+    if let Some(e) = ended {
+        return Err(Failure(format!(
+            "a stream capped at the file's size failed: {e}"
+        )));
+    }
+    ensure(back == payload, || {
+        format!(
+            "streamed {} bytes, not the {} written",
+            back.len(),
+            payload.len()
+        )
+    })?;
+    // One byte under the size: the stream (or the call) ends in file_too_large, never a
+    // silently shorter file.
+    let capped = match ctx.provider().read_file_stream(&h, &file, len - 1).await {
+        Err(e) => Some(e),
+        Ok(stream) => {
+            let (got, ended) = drain(stream).await?;
+            ensure(got.len() as u64 <= len - 1, || {
+                format!("a stream capped at {} bytes yielded {}", len - 1, got.len())
+            })?;
+            ended
+        }
+    };
+    match capped {
+        Some(e) if e.code() == Some(ErrorCode::FileTooLarge) => {}
+        Some(e) => {
+            return Err(Failure(format!(
+                "over the cap: expected file_too_large, got {e}"
+            )));
+        }
+        None => {
+            return Err(Failure(
+                "a stream over its cap ended without an error".to_owned(),
+            ));
+        }
+    }
+    let missing = scratch(ctx, "nope")?;
+    expect_kind(
+        "stream of a missing file",
+        ctx.provider()
+            .read_file_stream(&h, &missing, len)
+            .await
+            .map(drop),
+        ErrorKind::NotFound,
+    )
+}
+
+/// A FIFO and a symlink to `/dev/zero` are refused at once, by the buffered and the streamed
+/// read alike; so is a directory.
+async fn files_reads_take_only_regular_files(ctx: &Ctx) -> CaseResult {
+    let h = ctx.create().await?;
+    let dir = scratch(ctx, "odd")?;
+    let script = format!(
+        "mkdir -p {dir} && mkfifo {dir}/fifo && ln -s /dev/zero {dir}/zero && ln -s fifo {dir}/to-fifo"
+    );
+    let r = exec(ctx, &h, ExecRequest::shell(script)).await?;
+    ensure_eq("exit code of the set-up", r.exit_code, 0)?;
+    for leaf in ["fifo", "zero", "to-fifo"] {
+        let p = path(&format!("{dir}/{leaf}"))?;
+        let started = Instant::now();
+        let streamed = match ctx.provider().read_file_stream(&h, &p, 1 << 30).await {
+            Err(e) => Some(e),
+            Ok(stream) => drain(stream).await?.1,
+        };
+        let refused = |e: &Option<Error>| {
+            e.as_ref().is_some_and(|e| {
+                e.kind() == ErrorKind::InvalidRequest
+                    && matches!(
+                        e.code(),
+                        Some(ErrorCode::NotARegularFile | ErrorCode::InvalidPath)
+                    )
+            })
+        };
+        ensure(refused(&streamed), || {
+            format!("streaming {leaf}: expected not_a_regular_file, got {streamed:?}")
+        })?;
+        let buffered = ctx.provider().read_file(&h, &p).await.err();
+        ensure(refused(&buffered), || {
+            format!("reading {leaf}: expected not_a_regular_file, got {buffered:?}")
+        })?;
+        ensure(started.elapsed() < Duration::from_secs(10), || {
+            format!(
+                "refusing {leaf} took {:?}: it waited on the file",
+                started.elapsed()
+            )
+        })?;
+    }
+    expect_kind(
+        "read of a directory",
+        ctx.provider().read_file(&h, &dir).await,
+        ErrorKind::InvalidRequest,
+    )
+}
+
+async fn files_tree_is_bounded(ctx: &Ctx) -> CaseResult {
+    let h = ctx.create().await?;
+    let root = scratch(ctx, "tree")?;
+    for leaf in ["a/x.txt", "a/b/y.txt", "a/b/c/z.txt", "top.txt"] {
+        let p = path(&format!("{root}/{leaf}"))?;
+        ctx.provider().write_file(&h, &p, leaf.as_bytes()).await?;
+    }
+    let names = |listing: &sandbox_core::TreeListing| -> Vec<String> {
+        listing
+            .entries
+            .iter()
+            .map(|e| e.path.as_str().trim_start_matches(root.as_str()).to_owned())
+            .collect()
+    };
+    let two = ctx
+        .provider()
+        .list_tree(&h, &root, TreeLimits::depth(2))
+        .await?;
+    ensure_eq(
+        "two levels, sorted",
+        names(&two),
+        ["/a", "/a/b", "/a/x.txt", "/top.txt"]
+            .map(str::to_owned)
+            .to_vec(),
+    )?;
+    ensure(!two.truncated, || {
+        "an uncapped listing says truncated".to_owned()
+    })?;
+    let kinds: Vec<EntryKind> = two.entries.iter().map(|e| e.kind).collect();
+    ensure_eq(
+        "kinds",
+        kinds,
+        vec![
+            EntryKind::Dir,
+            EntryKind::Dir,
+            EntryKind::File,
+            EntryKind::File,
+        ],
+    )?;
+    let mut capped = TreeLimits::depth(8);
+    capped.max_entries = 3;
+    let cut = ctx.provider().list_tree(&h, &root, capped).await?;
+    ensure(cut.truncated && cut.entries.len() == 3, || {
+        format!(
+            "capped at 3: expected 3 entries and truncated, got {} (truncated {})",
+            cut.entries.len(),
+            cut.truncated
+        )
+    })?;
+    let all = ctx
+        .provider()
+        .list_tree(&h, &root, TreeLimits::depth(8))
+        .await?;
+    ensure_eq("every level", all.entries.len(), 7)?;
+    expect_kind(
+        "tree of a missing directory",
+        ctx.provider()
+            .list_tree(&h, &scratch(ctx, "nope")?, TreeLimits::depth(2))
+            .await,
+        ErrorKind::NotFound,
+    )
+}
+
 async fn files_bad_paths_are_invalid_request(_ctx: &Ctx) -> CaseResult {
     // Adapters take `SandboxPath`, so a relative or traversing path cannot reach them: the
     // refusal happens where callers build the path. This case pins that entry point.
@@ -968,6 +1161,99 @@ async fn snapshot_round_trip(ctx: &Ctx) -> CaseResult {
         .map_err(|e| Failure(format!("second delete of a snapshot must succeed: {e}")))
 }
 
+/// Restores name only this tenant's snapshots: another tenant's, the standard template and an
+/// invented name are one and the same `snapshot_not_found`, and none of them creates anything.
+async fn snapshot_restore_is_owner_only(ctx: &Ctx) -> CaseResult {
+    let snapshots = narrow::snapshots(ctx.provider())
+        .ok_or_else(|| Failure("snapshots declared but not callable".to_owned()))?;
+    let (owner, other) = (ctx.int(1..=1_000_000), ctx.int(1_000_001..=2_000_000));
+    let as_tenant = |tenant: u32, template: &str| -> Result<CreateRequest, Failure> {
+        let mut request = ctx.create_request();
+        request
+            .metadata
+            .insert(owner_metadata::TENANT.to_owned(), tenant.to_string());
+        request.template = TemplateId::new(template)?;
+        request.from_snapshot = true;
+        Ok(request)
+    };
+    let mut source = ctx.create_request();
+    source
+        .metadata
+        .insert(owner_metadata::TENANT.to_owned(), owner.to_string());
+    let h = ctx.create_with(source).await?;
+    let snap = within(
+        Duration::from_secs(180),
+        "create_snapshot",
+        snapshots.create_snapshot(h.id(), Some(&format!("own-{}", ctx.token()))),
+    )
+    .await??;
+    ctx.track_snapshot(snap.id.clone());
+    let listed = snapshots.list_snapshots(Some(h.id())).await?;
+    let tenant = listed
+        .iter()
+        .find(|s| s.id == snap.id)
+        .and_then(|s| s.tenant);
+    ensure_eq(
+        "the listed snapshot's tenant",
+        tenant.map(|t| t.get()),
+        Some(u64::from(owner)),
+    )?;
+    let before = ctx
+        .provider()
+        .list(&ListFilter {
+            metadata: ctx.metadata(),
+            states: Vec::new(),
+        })
+        .await?
+        .len();
+    let mut bodies = Vec::new();
+    for (what, request) in [
+        (
+            "another tenant's snapshot",
+            as_tenant(other, snap.id.as_str())?,
+        ),
+        (
+            "the standard template",
+            as_tenant(owner, ctx.create_request().template.as_str())?,
+        ),
+        (
+            "an invented snapshot",
+            as_tenant(owner, &format!("{}-{}", snap.id.as_str(), ctx.token()))?,
+        ),
+    ] {
+        match ctx.provider().create(request).await {
+            Ok(handle) => {
+                ctx.track(handle.id().clone());
+                return Err(Failure(format!("restoring {what} created {}", handle.id())));
+            }
+            Err(e) => {
+                ensure(
+                    e.kind() == ErrorKind::NotFound
+                        && e.code() == Some(ErrorCode::SnapshotNotFound),
+                    || format!("restoring {what}: expected snapshot_not_found, got {e}"),
+                )?;
+                bodies.push(e.message().to_owned());
+            }
+        }
+    }
+    ensure(bodies.windows(2).all(|w| w[0] == w[1]), || {
+        format!("the refusals differ, which tells a caller what exists: {bodies:?}")
+    })?;
+    let after = ctx
+        .provider()
+        .list(&ListFilter {
+            metadata: ctx.metadata(),
+            states: Vec::new(),
+        })
+        .await?
+        .len();
+    ensure_eq("sandboxes after the refused restores", after, before)?;
+    let restored = ctx.create_with(as_tenant(owner, snap.id.as_str())?).await?;
+    ctx.provider().delete(restored.id()).await?;
+    ctx.untrack(restored.id());
+    Ok(())
+}
+
 async fn template_catalog_has_standard(ctx: &Ctx) -> CaseResult {
     let catalog = narrow::template_catalog(ctx.provider())
         .ok_or_else(|| Failure("template_catalog declared but not callable".to_owned()))?;
@@ -1097,6 +1383,24 @@ pub fn all_cases() -> Vec<Case> {
         ),
         case!(files_bad_paths_are_invalid_request, [], [], ["path"]),
         case!(
+            files_stream_round_trip,
+            [],
+            [],
+            ["files.stream", "files.stream.cap"]
+        ),
+        case!(
+            files_reads_take_only_regular_files,
+            [PosixShell],
+            [],
+            ["files.stream.regular"]
+        ),
+        case!(
+            files_tree_is_bounded,
+            [FsEnumeration],
+            [],
+            ["files.tree", "files.tree.caps"]
+        ),
+        case!(
             delete_then_get_is_not_found,
             [],
             [],
@@ -1136,6 +1440,12 @@ pub fn all_cases() -> Vec<Case> {
             [Snapshots],
             [],
             ["snapshot.boot", "snapshot.delete_idempotent"]
+        ),
+        case!(
+            snapshot_restore_is_owner_only,
+            [Snapshots, Metadata, List],
+            [],
+            ["create.snapshot_owner", "snapshot.tenant"]
         ),
         case!(
             template_catalog_has_standard,

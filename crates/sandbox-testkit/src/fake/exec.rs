@@ -29,16 +29,17 @@ impl Output {
             hook,
         }
     }
+    /// [exec.stream]: output goes to the hook when there is one, else into the result.
     fn out(&mut self, bytes: &[u8]) {
-        self.stdout.extend_from_slice(bytes);
-        if let Some(hook) = &self.hook {
-            hook.emit(OutputStream::Stdout, bytes);
+        match &self.hook {
+            Some(hook) => hook.emit(OutputStream::Stdout, bytes),
+            None => self.stdout.extend_from_slice(bytes),
         }
     }
     fn err(&mut self, bytes: &[u8]) {
-        self.stderr.extend_from_slice(bytes);
-        if let Some(hook) = &self.hook {
-            hook.emit(OutputStream::Stderr, bytes);
+        match &self.hook {
+            Some(hook) => hook.emit(OutputStream::Stderr, bytes),
+            None => self.stderr.extend_from_slice(bytes),
         }
     }
 }

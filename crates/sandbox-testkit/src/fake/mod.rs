@@ -24,10 +24,10 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use sandbox_core::{
     Capabilities, Capability, Clock, Command, ConnectProbe, ConnectRequest, CreateRequest,
-    DirEntry, Error, ExecRequest, ExecResult, KeepAlive, ListFilter, Metadata, Operation, Provider,
-    SandboxHandle, SandboxId, SandboxPath, SandboxProvider, SandboxState, SandboxSummary, Secret,
-    SnapshotId, SnapshotRef, Snapshots, StatEntry, SystemClock, Template, TemplateCatalog,
-    TemplateId,
+    DirEntry, Error, ErrorCode, ExecRequest, ExecResult, KeepAlive, ListFilter, Metadata,
+    Operation, Provider, SandboxHandle, SandboxId, SandboxPath, SandboxProvider, SandboxState,
+    SandboxSummary, Secret, SnapshotId, SnapshotRef, Snapshots, StatEntry, SystemClock, Template,
+    TemplateCatalog, TemplateId, TenantId, owner_metadata,
 };
 
 use self::exec::{Output, ProcessEnv};
@@ -118,6 +118,8 @@ struct FakeSandbox {
 
 struct Snapshot {
     source: SandboxId,
+    /// The source sandbox's tenant (its ownership metadata), checked at every restore.
+    tenant: Option<String>,
     name: Option<String>,
     fs: MemFs,
     created_at: time::OffsetDateTime,
@@ -514,6 +516,17 @@ impl SandboxProvider for FakeProvider {
         }
         let now = self.now();
         let mut st = lock(&self.inner.state);
+        if request.from_snapshot {
+            // [create.snapshot_owner]: missing, foreign and "not a snapshot" answer alike.
+            let tenant = request.metadata.get(owner_metadata::TENANT);
+            let owned = SnapshotId::new(request.template.as_str())
+                .ok()
+                .and_then(|id| st.snapshots.get(&id))
+                .is_some_and(|snap| snap.tenant.as_ref() == tenant);
+            if !owned {
+                return Err(self.err(snapshot_not_found()));
+            }
+        }
         if !st.templates.contains_key(&request.template) {
             return Err(self.err(Error::invalid_request(
                 Operation::CREATE,
@@ -813,14 +826,17 @@ impl Snapshots for FakeProvider {
         self.require(Capability::Snapshots, Operation::CREATE_SNAPSHOT)?;
         let now = self.now();
         let mut st = lock(&self.inner.state);
-        let fs = {
+        let (fs, tenant) = {
             let sbx = st.sandboxes.get(sandbox).ok_or_else(|| {
                 self.err(Error::not_found(
                     Operation::CREATE_SNAPSHOT,
                     format!("sandbox {sandbox} not found"),
                 ))
             })?;
-            lock(&sbx.fs).clone()
+            (
+                lock(&sbx.fs).clone(),
+                sbx.metadata.get(owner_metadata::TENANT).cloned(),
+            )
         };
         st.next += 1;
         let id = SnapshotId::new(format!("snap-{:08x}-{}", self.inner.instance, st.next))?;
@@ -831,6 +847,7 @@ impl Snapshots for FakeProvider {
             id.clone(),
             Snapshot {
                 source: sandbox.clone(),
+                tenant: tenant.clone(),
                 name: name.map(str::to_owned),
                 fs,
                 created_at: now,
@@ -841,6 +858,7 @@ impl Snapshots for FakeProvider {
             name: name.map(str::to_owned),
             source: Some(sandbox.clone()),
             created_at: Some(now),
+            tenant: tenant_of(tenant.as_deref()),
         })
     }
 
@@ -868,9 +886,21 @@ impl Snapshots for FakeProvider {
                 name: s.name.clone(),
                 source: Some(s.source.clone()),
                 created_at: Some(s.created_at),
+                tenant: tenant_of(s.tenant.as_deref()),
             })
             .collect())
     }
+}
+
+fn tenant_of(raw: Option<&str>) -> Option<TenantId> {
+    raw.and_then(|t| t.parse::<u64>().ok())
+        .and_then(|t| TenantId::new(t).ok())
+}
+
+/// One message for missing, foreign and non-snapshot templates alike: it must not tell a
+/// caller which of them exist.
+fn snapshot_not_found() -> Error {
+    Error::not_found(Operation::CREATE, "no such snapshot").with_code(ErrorCode::SnapshotNotFound)
 }
 
 #[async_trait]
