@@ -127,6 +127,7 @@ async fn run(samples: usize) -> Res<()> {
     config.tenants = vec![TenantEntry {
         id: 1,
         token_sha256: hex(&digest(TOKEN)),
+        quotas: Default::default(),
     }];
     let state = sandbox_app::serve::build_state(&config)
         .await

@@ -20,6 +20,10 @@ pub struct ServiceConfig {
     pub redis: RedisSection,
     pub docker: DockerSection,
     pub limits: Limits,
+    /// How the listener treats connections (timeouts, caps, shutdown).
+    pub server: ServerSection,
+    /// What each tenant may hold at once (a tenant entry may override any of them).
+    pub quotas: Quotas,
     /// Tenants and their API tokens (stored as SHA-256 hex digests, never in clear).
     pub tenants: Vec<TenantEntry>,
     /// A file holding one clear token for a development tenant, created on first start when no
@@ -98,8 +102,75 @@ pub struct Limits {
     pub upload_max_bytes: u64,
     /// Largest JSON request body, in bytes.
     pub json_max_bytes: u64,
+    /// Largest file a download streams (the reader inside the sandbox is stopped at it).
+    pub download_max_bytes: u64,
+    /// Bytes of request bodies held in memory at once by the whole process (uploads and JSON
+    /// bodies): past it, requests answer 503 `server_busy` with `Retry-After` instead of
+    /// growing the heap.
+    pub inflight_max_bytes: u64,
     /// An interactive terminal idle this long is disconnected.
     pub terminal_idle_seconds: u64,
+    /// Terminal tickets one tenant may hold unused at once.
+    pub tickets_per_tenant: usize,
+}
+
+/// The listener's connection handling. Every timeout and cap has a default because a server
+/// without them is one slow client away from running out of descriptors or memory.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerSection {
+    /// A connection that has not sent a complete request head this long after connecting (or
+    /// after its previous response) is closed.
+    pub header_read_timeout_seconds: u64,
+    /// A request body that delivers no byte for this long fails with 408 `body_timeout`.
+    pub body_idle_timeout_seconds: u64,
+    /// A request body not complete this long after its head fails with 408 `body_timeout`.
+    pub body_read_timeout_seconds: u64,
+    /// Connections served at once; further ones wait in the listen backlog.
+    pub max_connections: usize,
+    /// Requests one keep-alive connection may carry before the server closes it.
+    pub max_requests_per_connection: u64,
+    /// On SIGTERM, how long in-flight requests may take before the process exits anyway.
+    pub shutdown_grace_seconds: u64,
+}
+
+/// Per-tenant ceilings. Each refusal is 429 `quota_exceeded` naming the limit, and creates
+/// nothing. `0` means no limit.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Quotas {
+    /// Live sandboxes (running or paused) of the tenant's sessions.
+    pub max_sandboxes: u32,
+    /// Commands running at once: execs, streamed execs and ephemeral executes.
+    pub max_concurrent_execs: u32,
+    /// Interactive terminals open at once.
+    pub max_terminals: u32,
+    /// Snapshots kept.
+    pub max_snapshots: u32,
+}
+
+/// A tenant's overrides of [`Quotas`]; an absent field keeps the service-wide value.
+#[derive(Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct QuotaOverrides {
+    pub max_sandboxes: Option<u32>,
+    pub max_concurrent_execs: Option<u32>,
+    pub max_terminals: Option<u32>,
+    pub max_snapshots: Option<u32>,
+}
+
+impl Quotas {
+    /// These quotas with `overrides` applied.
+    pub fn with(self, overrides: &QuotaOverrides) -> Quotas {
+        Quotas {
+            max_sandboxes: overrides.max_sandboxes.unwrap_or(self.max_sandboxes),
+            max_concurrent_execs: overrides
+                .max_concurrent_execs
+                .unwrap_or(self.max_concurrent_execs),
+            max_terminals: overrides.max_terminals.unwrap_or(self.max_terminals),
+            max_snapshots: overrides.max_snapshots.unwrap_or(self.max_snapshots),
+        }
+    }
 }
 
 /// One tenant.
@@ -109,6 +180,9 @@ pub struct TenantEntry {
     pub id: u64,
     /// Lower-case hex SHA-256 of the bearer token.
     pub token_sha256: String,
+    /// This tenant's quotas, where they differ from `[quotas]`.
+    #[serde(default)]
+    pub quotas: QuotaOverrides,
 }
 
 impl Default for ServiceConfig {
@@ -119,6 +193,8 @@ impl Default for ServiceConfig {
             redis: RedisSection::default(),
             docker: DockerSection::default(),
             limits: Limits::default(),
+            server: ServerSection::default(),
+            quotas: Quotas::default(),
             tenants: Vec::new(),
             dev_token_file: None,
         }
@@ -147,7 +223,37 @@ impl Default for Limits {
         Limits {
             upload_max_bytes: 100 * 1024 * 1024,
             json_max_bytes: 8 * 1024 * 1024,
+            download_max_bytes: 4 * 1024 * 1024 * 1024,
+            // Ten maximal uploads at once.
+            inflight_max_bytes: 1024 * 1024 * 1024,
             terminal_idle_seconds: 15 * 60,
+            tickets_per_tenant: 16,
+        }
+    }
+}
+
+impl Default for ServerSection {
+    fn default() -> Self {
+        ServerSection {
+            header_read_timeout_seconds: 10,
+            body_idle_timeout_seconds: 30,
+            body_read_timeout_seconds: 600,
+            max_connections: 4096,
+            max_requests_per_connection: 1000,
+            shutdown_grace_seconds: 30,
+        }
+    }
+}
+
+impl Default for Quotas {
+    /// Sized for one Docker host: a tenant can hold a working set of sessions, never the
+    /// machine (each sandbox may take 2 CPUs and 2 GiB).
+    fn default() -> Self {
+        Quotas {
+            max_sandboxes: 16,
+            max_concurrent_execs: 32,
+            max_terminals: 8,
+            max_snapshots: 32,
         }
     }
 }
@@ -190,7 +296,13 @@ impl ServiceConfig {
     /// `SANDBOX_DOCKER_IMAGE`,
     /// `SANDBOX_DOCKER_NAMESPACE`, `SANDBOX_DOCKER_NETWORK`, `SANDBOX_DOCKER_PULL_POLICY`,
     /// `SANDBOX_DOCKER_BUILD_IMAGE`, `SANDBOX_DOCKER_BUSYBOX`,
-    /// `SANDBOX_UPLOAD_MAX_BYTES`, `SANDBOX_DEV_TOKEN_FILE`.
+    /// `SANDBOX_UPLOAD_MAX_BYTES`, `SANDBOX_DOWNLOAD_MAX_BYTES`, `SANDBOX_INFLIGHT_MAX_BYTES`,
+    /// `SANDBOX_DEV_TOKEN_FILE`, `SANDBOX_SERVER_HEADER_READ_TIMEOUT_SECONDS`,
+    /// `SANDBOX_SERVER_BODY_IDLE_TIMEOUT_SECONDS`, `SANDBOX_SERVER_BODY_READ_TIMEOUT_SECONDS`,
+    /// `SANDBOX_SERVER_MAX_CONNECTIONS`, `SANDBOX_SERVER_MAX_REQUESTS_PER_CONNECTION`,
+    /// `SANDBOX_SERVER_SHUTDOWN_GRACE_SECONDS`, `SANDBOX_QUOTA_MAX_SANDBOXES`,
+    /// `SANDBOX_QUOTA_MAX_CONCURRENT_EXECS`, `SANDBOX_QUOTA_MAX_TERMINALS`,
+    /// `SANDBOX_QUOTA_MAX_SNAPSHOTS`, `SANDBOX_TICKETS_PER_TENANT`.
     pub fn apply_env(&mut self, env: &BTreeMap<String, String>) -> Result<(), ConfigError> {
         let get = |k: &str| {
             env.get(k)
@@ -286,6 +398,76 @@ impl ServiceConfig {
         if let Some(v) = get("SANDBOX_DEV_TOKEN_FILE") {
             self.dev_token_file = Some(PathBuf::from(v));
         }
+        for (name, field) in [
+            (
+                "SANDBOX_DOWNLOAD_MAX_BYTES",
+                &mut self.limits.download_max_bytes,
+            ),
+            (
+                "SANDBOX_INFLIGHT_MAX_BYTES",
+                &mut self.limits.inflight_max_bytes,
+            ),
+            (
+                "SANDBOX_SERVER_HEADER_READ_TIMEOUT_SECONDS",
+                &mut self.server.header_read_timeout_seconds,
+            ),
+            (
+                "SANDBOX_SERVER_BODY_IDLE_TIMEOUT_SECONDS",
+                &mut self.server.body_idle_timeout_seconds,
+            ),
+            (
+                "SANDBOX_SERVER_BODY_READ_TIMEOUT_SECONDS",
+                &mut self.server.body_read_timeout_seconds,
+            ),
+            (
+                "SANDBOX_SERVER_MAX_REQUESTS_PER_CONNECTION",
+                &mut self.server.max_requests_per_connection,
+            ),
+            (
+                "SANDBOX_SERVER_SHUTDOWN_GRACE_SECONDS",
+                &mut self.server.shutdown_grace_seconds,
+            ),
+        ] {
+            if let Some(v) = get(name) {
+                *field = number(name, &v)?;
+            }
+        }
+        for (name, field) in [
+            (
+                "SANDBOX_SERVER_MAX_CONNECTIONS",
+                &mut self.server.max_connections,
+            ),
+            (
+                "SANDBOX_TICKETS_PER_TENANT",
+                &mut self.limits.tickets_per_tenant,
+            ),
+        ] {
+            if let Some(v) = get(name) {
+                *field = number(name, &v)?;
+            }
+        }
+        for (name, field) in [
+            (
+                "SANDBOX_QUOTA_MAX_SANDBOXES",
+                &mut self.quotas.max_sandboxes,
+            ),
+            (
+                "SANDBOX_QUOTA_MAX_CONCURRENT_EXECS",
+                &mut self.quotas.max_concurrent_execs,
+            ),
+            (
+                "SANDBOX_QUOTA_MAX_TERMINALS",
+                &mut self.quotas.max_terminals,
+            ),
+            (
+                "SANDBOX_QUOTA_MAX_SNAPSHOTS",
+                &mut self.quotas.max_snapshots,
+            ),
+        ] {
+            if let Some(v) = get(name) {
+                *field = number(name, &v)?;
+            }
+        }
         Ok(())
     }
 
@@ -327,11 +509,42 @@ impl ServiceConfig {
                 )));
             }
         }
-        if self.limits.upload_max_bytes == 0 || self.limits.json_max_bytes == 0 {
+        let l = &self.limits;
+        if l.upload_max_bytes == 0
+            || l.json_max_bytes == 0
+            || l.download_max_bytes == 0
+            || l.tickets_per_tenant == 0
+        {
             return Err(ConfigError("limits must be positive".to_owned()));
+        }
+        if l.inflight_max_bytes < l.upload_max_bytes.max(l.json_max_bytes) {
+            return Err(ConfigError(
+                "limits.inflight_max_bytes must hold at least one maximal upload and one maximal JSON body".to_owned(),
+            ));
+        }
+        let s = &self.server;
+        if s.header_read_timeout_seconds == 0
+            || s.body_idle_timeout_seconds == 0
+            || s.body_read_timeout_seconds == 0
+            || s.max_connections == 0
+            || s.max_connections > MAX_CONNECTIONS
+            || s.max_requests_per_connection == 0
+        {
+            return Err(ConfigError(format!(
+                "server: timeouts and max_requests_per_connection must be positive, max_connections from 1 to {MAX_CONNECTIONS}"
+            )));
         }
         Ok(())
     }
+}
+
+/// The most connections `server.max_connections` may name.
+pub const MAX_CONNECTIONS: usize = 1_000_000;
+
+/// A number from the environment, or an error naming the variable.
+fn number<T: std::str::FromStr>(name: &str, v: &str) -> Result<T, ConfigError> {
+    v.parse()
+        .map_err(|_| ConfigError(format!("{name}={v:?} is not a non-negative whole number")))
 }
 
 /// An on/off environment value: `1`, `true`, `yes`, `on` (any case) mean on.

@@ -15,4 +15,5 @@ pub mod doctor;
 pub mod http;
 pub mod image;
 pub mod serve;
+pub mod server;
 pub mod tickets;

@@ -10,9 +10,11 @@ use sandbox_core::{
 use sandbox_session::lifecycle::{Lifecycle, LifecycleConfig};
 use sandbox_session::manager::SessionManager;
 use sandbox_session::memory_store::MemoryBindingStore;
+use sandbox_session::quota::{QuotaGate, Quotas, TenantQuota};
 
 use crate::auth::{TenantAuth, digest, hex};
 use crate::config::ServiceConfig;
+use crate::http::body::InflightBudget;
 use crate::http::metrics::Metrics;
 use crate::http::{AppState, StoreInfo};
 
@@ -49,16 +51,43 @@ pub async fn build_state(config: &ServiceConfig) -> Result<AppState, String> {
         lifecycle_config,
     )
     .map_err(|e| e.to_string())?
-    .with_observer(metrics.clone());
+    .with_observer(metrics.clone())
+    .with_quotas(QuotaGate::new(quotas(config)?));
     Ok(AppState {
         auth: Arc::new(auth),
         manager: SessionManager::new(lifecycle),
         provider,
         metrics,
         limits: config.limits.clone(),
-        tickets: Arc::new(crate::tickets::TerminalTickets::default()),
+        tickets: Arc::new(
+            crate::tickets::TerminalTickets::default()
+                .with_per_tenant(config.limits.tickets_per_tenant),
+        ),
         store: store_info,
+        budget: InflightBudget::new(config.limits.inflight_max_bytes),
     })
+}
+
+/// The config's quotas in the session layer's terms: `[quotas]` for every tenant, each
+/// tenant entry's overrides on top (0 = unlimited).
+pub fn quotas(config: &ServiceConfig) -> Result<Quotas, String> {
+    let limit = |n: u32| (n > 0).then_some(n);
+    let session_quota = |q: crate::config::Quotas| TenantQuota {
+        max_sandboxes: limit(q.max_sandboxes),
+        max_concurrent_execs: limit(q.max_concurrent_execs),
+        max_terminals: limit(q.max_terminals),
+        max_snapshots: limit(q.max_snapshots),
+    };
+    let mut out = Quotas {
+        default: session_quota(config.quotas),
+        tenants: Default::default(),
+    };
+    for t in &config.tenants {
+        let tenant = sandbox_core::TenantId::new(t.id).map_err(|e| e.to_string())?;
+        out.tenants
+            .insert(tenant, session_quota(config.quotas.with(&t.quotas)));
+    }
+    Ok(out)
 }
 
 /// The configured binding store. A Redis store that cannot be reached fails the start with
@@ -150,7 +179,10 @@ fn tenants(config: &ServiceConfig) -> Result<TenantAuth, String> {
         .clone()
         .unwrap_or_else(default_dev_token_file);
     let token = match std::fs::read_to_string(&path) {
-        Ok(existing) if !existing.trim().is_empty() => existing.trim().to_owned(),
+        Ok(existing) if !existing.trim().is_empty() => {
+            keep_private(&path)?;
+            existing.trim().to_owned()
+        }
         _ => {
             // A bearer credential: from the OS CSPRNG, never a fast PRNG.
             let mut raw = [0u8; 32];
@@ -158,8 +190,7 @@ fn tenants(config: &ServiceConfig) -> Result<TenantAuth, String> {
                 .map_err(|e| format!("no randomness for the development token: {e}"))?;
             let token = hex(&raw);
             if let Some(dir) = path.parent() {
-                std::fs::create_dir_all(dir)
-                    .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+                create_private_dir(dir)?;
             }
             write_private(&path, &token)?;
             token
@@ -176,6 +207,40 @@ pub fn default_dev_token_file() -> std::path::PathBuf {
         .or_else(|| std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".config")))
         .unwrap_or_else(std::env::temp_dir);
     base.join("sandbox").join("dev-token")
+}
+
+/// Creates `dir` (and its parents) when missing; the directory the token is created in is
+/// made owner-only (0700), so no other account can even list it.
+fn create_private_dir(dir: &std::path::Path) -> Result<(), String> {
+    let existed = dir.is_dir();
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    #[cfg(unix)]
+    if !existed {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| format!("cannot restrict {}: {e}", dir.display()))?;
+    }
+    Ok(())
+}
+
+/// An existing token file readable or writable by anyone but its owner is a leaked
+/// credential waiting to happen: it is narrowed to 0600 (with a warning), never used as is.
+fn keep_private(path: &std::path::Path) -> Result<(), String> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        let meta =
+            std::fs::metadata(path).map_err(|e| format!("cannot stat {}: {e}", path.display()))?;
+        let mode = meta.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            tracing::warn!(token_file = %path.display(), mode = format!("{mode:o}"), "the development token file was readable by other accounts; narrowing it to 0600");
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+                .map_err(|e| format!("cannot restrict {}: {e}", path.display()))?;
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = path;
+    Ok(())
 }
 
 fn write_private(path: &std::path::Path, token: &str) -> Result<(), String> {
@@ -287,7 +352,8 @@ pub async fn backend(
     Err("this build has no backend: enable the `docker` feature".to_owned())
 }
 
-/// Serves until SIGINT/SIGTERM, then drains in-flight requests.
+/// Serves until SIGINT/SIGTERM, then drains in-flight requests for at most the configured
+/// grace period.
 pub async fn serve(config: ServiceConfig) -> Result<(), String> {
     let state = build_state(&config).await?;
     let listener = tokio::net::TcpListener::bind(config.listen)
@@ -295,10 +361,14 @@ pub async fn serve(config: ServiceConfig) -> Result<(), String> {
         .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
     let local = listener.local_addr().map_err(|e| e.to_string())?;
     tracing::info!(listen = %local, backend = %state.provider.provider(), "sandbox service listening");
-    axum::serve(listener, crate::http::router(state))
-        .with_graceful_shutdown(shutdown())
-        .await
-        .map_err(|e| format!("server error: {e}"))
+    crate::server::serve(
+        listener,
+        crate::http::router(state),
+        crate::server::ServerLimits::from_config(&config.server),
+        shutdown(),
+    )
+    .await;
+    Ok(())
 }
 
 async fn shutdown() {

@@ -21,11 +21,17 @@ pub const DEFAULT_TICKET_TTL: Duration = Duration::from_secs(60);
 /// Outstanding tickets beyond this are refused rather than grown without bound.
 pub const MAX_OUTSTANDING: usize = 10_000;
 
+/// Unused tickets one tenant may hold when nobody says otherwise. Per tenant, so one tenant
+/// filling the pool cannot lock every other tenant out of their terminals.
+pub const DEFAULT_PER_TENANT: usize = 16;
+
 /// Why a ticket cannot be issued.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum IssueError {
-    /// Too many tickets outstanding.
+    /// Too many tickets outstanding in the whole process.
     Full,
+    /// The tenant holds its limit of unused tickets (the limit).
+    TenantFull(usize),
     /// The operating system's random source failed.
     Random(String),
 }
@@ -40,6 +46,7 @@ struct Entry {
 pub struct TerminalTickets {
     entries: Mutex<HashMap<String, Entry>>,
     ttl: Duration,
+    per_tenant: usize,
     clock: Arc<dyn Clock>,
 }
 
@@ -70,8 +77,16 @@ impl TerminalTickets {
         TerminalTickets {
             entries: Mutex::new(HashMap::new()),
             ttl,
+            per_tenant: DEFAULT_PER_TENANT,
             clock,
         }
+    }
+
+    /// Caps the unused tickets of one tenant at `limit`.
+    #[must_use]
+    pub fn with_per_tenant(mut self, limit: usize) -> Self {
+        self.per_tenant = limit;
+        self
     }
 
     /// How long a ticket stays valid.
@@ -100,6 +115,14 @@ impl TerminalTickets {
             .now()
             .saturating_add(time::Duration::try_from(self.ttl).unwrap_or(time::Duration::MAX));
         let mut entries = self.pruned();
+        if entries
+            .values()
+            .filter(|e| e.key.tenant == key.tenant)
+            .count()
+            >= self.per_tenant
+        {
+            return Err(IssueError::TenantFull(self.per_tenant));
+        }
         if entries.len() >= MAX_OUTSTANDING {
             return Err(IssueError::Full);
         }
@@ -172,5 +195,21 @@ mod tests {
         assert_eq!(store.outstanding(), 0, "expired tickets are pruned");
         assert!(format!("{store:?}").contains("outstanding"));
         assert!(!format!("{store:?}").contains(&t));
+    }
+
+    #[test]
+    fn one_tenant_cannot_take_another_tenants_tickets() {
+        let store = TerminalTickets::new(Duration::from_secs(60)).with_per_tenant(3);
+        for i in 0..3 {
+            store.issue(key(1, &format!("s{i}"))).unwrap();
+        }
+        assert_eq!(store.issue(key(1, "s9")), Err(IssueError::TenantFull(3)));
+        // Tenant 2 is unaffected by tenant 1's pile.
+        let t = store.issue(key(2, "s1")).unwrap();
+        assert!(store.redeem(&t, &key(2, "s1")));
+        // A redeemed ticket frees its tenant's slot.
+        let mine = store.issue(key(2, "s1")).unwrap();
+        assert!(store.redeem(&mine, &key(2, "s1")));
+        assert_eq!(store.outstanding(), 3);
     }
 }

@@ -56,6 +56,7 @@ fn app() -> Router {
         limits: Limits::default(),
         tickets: Arc::new(sandbox_app::tickets::TerminalTickets::default()),
         store: sandbox_app::http::StoreInfo::memory(),
+        budget: sandbox_app::http::body::InflightBudget::new(1 << 30),
     })
 }
 

@@ -17,7 +17,7 @@ use std::time::Duration;
 use futures_util::{SinkExt, StreamExt};
 use sandbox_app::tickets::TerminalTickets;
 use sandbox_core::ManualClock;
-use serde_json::Value;
+use serde_json::{Value, json};
 use tokio::net::TcpStream;
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
@@ -257,22 +257,39 @@ async fn terminal_over_websocket() {
         (401, "invalid_ticket".to_owned()),
         "expired ticket"
     );
-    let other = s.ticket("term-unbound").await;
+    // Tickets are issued only for a session with a running sandbox: a ticket for nothing
+    // would take pool space for nothing.
+    let (status, v) = s
+        .call("POST", "/v1/sessions/term-unbound/terminal/ticket", "")
+        .await;
+    assert_eq!(
+        (status, &v["error"]["code"]),
+        (404, &json!("no_live_sandbox")),
+        "{v}"
+    );
+    let (status, v) = s
+        .call(
+            "POST",
+            "/v1/sessions/term-other/exec",
+            r#"{"command":"true"}"#,
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    let other = s.ticket("term-other").await;
     assert_eq!(
         refused(s.addr, &format!("{route}?ticket={other}")).await,
         (401, "invalid_ticket".to_owned()),
         "a ticket for another session"
     );
-    // That attempt did not use it up; on its own (unbound) session it reaches the lookup.
-    assert_eq!(
-        refused(
-            s.addr,
-            &format!("/v1/sessions/term-unbound/terminal?ticket={other}")
-        )
-        .await,
-        (404, "no_live_sandbox".to_owned())
+    // That attempt did not use it up.
+    assert!(
+        s.state
+            .tickets
+            .check(&other, &sandbox_core::SessionId::new("term-other").unwrap())
+            .is_some(),
+        "a refused upgrade used up the ticket"
     );
-    assert_eq!(s.containers().await, 1, "the terminal never provisions");
+    assert_eq!(s.containers().await, 2, "the terminal never provisions");
     let ticket = s.ticket(session).await;
     assert_eq!(
         refused(s.addr, &format!("{route}?ticket={ticket}&token=x")).await,
@@ -331,9 +348,9 @@ async fn terminal_over_websocket() {
     );
     s.no_shell_left(session).await;
 
-    let (status, _) = s
-        .call("DELETE", &format!("/v1/sessions/{session}"), "")
-        .await;
-    assert_eq!(status, 204);
+    for gone in [session, "term-other"] {
+        let (status, _) = s.call("DELETE", &format!("/v1/sessions/{gone}"), "").await;
+        assert_eq!(status, 204);
+    }
     assert_eq!(s.containers().await, 0);
 }

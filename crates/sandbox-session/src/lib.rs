@@ -5,3 +5,4 @@ pub mod lifecycle;
 pub mod manager;
 pub mod memory_store;
 pub mod observer;
+pub mod quota;

@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::observer::{LifecycleObserver, NoopObserver, ResolveOutcome};
+use crate::quota::{Counted, QuotaGate, QuotaPermit};
 use sandbox_core::{
     Binding, BindingKey, BindingStore, Bootstrapper, Capabilities, Clock, ConfigId, ConnectRequest,
     CreateRequest, Error, ErrorCode, ErrorKind, LifecycleLock, ListFilter, Metadata, Operation,
@@ -54,6 +55,7 @@ pub struct Lifecycle {
     config: Arc<LifecycleConfig>,
     clock: Arc<dyn Clock>,
     observer: Arc<dyn LifecycleObserver>,
+    quotas: QuotaGate,
 }
 
 impl fmt::Debug for Lifecycle {
@@ -140,7 +142,64 @@ impl Lifecycle {
             config: Arc::new(config),
             clock: Arc::new(SystemClock),
             observer: Arc::new(NoopObserver),
+            quotas: QuotaGate::unlimited(),
         })
+    }
+
+    /// Enforces per-tenant quotas (sandboxes here; the manager takes the rest from the same
+    /// gate).
+    #[must_use]
+    pub fn with_quotas(mut self, quotas: QuotaGate) -> Self {
+        self.quotas = quotas;
+        self
+    }
+
+    /// The quota gate.
+    pub fn quotas(&self) -> &QuotaGate {
+        &self.quotas
+    }
+
+    /// A slot for one more sandbox of `tenant`, or `quota_exceeded`. Counts the tenant's live
+    /// sandboxes in the backend by their ownership metadata, after reserving (see
+    /// [`QuotaGate::reserve`]); `None` when the tenant has no limit, or when the provider cannot
+    /// list by metadata (then nothing can be counted, and the limit cannot hold).
+    pub(crate) async fn sandbox_slot(
+        &self,
+        tenant: sandbox_core::TenantId,
+    ) -> Result<Option<QuotaPermit>, Error> {
+        let caps = self.caps();
+        if self.quotas.quota(tenant).max_sandboxes.is_none() || !(caps.list && caps.metadata) {
+            return Ok(None);
+        }
+        let reservation = self.quotas.reserve(tenant, Counted::CreatingSandbox);
+        let filter = ListFilter {
+            metadata: Metadata::from([(owner_metadata::TENANT.to_owned(), tenant.to_string())]),
+            states: Vec::new(),
+        };
+        let live = self
+            .provider
+            .list(&filter)
+            .await?
+            .iter()
+            .filter(|s| s.state != SandboxState::Terminal)
+            .count();
+        reservation
+            .check(Operation::CREATE, u32::try_from(live).unwrap_or(u32::MAX))
+            .map(Some)
+    }
+
+    /// Drops the binding of a sandbox the provider proved gone *during* an operation (an exec
+    /// whose container vanished), so the next provisioning call creates a fresh one instead of
+    /// failing on the dead binding. Only the binding to exactly `sandbox` goes.
+    pub async fn forget_gone(&self, key: &BindingKey, sandbox: &SandboxId) -> Result<(), Error> {
+        let removed = self
+            .store
+            .delete_if_match(key, self.provider.provider(), sandbox)
+            .await?;
+        if removed {
+            tracing::info!(session = %key, sandbox = %sandbox, "the bound sandbox vanished mid-operation; binding dropped");
+        }
+        Ok(())
     }
 
     /// Customises each session's first create (fork).
@@ -523,6 +582,9 @@ impl Lifecycle {
         options: &ResolveOptions,
         hold: &Arc<Hold>,
     ) -> Result<SandboxHandle, Error> {
+        // Held until the sandbox is bound (or refused): the slot covers the window in which
+        // the new sandbox is not yet in the backend's listing.
+        let _slot = self.sandbox_slot(key.tenant).await?;
         let mut request = self.config.create_request.clone();
         if self.caps().metadata {
             request.metadata.extend(self.ownership_metadata(key));

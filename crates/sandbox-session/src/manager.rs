@@ -12,13 +12,14 @@ use std::time::Duration;
 use sandbox_core::policy::validator::ScriptValidator;
 use sandbox_core::policy::workspace::{WorkspaceLayout, interpreter_for};
 use sandbox_core::{
-    BindingKey, ConfigId, DirEntry, EntryKind, Error, ErrorCode, ErrorKind, ExecRequest,
-    ExecResult, ExecTimeout, InvalidationReport, Operation, RewindLock, SandboxHandle, SandboxPath,
+    BindingKey, ConfigId, EntryKind, Error, ErrorCode, ErrorKind, ExecRequest, ExecResult,
+    ExecTimeout, InvalidationReport, Operation, ReadStream, RewindLock, SandboxHandle, SandboxPath,
     SandboxState, SnapshotId, SnapshotRef, StatEntry, TemplateId, TenantId, Terminal,
-    TerminalOptions, narrow,
+    TerminalOptions, TreeLimits, TreeListing, narrow,
 };
 
 use crate::lifecycle::{Lifecycle, ResolveOptions};
+use crate::quota::{Counted, QuotaPermit};
 
 const OP_TERMINAL: Operation = Operation::OPEN_TERMINAL;
 
@@ -95,11 +96,39 @@ impl SessionManager {
         self.lifecycle.resolve(key).await
     }
 
-    /// Runs a command in the session's sandbox.
+    /// Runs a command in the session's sandbox, within the tenant's `max_concurrent_execs`.
+    /// A sandbox that vanishes while the command runs answers `sandbox_gone`, and its binding
+    /// is dropped so the next call gets a fresh sandbox.
     pub async fn exec(&self, key: &BindingKey, request: ExecRequest) -> Result<ExecResult, Error> {
         request.validate()?;
+        let _running = self.exec_slot(key.tenant)?;
         let handle = self.lifecycle.resolve(key).await?;
-        self.lifecycle.provider().exec(&handle, request).await
+        let result = self.lifecycle.provider().exec(&handle, request).await;
+        self.forget_if_gone(key, &handle, result).await
+    }
+
+    fn exec_slot(&self, tenant: TenantId) -> Result<QuotaPermit, Error> {
+        self.lifecycle
+            .quotas()
+            .acquire(Operation::EXEC, tenant, Counted::Exec, 0)
+    }
+
+    /// Passes `result` through, dropping the session's binding first when it says the bound
+    /// sandbox is gone.
+    async fn forget_if_gone<T>(
+        &self,
+        key: &BindingKey,
+        handle: &SandboxHandle,
+        result: Result<T, Error>,
+    ) -> Result<T, Error> {
+        if let Err(e) = &result
+            && e.code() == Some(ErrorCode::SandboxGone)
+            && let Err(store) = self.lifecycle.forget_gone(key, handle.id()).await
+        {
+            // The next resolve proves the sandbox gone again and replaces the binding then.
+            tracing::warn!(session = %key, error = %store, "could not drop the binding of a vanished sandbox");
+        }
+        result
     }
 
     /// Writes a model-authored file: anywhere in the sandbox except the attachments directory.
@@ -161,10 +190,12 @@ impl SessionManager {
 
     /// Runs a script: validation (unless skipped), upload into the workspace root, the
     /// interpreter its extension names, arguments, stdin, timeout. With `key = None` the run is
-    /// ephemeral: a fresh sandbox is created and deleted afterwards, also when the caller goes
-    /// away.
+    /// ephemeral: a fresh sandbox of `tenant` is created and deleted afterwards, also when the
+    /// caller goes away. Either way the run counts against the tenant's
+    /// `max_concurrent_execs`, and an ephemeral sandbox against its `max_sandboxes`.
     pub async fn execute(
         &self,
+        tenant: TenantId,
         key: Option<&BindingKey>,
         script: Script,
     ) -> Result<ExecResult, Error> {
@@ -205,15 +236,18 @@ impl SessionManager {
         request.stdin = script.stdin.map(String::into_bytes);
         request.timeout = script.timeout;
         request.validate()?;
+        let _running = self.exec_slot(key.map_or(tenant, |k| k.tenant))?;
 
         match key {
             Some(key) => {
                 let handle = self.lifecycle.resolve(key).await?;
-                self.run_script(&handle, &path, script.content.as_bytes(), request)
-                    .await
+                let result = self
+                    .run_script(&handle, &path, script.content.as_bytes(), request)
+                    .await;
+                self.forget_if_gone(key, &handle, result).await
             }
             None => {
-                let ephemeral = Ephemeral::create(&self.lifecycle).await?;
+                let ephemeral = Ephemeral::create(&self.lifecycle, tenant).await?;
                 let result = self
                     .run_script(&ephemeral.handle, &path, script.content.as_bytes(), request)
                     .await;
@@ -254,43 +288,52 @@ impl SessionManager {
         self.lifecycle.provider().read_file(&handle, path).await
     }
 
+    /// Streams a file of the session's live sandbox, at most `max_bytes` of it (see the
+    /// provider's `[files.stream]` contract). No sandbox bound: `no_live_sandbox`.
+    pub async fn read_file_stream(
+        &self,
+        key: &BindingKey,
+        path: &SandboxPath,
+        max_bytes: u64,
+    ) -> Result<ReadStream, Error> {
+        let handle = self.bound(key, Operation::READ_FILE).await?;
+        self.lifecycle
+            .provider()
+            .read_file_stream(&handle, path, max_bytes)
+            .await
+    }
+
     /// Metadata of one path of the live sandbox. No sandbox bound: `no_live_sandbox`.
     pub async fn stat(&self, key: &BindingKey, path: &SandboxPath) -> Result<StatEntry, Error> {
         let handle = self.bound(key, Operation::STAT).await?;
         self.lifecycle.provider().stat(&handle, path).await
     }
 
-    /// Lists `dir` recursively down to `depth` levels (1 = the directory itself). No sandbox
-    /// bound, or a missing root: an empty listing, so "no sandbox yet" and "no output yet" read
-    /// the same. A subdirectory that vanishes mid-walk is an error, not a shorter listing.
+    /// Lists `dir` recursively within `limits` (depth, entries, time; a walk cut short says
+    /// `truncated`). No sandbox bound, or a missing root: an empty listing, so "no sandbox yet"
+    /// and "no output yet" read the same.
     pub async fn list_files(
         &self,
         key: &BindingKey,
         dir: &SandboxPath,
-        depth: usize,
-    ) -> Result<Vec<DirEntry>, Error> {
+        limits: TreeLimits,
+    ) -> Result<TreeListing, Error> {
         let Some(handle) = self.lifecycle.lookup(key).await? else {
-            return Ok(Vec::new());
+            return Ok(TreeListing::default());
         };
-        let provider = self.lifecycle.provider();
-        let root = match provider.list_dir(&handle, dir).await {
-            Ok(entries) => entries,
-            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(e),
-        };
-        let mut out = Vec::new();
-        // An explicit stack instead of recursion: a hostile tree cannot blow the stack.
-        let mut stack: Vec<(Vec<DirEntry>, usize)> = vec![(root, 1)];
-        while let Some((entries, level)) = stack.pop() {
-            for entry in entries {
-                if entry.kind == EntryKind::Dir && level < depth {
-                    stack.push((provider.list_dir(&handle, &entry.path).await?, level + 1));
-                }
-                out.push(entry);
+        match self
+            .lifecycle
+            .provider()
+            .list_tree(&handle, dir, limits)
+            .await
+        {
+            Err(e)
+                if e.kind() == ErrorKind::NotFound && e.code() != Some(ErrorCode::SandboxGone) =>
+            {
+                Ok(TreeListing::default())
             }
+            other => other,
         }
-        out.sort_by(|a, b| a.path.cmp(&b.path));
-        Ok(out)
     }
 
     /// Removes a staged attachment. Nothing bound: nothing to remove (success).
@@ -325,14 +368,15 @@ impl SessionManager {
         }
     }
 
-    /// Opens a PTY on the session's bound sandbox. Lookup-only: nothing bound is
+    /// Opens a PTY on the session's bound sandbox, within the tenant's `max_terminals` (the
+    /// slot is held by the returned [`TerminalLease`]). Lookup-only: nothing bound is
     /// `no_live_sandbox`; a bound sandbox not confirmed running is `session_sandbox_paused`
     /// unless `options.allow_resume`; a backend without PTYs is `terminal_unsupported`.
     pub async fn open_terminal(
         &self,
         key: &BindingKey,
         options: TerminalOptions,
-    ) -> Result<Terminal, Error> {
+    ) -> Result<TerminalLease, Error> {
         let provider = self.lifecycle.provider();
         let Some(terminals) = narrow::terminals(&**provider) else {
             return Err(Error::unsupported(
@@ -341,11 +385,24 @@ impl SessionManager {
             )
             .with_code(ErrorCode::TerminalUnsupported));
         };
+        let slot = self.terminal_slot(key.tenant)?;
         if !options.allow_resume {
             self.require_running(key).await?;
         }
         let handle = self.bound(key, OP_TERMINAL).await?;
-        terminals.open_terminal(&handle, options).await
+        let terminal = terminals.open_terminal(&handle, options).await?;
+        Ok(TerminalLease {
+            terminal,
+            _slot: slot,
+        })
+    }
+
+    /// One of the tenant's `max_terminals` slots, taken without opening anything (a caller that
+    /// must refuse before an upgrade asks here first).
+    pub fn terminal_slot(&self, tenant: TenantId) -> Result<QuotaPermit, Error> {
+        self.lifecycle
+            .quotas()
+            .acquire(OP_TERMINAL, tenant, Counted::Terminal, 0)
     }
 
     /// Refreshes the provider's idle timer of the bound sandbox and returns how long the caller
@@ -390,6 +447,23 @@ impl SessionManager {
             )
         })?;
         let handle = self.bound(key, op).await?;
+        let _slot = match self.lifecycle.quotas().quota(key.tenant).max_snapshots {
+            None => None,
+            Some(_) => {
+                // Reserve, then count the backend's (see QuotaGate::reserve).
+                let reservation = self
+                    .lifecycle
+                    .quotas()
+                    .reserve(key.tenant, Counted::TakingSnapshot);
+                let kept = snapshots
+                    .list_snapshots(None)
+                    .await?
+                    .iter()
+                    .filter(|s| s.tenant == Some(key.tenant))
+                    .count();
+                Some(reservation.check(op, u32::try_from(kept).unwrap_or(u32::MAX))?)
+            }
+        };
         snapshots.create_snapshot(handle.id(), name).await
     }
 
@@ -473,6 +547,21 @@ impl SessionManager {
     }
 }
 
+/// An open terminal and the tenant's terminal slot it holds; dropping it frees the slot.
+#[derive(Debug)]
+pub struct TerminalLease {
+    pub terminal: Terminal,
+    _slot: QuotaPermit,
+}
+
+impl TerminalLease {
+    /// The terminal and its slot, for a caller that moves them apart (the slot must live as
+    /// long as the terminal is in use).
+    pub fn into_parts(self) -> (Terminal, QuotaPermit) {
+        (self.terminal, self._slot)
+    }
+}
+
 /// One open chat-turn hold.
 #[derive(Debug)]
 pub struct TurnHold {
@@ -516,13 +605,17 @@ struct Ephemeral {
     lifecycle: Lifecycle,
     handle: SandboxHandle,
     deleted: bool,
+    /// The tenant's sandbox slot, held while the sandbox lives.
+    _slot: Option<QuotaPermit>,
 }
 
 impl Ephemeral {
-    async fn create(lifecycle: &Lifecycle) -> Result<Ephemeral, Error> {
+    async fn create(lifecycle: &Lifecycle, tenant: TenantId) -> Result<Ephemeral, Error> {
+        let slot = lifecycle.sandbox_slot(tenant).await?;
         let mut request = lifecycle.config().create_request.clone();
         if lifecycle.provider().capabilities().metadata {
-            // Marked so a reaper can tell an ephemeral leftover from a session sandbox.
+            // Marked so a reaper can tell an ephemeral leftover from a session sandbox, and
+            // with its tenant so the tenant's sandbox quota counts it.
             request
                 .metadata
                 .insert("sandbox_ephemeral".to_owned(), "true".to_owned());
@@ -530,12 +623,17 @@ impl Ephemeral {
                 sandbox_core::owner_metadata::CONFIG.to_owned(),
                 lifecycle.config().config_id.as_str().to_owned(),
             );
+            request.metadata.insert(
+                sandbox_core::owner_metadata::TENANT.to_owned(),
+                tenant.to_string(),
+            );
         }
         let handle = lifecycle.provider().create(request).await?;
         Ok(Ephemeral {
             lifecycle: lifecycle.clone(),
             handle,
             deleted: false,
+            _slot: slot,
         })
     }
 

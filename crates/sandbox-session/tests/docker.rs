@@ -14,7 +14,7 @@ use std::time::Duration;
 use sandbox_core::{
     BindingKey, ConfigId, CreateRequest, ErrorCode, ExecRequest, ListFilter,
     PermissiveSessionExistence, SandboxPath, SandboxProvider, TemplateId, TerminalEvent,
-    TerminalOptions, TimeoutAction, TimeoutPolicy,
+    TerminalOptions, TimeoutAction, TimeoutPolicy, TreeLimits,
 };
 use sandbox_provider_docker::{DockerConfig, DockerProvider, NetworkMode, PullPolicy};
 use sandbox_session::lifecycle::{Lifecycle, LifecycleConfig};
@@ -70,10 +70,15 @@ async fn the_manager_over_docker_end_to_end() {
 
     // Lookup-only operations provision nothing.
     assert!(
-        m.list_files(&key, &SandboxPath::new("/workspace").unwrap(), 2)
-            .await
-            .unwrap()
-            .is_empty()
+        m.list_files(
+            &key,
+            &SandboxPath::new("/workspace").unwrap(),
+            TreeLimits::depth(2)
+        )
+        .await
+        .unwrap()
+        .entries
+        .is_empty()
     );
     let err = m
         .open_terminal(&key, TerminalOptions::default())
@@ -94,10 +99,14 @@ async fn the_manager_over_docker_end_to_end() {
         .unwrap();
     assert_eq!(r.stdout, b"hello from the session");
     let listed = m
-        .list_files(&key, &SandboxPath::new("/workspace").unwrap(), 3)
+        .list_files(
+            &key,
+            &SandboxPath::new("/workspace").unwrap(),
+            TreeLimits::depth(3),
+        )
         .await
         .unwrap();
-    assert!(listed.iter().any(|e| e.path == file), "{listed:?}");
+    assert!(listed.entries.iter().any(|e| e.path == file), "{listed:?}");
     let attachment = SandboxPath::new("/workspace/input/data.csv").unwrap();
     m.write_attachment(&key, &attachment, b"a,b\n1,2\n")
         .await
@@ -113,11 +122,15 @@ async fn the_manager_over_docker_end_to_end() {
         .open_terminal(&key, TerminalOptions::default())
         .await
         .unwrap();
-    t.input.write(b"echo term\"\"inal-ok\n").await.unwrap();
+    t.terminal
+        .input
+        .write(b"echo term\"\"inal-ok\n")
+        .await
+        .unwrap();
     let mut seen = Vec::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     while !String::from_utf8_lossy(&seen).contains("terminal-ok") {
-        match tokio::time::timeout_at(deadline, t.output.next_event())
+        match tokio::time::timeout_at(deadline, t.terminal.output.next_event())
             .await
             .expect("terminal output")
         {
@@ -125,7 +138,7 @@ async fn the_manager_over_docker_end_to_end() {
             other => panic!("terminal ended: {other:?}"),
         }
     }
-    t.input.close().await.unwrap();
+    t.terminal.input.close().await.unwrap();
 
     // A really paused container: terminal open answers "paused" without resuming it.
     let bound = m.lifecycle().lookup(&key).await.unwrap().unwrap();
@@ -155,7 +168,7 @@ async fn the_manager_over_docker_end_to_end() {
         )
         .await
         .unwrap();
-    t.input.close().await.unwrap();
+    t.terminal.input.close().await.unwrap();
     assert_eq!(containers(&provider).await, 1);
 
     // Snapshot → a new session from it sees the file.

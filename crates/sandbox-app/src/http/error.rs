@@ -13,6 +13,9 @@ pub struct ApiError {
     pub status: StatusCode,
     pub code: &'static str,
     pub message: String,
+    /// Seconds a client should wait before trying again (`Retry-After`), for refusals that
+    /// pass by themselves (a spent in-flight budget).
+    pub retry_after: Option<u32>,
 }
 
 impl ApiError {
@@ -22,7 +25,14 @@ impl ApiError {
             status,
             code,
             message: message.into(),
+            retry_after: None,
         }
+    }
+    /// The same error, telling the client to retry after `seconds`.
+    #[must_use]
+    pub fn retry_after(mut self, seconds: u32) -> Self {
+        self.retry_after = Some(seconds);
+        self
     }
     /// 401: no or a wrong bearer token.
     pub fn unauthorized() -> Self {
@@ -113,6 +123,7 @@ impl From<Error> for ApiError {
             status,
             code,
             message: err.to_string(),
+            retry_after: None,
         }
     }
 }
@@ -121,6 +132,12 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = json!({ "error": { "code": self.code, "message": self.message } });
         let mut response = (self.status, Json(body)).into_response();
+        if let Some(seconds) = self.retry_after {
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from(seconds),
+            );
+        }
         if self.status == StatusCode::PAYLOAD_TOO_LARGE {
             // The rest of the body was never read, so the server drops the connection after
             // this answer. Saying so keeps a client from pooling it and sending its next

@@ -28,7 +28,7 @@ use tokio::sync::mpsc;
 use super::error::ApiError;
 use super::output::{Piece, Utf8Carry, result_json};
 use super::sessions::observed;
-use super::{AppState, SessionPath, session_key};
+use super::{AppState, Caller, SessionPath, session_key};
 
 /// Output bytes queued for a slow streaming client before forwarding stops.
 const MAX_QUEUED_BYTES: usize = 8 * 1024 * 1024;
@@ -51,15 +51,17 @@ pub fn parse_spec(body: &[u8]) -> Result<ExecRequest, ApiError> {
 /// The handler.
 pub async fn exec(
     State(state): State<AppState>,
+    caller: Caller,
     headers: HeaderMap,
     SessionPath(session): SessionPath,
     query: Result<Query<ExecQuery>, axum::extract::rejection::QueryRejection>,
-    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+    body: Body,
 ) -> Result<Response, ApiError> {
-    let key = session_key(&state, &headers, &session)?;
+    let key = session_key(caller, &session)?;
     let Query(query) = query.map_err(|e| ApiError::bad_request("invalid_query", e.body_text()))?;
-    let body = super::snapshots::body_bytes(&state, body)?;
+    let body = super::body::read_json_bytes(&state, &headers, body).await?;
     let request = parse_spec(&body)?;
+    drop(body);
     if !query.stream {
         let result = state
             .manager
@@ -116,17 +118,16 @@ pub async fn exec(
         }
         let last = match outcome {
             Ok(result) => {
-                let mut end = result_json(&result);
-                // The output already went out line by line.
-                if let Some(obj) = end.as_object_mut() {
-                    obj.remove("stdout");
-                    obj.remove("stderr");
-                    obj.insert(
-                        "stream_overflow".to_owned(),
-                        json!(final_overflow.load(Ordering::Relaxed)),
-                    );
-                }
-                end
+                // The output already went out line by line: the last line carries none of it
+                // (the adapter kept none, and nothing here may repeat it outside the queue
+                // bound).
+                json!({
+                    "exit_code": result.exit_code,
+                    "killed": result.killed,
+                    "duration_ms": u64::try_from(result.duration.as_millis()).unwrap_or(u64::MAX),
+                    "truncated": result.truncated,
+                    "stream_overflow": final_overflow.load(Ordering::Relaxed),
+                })
             }
             Err(e) => {
                 metrics.observe_error(&e);

@@ -7,22 +7,21 @@
 use std::collections::BTreeMap;
 
 use axum::Json;
-use axum::body::Bytes;
+use axum::body::Body;
 use axum::extract::State;
-use axum::extract::rejection::BytesRejection;
 use axum::http::HeaderMap;
 use sandbox_core::ExecTimeout;
 use sandbox_session::manager::Script;
 use serde::Deserialize;
 
+use super::body::read_json;
 use super::error::ApiError;
 use super::output::result_json;
 use super::sessions::observed;
-use super::snapshots::json_body;
-use super::{AppState, tenant};
+use super::{AppState, Caller};
 
 /// The body of the route.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct ScriptBody {
     file_name: String,
@@ -40,12 +39,11 @@ struct ScriptBody {
 /// The handler.
 pub async fn execute(
     State(state): State<AppState>,
+    Caller(tenant): Caller,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    // Authenticated like every session route, though the run belongs to no session.
-    tenant(&state, &headers)?;
-    let body: Option<ScriptBody> = json_body(&state, body, "execute", false)?;
+    let body: Option<ScriptBody> = read_json(&state, &headers, body, "execute", false).await?;
     let body = body.ok_or_else(|| {
         ApiError::bad_request(
             "invalid_json",
@@ -68,7 +66,7 @@ pub async fn execute(
     };
     let result = state
         .manager
-        .execute(None, script)
+        .execute(tenant, None, script)
         .await
         .map_err(|e| observed(&state, e))?;
     Ok(Json(result_json(&result)))

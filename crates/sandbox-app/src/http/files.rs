@@ -16,12 +16,23 @@
 //! `invalid_path`); a query field the route does not know ⇒ 400 `invalid_query`.
 //!
 //! Uploads are *bounded*, not streamed through: the core port writes whole buffers
-//! (`write_file(&[u8])`), so the body is read frame by frame into one buffer and the read stops
-//! with 413 `payload_too_large` as soon as it would pass `limits.upload_max_bytes` (a declared
-//! `Content-Length` beyond the limit is refused before reading anything). Peak memory per upload
-//! is therefore the limit, never an unbounded body; nothing is written when the limit trips.
-//! The path and the write rule are checked before the body is read, so a refused path costs no
-//! transfer. Downloads are likewise whole buffers (`read_file` returns `Vec<u8>`).
+//! (`write_file(&[u8])`), so the body is read frame by frame into one buffer, held once and
+//! lent to the adapter, and the read stops with 413 `payload_too_large` as soon as it would
+//! pass `limits.upload_max_bytes` (a declared `Content-Length` beyond the limit is refused
+//! before reading anything). Every buffered body counts against the process-wide in-flight
+//! budget (503 `server_busy` when it is spent), so memory is bounded by the budget, not by how
+//! many uploads arrive at once. The path and the write rule are checked before the body is
+//! read, so a refused path costs no transfer.
+//!
+//! Downloads *stream*: the adapter reads the file inside the sandbox as the client takes the
+//! answer, so a slow client slows the reader and a large file never sits in the service's
+//! memory. Only regular files are served, judged on what the path resolves to (a FIFO, a
+//! device, `/dev/zero` through a symlink: 400 `not_a_regular_file`); a file beyond
+//! `limits.download_max_bytes` is 400 `file_too_large` when that is known before the first
+//! byte, and otherwise cuts the answer short (the reader is stopped at the cap).
+//!
+//! Listings walk the tree in one go with an entry cap and a deadline, and say `truncated` when
+//! either cut them short.
 
 use axum::Json;
 use axum::body::{Body, Bytes};
@@ -34,12 +45,15 @@ use sandbox_core::{BindingKey, Error, ErrorCode, ErrorKind, Operation, SandboxPa
 use serde::Deserialize;
 use serde_json::json;
 
+use super::body::{DRAIN_MAX_BYTES, declared_length, drain, read_limited};
 use super::error::ApiError;
 use super::sessions::observed;
-use super::{AppState, SessionPath, session_key};
+use super::{AppState, Caller, SessionPath, session_key};
 
 /// Deepest recursive listing accepted.
 pub const MAX_LIST_DEPTH: usize = 16;
+/// Entries one listing returns at most (then `truncated`).
+pub const MAX_LIST_ENTRIES: usize = sandbox_core::TreeLimits::DEFAULT_MAX_ENTRIES;
 
 /// Query of the routes that take one path.
 #[derive(Debug, Deserialize, Default)]
@@ -72,14 +86,13 @@ fn sandbox_path(raw: Option<&str>) -> Result<SandboxPath, ApiError> {
     SandboxPath::new(raw).map_err(ApiError::from)
 }
 
-/// The session and the path of a single-path route, in the order auth, query, path.
+/// The session and the path of a single-path route, in the order session, query, path.
 fn key_and_path(
-    state: &AppState,
-    headers: &HeaderMap,
+    caller: Caller,
     session: &str,
     q: QueryResult<PathQuery>,
 ) -> Result<(BindingKey, SandboxPath), ApiError> {
-    let key = session_key(state, headers, session)?;
+    let key = session_key(caller, session)?;
     let q = query(q)?;
     let path = sandbox_path(q.path.as_deref())?;
     Ok((key, path))
@@ -93,54 +106,11 @@ fn too_large(limit: u64) -> ApiError {
     )
 }
 
-/// How much of an over-limit body is read and discarded before the 413 is sent, and for how
-/// long. A client still writing when the server stops reading gets a broken pipe instead of the
-/// answer; draining a modest remainder lets ordinary clients read the 413. A bigger body is cut
-/// off at once: the service never reads unbounded input to be polite.
-const DRAIN_MAX_BYTES: u64 = 8 * 1024 * 1024;
-const DRAIN_DEADLINE: std::time::Duration = std::time::Duration::from_secs(5);
-
-/// Reads the whole body, answering 413 once it would pass `limit` bytes.
-pub async fn read_bounded(headers: &HeaderMap, body: Body, limit: u64) -> Result<Bytes, ApiError> {
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok());
-    let mut stream = body.into_data_stream();
-    if let Some(n) = declared.filter(|n| *n > limit) {
-        // Unread: a client that sent `Expect: 100-continue` gets the 413 without sending the
-        // body at all. Others get it after a drain when the body is small enough to drain.
-        if n <= DRAIN_MAX_BYTES {
-            drain(&mut stream, n).await;
-        }
-        return Err(too_large(limit));
-    }
-    let cap = usize::try_from(declared.unwrap_or(0).min(limit)).unwrap_or(0);
-    let mut buf = Vec::with_capacity(cap);
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| {
-            ApiError::bad_request("invalid_body", format!("reading the request body: {e}"))
-        })?;
-        let total = (buf.len() as u64).saturating_add(chunk.len() as u64);
-        if total > limit {
-            drop(buf);
-            drain(&mut stream, DRAIN_MAX_BYTES).await;
-            return Err(too_large(limit));
-        }
-        buf.extend_from_slice(&chunk);
-    }
-    Ok(Bytes::from(buf))
-}
-
 /// Refuses an upload before reading its body (a bad path, a wrong token). The body is drained
 /// as an over-limit one is (bounded in bytes and time), so a client still writing reads this
 /// answer instead of a broken pipe, and the connection is closed after it.
 async fn refuse_unread(headers: &HeaderMap, body: Body, error: ApiError) -> Response {
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok());
-    if declared.is_none_or(|n| n <= DRAIN_MAX_BYTES) {
+    if declared_length(headers).is_none_or(|n| n <= DRAIN_MAX_BYTES) {
         drain(&mut body.into_data_stream(), DRAIN_MAX_BYTES).await;
     }
     let mut response = error.into_response();
@@ -149,20 +119,6 @@ async fn refuse_unread(headers: &HeaderMap, body: Body, error: ApiError) -> Resp
         axum::http::HeaderValue::from_static("close"),
     );
     response
-}
-
-/// Discards up to `max` more bytes of `stream`, for at most [`DRAIN_DEADLINE`].
-async fn drain(stream: &mut axum::body::BodyDataStream, max: u64) {
-    let discard = async {
-        let mut seen = 0u64;
-        while seen < max {
-            match stream.next().await {
-                Some(Ok(chunk)) => seen = seen.saturating_add(chunk.len() as u64),
-                _ => return,
-            }
-        }
-    };
-    let _ = tokio::time::timeout(DRAIN_DEADLINE, discard).await;
 }
 
 fn no_live_sandbox(op: Operation, key: &BindingKey) -> Error {
@@ -174,22 +130,49 @@ fn no_live_sandbox(op: Operation, key: &BindingKey) -> Error {
     .with_code(ErrorCode::NoLiveSandbox)
 }
 
-/// `GET …/files/content?path=`: the file's bytes. Lookup-only.
+/// `GET …/files/content?path=`: the file's bytes, streamed. Lookup-only.
 pub async fn download(
     State(state): State<AppState>,
-    headers: HeaderMap,
+    caller: Caller,
     SessionPath(session): SessionPath,
     q: QueryResult<PathQuery>,
 ) -> Result<Response, ApiError> {
-    let (key, path) = key_and_path(&state, &headers, &session, q)?;
-    let bytes = state
+    let (key, path) = key_and_path(caller, &session, q)?;
+    let mut stream = state
         .manager
-        .read_file(&key, &path)
+        .read_file_stream(&key, &path, state.limits.download_max_bytes)
         .await
         .map_err(|e| observed(&state, e))?;
+    // The first chunk is awaited before answering, so a refusal the adapter can only make once
+    // the file is open (it turned out not to be a regular file, or larger than the cap) is
+    // still a proper error answer rather than a cut-off 200.
+    let first = match stream.next_chunk().await {
+        None => None,
+        Some(Ok(chunk)) => Some(chunk),
+        Some(Err(e)) => return Err(observed(&state, e)),
+    };
+    let metrics = state.metrics.clone();
+    let rest = futures_util::stream::unfold(Some(stream), move |stream| {
+        let metrics = metrics.clone();
+        async move {
+            let mut stream = stream?;
+            match stream.next_chunk().await {
+                Some(Ok(chunk)) => Some((Ok(Bytes::from(chunk)), Some(stream))),
+                Some(Err(e)) => {
+                    // Mid-answer there is no status left to send: the connection is cut, so
+                    // the client sees an incomplete body rather than a shorter "file".
+                    metrics.observe_error(&e);
+                    tracing::warn!(error = %e, "download ended early");
+                    Some((Err(e), None))
+                }
+                None => None,
+            }
+        }
+    });
+    let body = futures_util::stream::iter(first.map(|c| Ok(Bytes::from(c)))).chain(rest);
     Ok((
         [(header::CONTENT_TYPE, "application/octet-stream")],
-        Body::from(bytes),
+        Body::from_stream(body),
     )
         .into_response())
 }
@@ -198,23 +181,43 @@ pub async fn download(
 /// directory). Provisions the sandbox on first use.
 pub async fn upload(
     State(state): State<AppState>,
+    caller: Caller,
     headers: HeaderMap,
     SessionPath(session): SessionPath,
     q: QueryResult<PathQuery>,
     body: Body,
 ) -> Result<StatusCode, Response> {
-    write_upload(&state, &headers, &session, q, body, Upload::ModelFile).await
+    write_upload(
+        &state,
+        caller,
+        &headers,
+        &session,
+        q,
+        body,
+        Upload::ModelFile,
+    )
+    .await
 }
 
 /// `PUT …/attachments?path=`: writes an attachment, only below `/workspace/input`. Provisions.
 pub async fn put_attachment(
     State(state): State<AppState>,
+    caller: Caller,
     headers: HeaderMap,
     SessionPath(session): SessionPath,
     q: QueryResult<PathQuery>,
     body: Body,
 ) -> Result<StatusCode, Response> {
-    write_upload(&state, &headers, &session, q, body, Upload::Attachment).await
+    write_upload(
+        &state,
+        caller,
+        &headers,
+        &session,
+        q,
+        body,
+        Upload::Attachment,
+    )
+    .await
 }
 
 /// Which write rule an upload follows.
@@ -230,13 +233,14 @@ enum Upload {
 /// the bounded read, then the write.
 async fn write_upload(
     state: &AppState,
+    caller: Caller,
     headers: &HeaderMap,
     session: &str,
     q: QueryResult<PathQuery>,
     body: Body,
     kind: Upload,
 ) -> Result<StatusCode, Response> {
-    let checked = key_and_path(state, headers, session, q).and_then(|(key, path)| {
+    let checked = key_and_path(caller, session, q).and_then(|(key, path)| {
         let layout = state.manager.layout();
         match kind {
             Upload::ModelFile => layout.check_model_write(&path),
@@ -249,9 +253,15 @@ async fn write_upload(
         Ok(checked) => checked,
         Err(e) => return Err(refuse_unread(headers, body, e).await),
     };
-    let content = read_bounded(headers, body, state.limits.upload_max_bytes)
-        .await
-        .map_err(IntoResponse::into_response)?;
+    let content = read_limited(
+        state,
+        headers,
+        body,
+        state.limits.upload_max_bytes,
+        too_large,
+    )
+    .await
+    .map_err(IntoResponse::into_response)?;
     let written = match kind {
         Upload::ModelFile => state.manager.write_file(&key, &path, &content).await,
         Upload::Attachment => state.manager.write_attachment(&key, &path, &content).await,
@@ -264,11 +274,11 @@ async fn write_upload(
 /// when nothing is bound or the file is gone).
 pub async fn delete_attachment(
     State(state): State<AppState>,
-    headers: HeaderMap,
+    caller: Caller,
     SessionPath(session): SessionPath,
     q: QueryResult<PathQuery>,
 ) -> Result<StatusCode, ApiError> {
-    let (key, path) = key_and_path(&state, &headers, &session, q)?;
+    let (key, path) = key_and_path(caller, &session, q)?;
     state
         .manager
         .remove_attachment(&key, &path)
@@ -278,15 +288,16 @@ pub async fn delete_attachment(
 }
 
 /// `GET …/files?path=&depth=`: the entries below `path`, `depth` levels deep (default 1, at
-/// most [`MAX_LIST_DEPTH`]). Lookup-only: an unbound session or a missing directory lists
-/// nothing.
+/// most [`MAX_LIST_DEPTH`]), at most [`MAX_LIST_ENTRIES`] of them (`truncated` says when the
+/// cap or the deadline cut the walk). Lookup-only: an unbound session or a missing directory
+/// lists nothing.
 pub async fn list(
     State(state): State<AppState>,
-    headers: HeaderMap,
+    caller: Caller,
     SessionPath(session): SessionPath,
     q: QueryResult<ListQuery>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let key = session_key(&state, &headers, &session)?;
+    let key = session_key(caller, &session)?;
     let q = query(q)?;
     let path = sandbox_path(q.path.as_deref())?;
     let depth = match q.depth.as_deref() {
@@ -303,22 +314,24 @@ pub async fn list(
                 )
             })?,
     };
-    let entries = state
+    let listing = state
         .manager
-        .list_files(&key, &path, depth)
+        .list_files(&key, &path, sandbox_core::TreeLimits::depth(depth))
         .await
         .map_err(|e| observed(&state, e))?;
-    Ok(Json(json!({ "entries": entries })))
+    Ok(Json(
+        json!({ "entries": listing.entries, "truncated": listing.truncated }),
+    ))
 }
 
 /// `GET …/files/stat?path=`: kind, size and modification time of one path. Lookup-only.
 pub async fn stat(
     State(state): State<AppState>,
-    headers: HeaderMap,
+    caller: Caller,
     SessionPath(session): SessionPath,
     q: QueryResult<PathQuery>,
 ) -> Result<Json<sandbox_core::StatEntry>, ApiError> {
-    let (key, path) = key_and_path(&state, &headers, &session, q)?;
+    let (key, path) = key_and_path(caller, &session, q)?;
     let entry = state
         .manager
         .stat(&key, &path)
@@ -331,11 +344,11 @@ pub async fn stat(
 /// Provisions; the model-write rule applies (never under `/workspace/input`).
 pub async fn mkdir(
     State(state): State<AppState>,
-    headers: HeaderMap,
+    caller: Caller,
     SessionPath(session): SessionPath,
     q: QueryResult<PathQuery>,
 ) -> Result<StatusCode, ApiError> {
-    let (key, path) = key_and_path(&state, &headers, &session, q)?;
+    let (key, path) = key_and_path(caller, &session, q)?;
     state
         .manager
         .layout()
@@ -359,11 +372,11 @@ pub async fn mkdir(
 /// `no_live_sandbox`, a missing path `not_found`.
 pub async fn remove(
     State(state): State<AppState>,
-    headers: HeaderMap,
+    caller: Caller,
     SessionPath(session): SessionPath,
     q: QueryResult<PathQuery>,
 ) -> Result<StatusCode, ApiError> {
-    let (key, path) = key_and_path(&state, &headers, &session, q)?;
+    let (key, path) = key_and_path(caller, &session, q)?;
     state
         .manager
         .layout()

@@ -20,7 +20,7 @@ use super::AppState;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
-    method: String,
+    method: &'static str,
     route: String,
     status: u16,
 }
@@ -125,10 +125,16 @@ impl Metrics {
     }
 
     /// Records one finished request.
-    pub fn observe_request(&self, method: &str, route: &str, status: u16, elapsed: Duration) {
+    pub fn observe_request(
+        &self,
+        method: &'static str,
+        route: &str,
+        status: u16,
+        elapsed: Duration,
+    ) {
         self.requests
             .get_or_create(&RequestLabels {
-                method: method.to_owned(),
+                method,
                 route: route.to_owned(),
                 status,
             })

@@ -1,6 +1,9 @@
-//! The HTTP API (axum). Every route authenticates with a bearer token mapped to a tenant;
-//! sessions are tenant-scoped names, so another tenant's session is simply not there (404).
+//! The HTTP API (axum). Every `/v1` route but the OpenAPI document and the ticketed terminal
+//! upgrade authenticates with a bearer token mapped to a tenant, in one layer that runs before
+//! any handler, so no body of an unauthenticated request is ever read; sessions are
+//! tenant-scoped names, so another tenant's session is simply not there (404).
 
+pub mod body;
 pub mod error;
 pub mod exec;
 pub mod execute;
@@ -17,13 +20,14 @@ use std::time::Instant;
 
 use axum::Router;
 use axum::extract::{MatchedPath, Request, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use sandbox_core::{BindingKey, SandboxProvider, TenantId};
 use sandbox_session::manager::SessionManager;
 
+use self::body::InflightBudget;
 use self::error::ApiError;
 use self::metrics::Metrics;
 use crate::auth::TenantAuth;
@@ -41,6 +45,8 @@ pub struct AppState {
     pub tickets: Arc<crate::tickets::TerminalTickets>,
     /// The binding store, as `/healthz` reports it.
     pub store: StoreInfo,
+    /// The bytes of request bodies the whole process may hold at once.
+    pub budget: Arc<InflightBudget>,
 }
 
 /// The binding store's kind and, for a store with a backing service, its health check.
@@ -74,9 +80,9 @@ pub trait StoreHealth: Send + Sync {
     async fn check(&self) -> Result<(), sandbox_core::Error>;
 }
 
-/// The router with every route and the metrics layer.
+/// The router with every route, the authentication layer and the metrics layer.
 pub fn router(state: AppState) -> Router {
-    let api = Router::new()
+    let authenticated = Router::new()
         .route(
             "/v1/sessions/{session}",
             get(sessions::get_session).delete(sessions::destroy),
@@ -103,25 +109,70 @@ pub fn router(state: AppState) -> Router {
             "/v1/sessions/{session}/keepalive",
             post(sessions::keep_alive),
         )
-        .route("/v1/sessions/{session}/terminal", get(terminal::open))
         .route(
             "/v1/sessions/{session}/terminal/ticket",
             post(terminal::issue_ticket),
-        );
+        )
+        // Only matched routes: an unknown path stays a 404 `route_not_found` for everyone.
+        .route_layer(middleware::from_fn_with_state(state.clone(), authenticate));
     Router::new()
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics::render))
         .route("/v1/openapi.json", get(openapi::serve))
-        .merge(api)
+        // Authorised by its single-use ticket: browsers cannot send a bearer header on a
+        // WebSocket.
+        .route("/v1/sessions/{session}/terminal", get(terminal::open))
+        .merge(authenticated)
         .fallback(|| async {
             ApiError::new(StatusCode::NOT_FOUND, "route_not_found", "no such route")
         })
-        // JSON bodies up to the configured limit (uploads stream past it and enforce their own).
-        .layer(axum::extract::DefaultBodyLimit::max(
-            usize::try_from(state.limits.json_max_bytes).unwrap_or(usize::MAX),
-        ))
         .layer(middleware::from_fn_with_state(state.clone(), record))
         .with_state(state)
+}
+
+/// The caller's tenant, put in the request by the authentication layer.
+#[derive(Debug, Clone, Copy)]
+pub struct Caller(pub TenantId);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        // Absent only on a route registered outside the authenticated router: refuse rather
+        // than serve it as nobody.
+        parts
+            .extensions
+            .get::<Caller>()
+            .copied()
+            .ok_or_else(ApiError::unauthorized)
+    }
+}
+
+/// The authentication layer: the bearer token maps to a tenant, or the request ends here with
+/// 401 before its handler (and so its body) is touched.
+async fn authenticate(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
+    match tenant(&state, request.headers()) {
+        Ok(tenant) => {
+            request.extensions_mut().insert(Caller(tenant));
+            next.run(request).await
+        }
+        Err(refused) => {
+            let mut response = refused.into_response();
+            if request.headers().contains_key(header::CONTENT_LENGTH)
+                || request.headers().contains_key(header::TRANSFER_ENCODING)
+            {
+                // The body stays unread, so the connection cannot carry another request.
+                response.headers_mut().insert(
+                    header::CONNECTION,
+                    axum::http::HeaderValue::from_static("close"),
+                );
+            }
+            response
+        }
+    }
 }
 
 /// The `{session}` path segment. A segment that does not even decode (`%FF`) is a 400
@@ -144,17 +195,34 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for SessionPath {
     }
 }
 
-/// Counts every request by route and status and times it.
+/// The method as a metric label: the standard methods by name, anything a client made up as
+/// `other`, so invented methods cannot grow the series set.
+fn method_label(method: &Method) -> &'static str {
+    match *method {
+        Method::GET => "GET",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::HEAD => "HEAD",
+        Method::OPTIONS => "OPTIONS",
+        Method::PATCH => "PATCH",
+        Method::CONNECT => "CONNECT",
+        Method::TRACE => "TRACE",
+        _ => "other",
+    }
+}
+
+/// Counts every request by method, route and status, and times it.
 async fn record(State(state): State<AppState>, request: Request, next: Next) -> Response {
     let route = request
         .extensions()
         .get::<MatchedPath>()
         .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
-    let method = request.method().as_str().to_owned();
+    let method = method_label(request.method());
     let started = Instant::now();
     let response = next.run(request).await;
     state.metrics.observe_request(
-        &method,
+        method,
         &route,
         response.status().as_u16(),
         started.elapsed(),
@@ -162,8 +230,10 @@ async fn record(State(state): State<AppState>, request: Request, next: Next) -> 
     response
 }
 
-/// `GET /healthz`: 200 when the backend answers, 503 with the reason otherwise. No auth: load
-/// balancers probe it.
+/// `GET /healthz`: 200 when the backend and the store answer, 503 with a reason *code*
+/// otherwise (`backend_unavailable`, `store_unavailable`). No auth: load balancers probe it, so
+/// it says nothing an anonymous caller should learn (no engine errors, no addresses); the
+/// details go to the log.
 async fn healthz(State(state): State<AppState>) -> Response {
     let backend = state.provider.provider().as_str();
     let store = state.store.kind;
@@ -173,8 +243,14 @@ async fn healthz(State(state): State<AppState>) -> Response {
     };
     let verdict = match (state.provider.health().await, store_check) {
         (Ok(()), Ok(())) => Ok(()),
-        (Err(e), _) => Err(format!("backend: {e}")),
-        (Ok(()), Err(e)) => Err(format!("store: {e}")),
+        (Err(e), _) => {
+            tracing::warn!(error = %e, "health check: the backend does not answer");
+            Err("backend_unavailable")
+        }
+        (Ok(()), Err(e)) => {
+            tracing::warn!(error = %e, "health check: the store does not answer");
+            Err("store_unavailable")
+        }
     };
     match verdict {
         Ok(()) => (
@@ -190,16 +266,20 @@ async fn healthz(State(state): State<AppState>) -> Response {
     }
 }
 
+/// The bearer token of an `Authorization` value. The scheme is case-insensitive (RFC 9110
+/// §11.1), so `bearer x` is the same credential as `Bearer x`.
+pub fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim_start().split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
 /// The tenant behind the request's bearer token.
 pub fn tenant(state: &AppState, headers: &HeaderMap) -> Result<TenantId, ApiError> {
-    let value = headers
+    let token = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .ok_or_else(ApiError::unauthorized)?;
-    let token = value
-        .strip_prefix("Bearer ")
-        .map(str::trim)
-        .filter(|t| !t.is_empty())
+        .and_then(bearer_token)
         .ok_or_else(ApiError::unauthorized)?;
     state
         .auth
@@ -208,13 +288,39 @@ pub fn tenant(state: &AppState, headers: &HeaderMap) -> Result<TenantId, ApiErro
 }
 
 /// The binding key of `session` for the caller.
-pub fn session_key(
-    state: &AppState,
-    headers: &HeaderMap,
-    session: &str,
-) -> Result<BindingKey, ApiError> {
-    let tenant = tenant(state, headers)?;
+pub fn session_key(Caller(tenant): Caller, session: &str) -> Result<BindingKey, ApiError> {
     let session = sandbox_core::SessionId::new(session)
         .map_err(|e| ApiError::bad_request("invalid_session", e.message().to_owned()))?;
     Ok(BindingKey { tenant, session })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive() {
+        for (value, token) in [
+            ("Bearer abc", Some("abc")),
+            ("bearer abc", Some("abc")),
+            ("BEARER  abc ", Some("abc")),
+            ("Basic abc", None),
+            ("Bearer ", None),
+            ("Bearer", None),
+            ("Bearerabc", None),
+        ] {
+            assert_eq!(bearer_token(value), token, "{value:?}");
+        }
+    }
+
+    #[test]
+    fn made_up_methods_share_one_label() {
+        assert_eq!(method_label(&Method::GET), "GET");
+        for raw in ["FOO", "PROPFIND", "X1"] {
+            assert_eq!(
+                method_label(&Method::from_bytes(raw.as_bytes()).unwrap()),
+                "other"
+            );
+        }
+    }
 }

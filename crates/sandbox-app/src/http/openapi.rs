@@ -159,7 +159,16 @@ const E413: ResponseDoc = err(
     "The request body exceeds the JSON body limit",
     &["payload_too_large"],
 );
-const E429: ResponseDoc = err(429, "The backend is out of capacity", &["capacity"]);
+const E429: ResponseDoc = err(
+    429,
+    "The backend is out of capacity, or one of the tenant's quotas is spent (the message names the limit; nothing was created)",
+    &["capacity", "quota_exceeded"],
+);
+const E408: ResponseDoc = err(
+    408,
+    "The request body stalled, or was not complete within the body deadline",
+    &["body_timeout"],
+);
 const E500: ResponseDoc = err(
     500,
     "An internal error (or a stored binding that fails validation)",
@@ -173,8 +182,9 @@ const E502: ResponseDoc = err(
 );
 const E503: ResponseDoc = err(
     503,
-    "The backend or the binding store is unavailable, or the backend is not enabled",
+    "The backend or the binding store is unavailable, the backend is not enabled, or the service holds its limit of in-flight request bodies (`server_busy`, with `Retry-After`)",
     &[
+        "server_busy",
         "provider_unavailable",
         "store_unavailable",
         "backend_disabled",
@@ -225,6 +235,14 @@ const PROVISION_FILE_400: &[&str] = &[
     "invalid_path",
     "invalid_request",
     "image_not_present",
+];
+const DOWNLOAD_400: &[&str] = &[
+    "invalid_session",
+    "invalid_query",
+    "invalid_path",
+    "invalid_request",
+    "not_a_regular_file",
+    "file_too_large",
 ];
 const UPLOAD_400: &[&str] = &[
     "invalid_session",
@@ -365,6 +383,7 @@ pub const ROUTES: &[Route] = &[
                 "The body, query, session ID or command is unusable",
                 &[
                     "invalid_json",
+                    "invalid_body",
                     "invalid_command",
                     "invalid_path",
                     "invalid_timeout",
@@ -377,7 +396,9 @@ pub const ROUTES: &[Route] = &[
             ),
             E401,
             E404_SESSION,
+            E408,
             E409,
+            E413,
             E429,
             E500,
             E501,
@@ -431,6 +452,7 @@ pub const ROUTES: &[Route] = &[
                 "The body or session ID is unusable",
                 &[
                     "invalid_json",
+                    "invalid_body",
                     "invalid_session",
                     "invalid_snapshot",
                     "invalid_request",
@@ -447,6 +469,7 @@ pub const ROUTES: &[Route] = &[
                     "sandbox_gone",
                 ],
             ),
+            E408,
             E409,
             E413,
             E429,
@@ -473,21 +496,27 @@ pub const ROUTES: &[Route] = &[
             ok(201, "The new sandbox", schema!("RestoreCreated")),
             err(
                 400,
-                "The body, session ID or snapshot is unusable (an unknown snapshot is `invalid_request` or `image_not_present`)",
+                "The body, session ID or snapshot ID is unusable",
                 &[
                     "invalid_json",
+                    "invalid_body",
                     "invalid_session",
                     "invalid_snapshot",
                     "invalid_request",
-                    "image_not_present",
                 ],
             ),
             E401,
             err(
                 404,
-                "The session was deleted or the snapshot was not found",
-                &["session_deleted", "not_found", "sandbox_gone"],
+                "The session was deleted, or the snapshot is not one of this tenant's snapshots in this deployment (a missing, a foreign and a non-snapshot image answer alike)",
+                &[
+                    "snapshot_not_found",
+                    "session_deleted",
+                    "not_found",
+                    "sandbox_gone",
+                ],
             ),
+            E408,
             err(
                 409,
                 "The session already has a sandbox: destroy it first",
@@ -521,6 +550,7 @@ pub const ROUTES: &[Route] = &[
                 "The body is unusable, or the script validator refused the script",
                 &[
                     "invalid_json",
+                    "invalid_body",
                     "invalid_command",
                     "invalid_path",
                     "invalid_timeout",
@@ -531,6 +561,7 @@ pub const ROUTES: &[Route] = &[
             ),
             E401,
             err(404, "The sandbox went away", &["not_found", "sandbox_gone"]),
+            E408,
             err(409, "A conflict with the sandbox's state", &["conflict"]),
             E413,
             E429,
@@ -546,7 +577,7 @@ pub const ROUTES: &[Route] = &[
         method: Method::Get,
         path: "/v1/sessions/{session}/files",
         operation_id: "listFiles",
-        summary: "Entries below `path`, `depth` levels deep (lookup-only: an unbound session or a missing directory lists nothing)",
+        summary: "Entries below `path`, `depth` levels deep, at most 10000 of them in one bounded walk (`truncated` says when the cap or the deadline cut it; lookup-only: an unbound session or a missing directory lists nothing)",
         auth: true,
         query: &[
             PATH_PARAM,
@@ -612,13 +643,17 @@ pub const ROUTES: &[Route] = &[
         method: Method::Get,
         path: "/v1/sessions/{session}/files/content",
         operation_id: "downloadFile",
-        summary: "A file's bytes (lookup-only)",
+        summary: "A regular file's bytes, streamed (lookup-only; at most `limits.download_max_bytes`)",
         auth: true,
         query: &[PATH_PARAM],
         request: None,
         responses: &[
             ok(200, "The file's bytes", OCTETS),
-            err(400, "The session ID, query or path is unusable", FILE_400),
+            err(
+                400,
+                "The session ID, query or path is unusable, the path is not a regular file once resolved (a FIFO, a device, a directory), or the file is larger than the download limit",
+                DOWNLOAD_400,
+            ),
             E401,
             E404_SESSION,
             E409,
@@ -651,6 +686,7 @@ pub const ROUTES: &[Route] = &[
             ),
             E401,
             E404_SESSION,
+            E408,
             E409,
             UPLOAD_413,
             E429,
@@ -730,6 +766,7 @@ pub const ROUTES: &[Route] = &[
             ),
             E401,
             E404_SESSION,
+            E408,
             E409,
             UPLOAD_413,
             E429,
@@ -775,8 +812,39 @@ pub const ROUTES: &[Route] = &[
             ok(200, "The ticket", schema!("TerminalTicket")),
             err(400, "The session ID is unusable", &["invalid_session"]),
             E401,
-            err(500, "No randomness for a ticket", &["internal"]),
-            err(503, "Too many tickets outstanding", &["too_many_tickets"]),
+            err(
+                404,
+                "No sandbox is bound to the session (tickets are issued only for a running one)",
+                &[
+                    "no_live_sandbox",
+                    "session_deleted",
+                    "not_found",
+                    "sandbox_gone",
+                ],
+            ),
+            E409,
+            err(
+                429,
+                "The tenant holds its limit of unused tickets (`limits.tickets_per_tenant`)",
+                &["quota_exceeded", "capacity"],
+            ),
+            E500,
+            E501,
+            E502,
+            err(
+                503,
+                "Too many tickets outstanding in the service, or the backend or store is unavailable",
+                &[
+                    "too_many_tickets",
+                    "server_busy",
+                    "provider_unavailable",
+                    "store_unavailable",
+                    "backend_disabled",
+                    "egress_protection_unavailable",
+                    "lock_ownership_lost",
+                ],
+            ),
+            E504,
         ],
     },
     Route {
@@ -886,7 +954,8 @@ fn schemas() -> Value {
             "properties": {
                 "status": { "enum": ["ok", "unavailable"] },
                 "backend": { "type": "string" },
-                "reason": { "type": "string" }
+                "store": { "type": "string" },
+                "reason": { "enum": ["backend_unavailable", "store_unavailable"], "description": "A reason code only; the details are in the service's log" }
             }
         },
         "Session": {
@@ -978,8 +1047,9 @@ fn schemas() -> Value {
         },
         "Listing": {
             "type": "object",
-            "required": ["entries"],
+            "required": ["entries", "truncated"],
             "properties": {
+                "truncated": { "type": "boolean", "description": "The entry cap or the walk's deadline cut the listing short" },
                 "entries": {
                     "type": "array",
                     "items": {
@@ -1217,6 +1287,7 @@ mod tests {
             limits: crate::config::Limits::default(),
             tickets: Arc::new(crate::tickets::TerminalTickets::default()),
             store: crate::http::StoreInfo::memory(),
+            budget: crate::http::body::InflightBudget::new(1 << 30),
         })
     }
 

@@ -2,21 +2,21 @@
 
 use axum::Json;
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 use super::error::ApiError;
-use super::{AppState, SessionPath, session_key};
+use super::{AppState, Caller, SessionPath, session_key};
 
 /// `GET /v1/sessions/{session}`: the binding and the sandbox state, without connecting (a
 /// connect would resume a paused sandbox). 404 `no_live_sandbox` when nothing is bound.
 pub async fn get_session(
     State(state): State<AppState>,
-    headers: HeaderMap,
+    caller: Caller,
     SessionPath(session): SessionPath,
 ) -> Result<Response, ApiError> {
-    let key = session_key(&state, &headers, &session)?;
+    let key = session_key(caller, &session)?;
     let lifecycle = state.manager.lifecycle();
     match lifecycle
         .peek_state(&key)
@@ -42,10 +42,10 @@ pub async fn get_session(
 /// when nothing was bound).
 pub async fn destroy(
     State(state): State<AppState>,
-    headers: HeaderMap,
+    caller: Caller,
     SessionPath(session): SessionPath,
 ) -> Result<StatusCode, ApiError> {
-    let key = session_key(&state, &headers, &session)?;
+    let key = session_key(caller, &session)?;
     state
         .manager
         .destroy(&key)
@@ -58,10 +58,10 @@ pub async fn destroy(
 /// (lookup-only) and answers when to call again.
 pub async fn keep_alive(
     State(state): State<AppState>,
-    headers: HeaderMap,
+    caller: Caller,
     SessionPath(session): SessionPath,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let key = session_key(&state, &headers, &session)?;
+    let key = session_key(caller, &session)?;
     let next = state
         .manager
         .keep_alive(&key)

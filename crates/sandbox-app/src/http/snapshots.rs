@@ -4,20 +4,20 @@
 //! `conflict` when the session already has one: restoring over it would discard its workspace).
 
 use axum::Json;
-use axum::body::Bytes;
-use axum::extract::rejection::{BytesRejection, PathRejection};
+use axum::body::Body;
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use sandbox_core::SnapshotId;
 use sandbox_core::ids::MAX_ID_LEN;
 use serde::Deserialize;
-use serde::de::DeserializeOwned;
 use serde_json::json;
 
+use super::body::read_json;
 use super::error::ApiError;
 use super::sessions::observed;
-use super::{AppState, session_key};
+use super::{AppState, Caller, session_key};
 
 /// Body of the snapshot route (an empty body means no name).
 #[derive(Debug, Deserialize, Default)]
@@ -43,65 +43,17 @@ pub(crate) fn session_segment(
         .map_err(|e| ApiError::bad_request("invalid_session", e.body_text()))
 }
 
-/// A JSON body within the configured limit: 413 `payload_too_large` beyond it, 400
-/// `invalid_json` when it does not parse. `empty_default` lets an empty body stand for `{}`.
-pub(crate) fn json_body<T: DeserializeOwned + Default>(
-    state: &AppState,
-    body: Result<Bytes, BytesRejection>,
-    what: &str,
-    empty_default: bool,
-) -> Result<T, ApiError> {
-    let body = body_bytes(state, body)?;
-    if empty_default && body.iter().all(u8::is_ascii_whitespace) {
-        return Ok(T::default());
-    }
-    serde_json::from_slice(&body)
-        .map_err(|e| ApiError::bad_request("invalid_json", format!("{what} body: {e}")))
-}
-
-/// The raw body within the configured limit.
-pub(crate) fn body_bytes(
-    state: &AppState,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Bytes, ApiError> {
-    let too_large = || {
-        ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "payload_too_large",
-            format!(
-                "the request body exceeds {} bytes",
-                state.limits.json_max_bytes
-            ),
-        )
-    };
-    let body = body.map_err(|e| {
-        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            // The router's extractor limit (axum's 2 MiB default) tripped before ours.
-            ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "payload_too_large",
-                e.body_text(),
-            )
-        } else {
-            ApiError::bad_request("invalid_json", e.body_text())
-        }
-    })?;
-    if u64::try_from(body.len()).unwrap_or(u64::MAX) > state.limits.json_max_bytes {
-        return Err(too_large());
-    }
-    Ok(body)
-}
-
 /// `POST /v1/sessions/{session}/snapshots`: 201 `{"snapshot_id", "name", "source"}`.
 pub async fn create(
     State(state): State<AppState>,
+    caller: Caller,
     headers: HeaderMap,
     path: Result<Path<String>, PathRejection>,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Result<Response, ApiError> {
     let session = session_segment(path)?;
-    let key = session_key(&state, &headers, &session)?;
-    let body: SnapshotBody = json_body(&state, body, "snapshot", true)?;
+    let key = session_key(caller, &session)?;
+    let body: SnapshotBody = read_json(&state, &headers, body, "snapshot", true).await?;
     if let Some(name) = &body.name
         && (name.len() > MAX_ID_LEN || name.chars().any(char::is_control))
     {
@@ -129,13 +81,14 @@ pub async fn create(
 /// `POST /v1/sessions/{session}/restore`: 201 `{"session", "sandbox_id"}`.
 pub async fn restore(
     State(state): State<AppState>,
+    caller: Caller,
     headers: HeaderMap,
     path: Result<Path<String>, PathRejection>,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Result<Response, ApiError> {
     let session = session_segment(path)?;
-    let key = session_key(&state, &headers, &session)?;
-    let body: Option<RestoreBody> = json_body(&state, body, "restore", false)?;
+    let key = session_key(caller, &session)?;
+    let body: Option<RestoreBody> = read_json(&state, &headers, body, "restore", false).await?;
     let body = body.ok_or_else(|| {
         ApiError::bad_request(
             "invalid_json",

@@ -27,7 +27,7 @@ use std::time::Duration;
 use axum::Json;
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgrade, close_code};
 use axum::extract::{Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::Response;
 use sandbox_core::{
     BindingKey, SessionId, Terminal, TerminalEvent, TerminalInput, TerminalOptions, TerminalSize,
@@ -42,7 +42,7 @@ use tokio::time::{Instant, timeout};
 use super::error::ApiError;
 use super::metrics::Metrics;
 use super::sessions::observed;
-use super::{AppState, SessionPath, session_key};
+use super::{AppState, Caller, SessionPath, session_key};
 use crate::config::Limits;
 use crate::tickets::IssueError;
 
@@ -90,15 +90,27 @@ fn invalid_ticket() -> ApiError {
 /// `POST /v1/sessions/{session}/terminal/ticket`.
 pub async fn issue_ticket(
     State(state): State<AppState>,
-    headers: HeaderMap,
+    caller: Caller,
     SessionPath(session): SessionPath,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let key = session_key(&state, &headers, &session)?;
+    let key = session_key(caller, &session)?;
+    // Only for a session with a running sandbox: a ticket for nothing is pool space taken for
+    // nothing (and the upgrade would refuse it anyway).
+    state
+        .manager
+        .require_running(&key)
+        .await
+        .map_err(|e| observed(&state, e))?;
     let ticket = state.tickets.issue(key).map_err(|e| match e {
         IssueError::Full => ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "too_many_tickets",
             "too many terminal tickets outstanding; try again shortly",
+        ),
+        IssueError::TenantFull(limit) => ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "quota_exceeded",
+            format!("this tenant holds {limit} unused terminal tickets already (limit tickets_per_tenant = {limit}); use or let them expire"),
         ),
         IssueError::Random(m) => ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -194,11 +206,12 @@ pub async fn open(
         allow_resume: query.resume,
         ..TerminalOptions::default()
     };
-    let terminal = state
+    let (terminal, slot) = state
         .manager
         .open_terminal(&key, options)
         .await
-        .map_err(|e| observed(&state, e))?;
+        .map_err(|e| observed(&state, e))?
+        .into_parts();
     // From here on the guard closes the terminal whatever happens, including a failed upgrade
     // (the callback below is then dropped without running).
     let guard = CloseOnDrop(Some(terminal.input.clone()));
@@ -211,7 +224,11 @@ pub async fn open(
     Ok(upgrade
         .max_message_size(MAX_MESSAGE_BYTES)
         .max_frame_size(MAX_FRAME_BYTES)
-        .on_upgrade(move |socket| relay.run(socket, terminal, guard)))
+        .on_upgrade(move |socket| async move {
+            relay.run(socket, terminal, guard).await;
+            // The tenant's terminal slot is free once the relay is over.
+            drop(slot);
+        }))
 }
 
 /// Closes the terminal input when dropped without [`CloseOnDrop::close`] having run.

@@ -22,6 +22,9 @@ use sandbox_app::config::{ServiceConfig, TenantEntry};
 use sandbox_app::http::AppState;
 use serde_json::Value;
 
+/// The image the service's test sandboxes boot (built locally by xtask, never pulled).
+pub(crate) const IMAGE: &str = sandbox_app::image::DEFAULT_IMAGE;
+
 /// A request body: whole (`full`) or streamed.
 pub(crate) type ReqBody = BoxBody<Bytes, Infallible>;
 
@@ -59,6 +62,7 @@ pub(crate) async fn start_with(
         .map(|(id, t)| TenantEntry {
             id,
             token_sha256: hex(&digest(t)),
+            quotas: Default::default(),
         })
         .collect();
     config(&mut cfg);
@@ -84,7 +88,12 @@ pub(crate) async fn start(prefix: &str, tokens: &[&str]) -> Server {
 pub(crate) async fn serve(state: AppState) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, sandbox_app::http::router(state)).await });
+    tokio::spawn(sandbox_app::server::serve(
+        listener,
+        sandbox_app::http::router(state),
+        sandbox_app::server::ServerLimits::default(),
+        std::future::pending(),
+    ));
     addr
 }
 
