@@ -65,6 +65,12 @@ impl WorkspaceLayout {
 
     /// Checks a model-authored write: anywhere in the sandbox except the input directory and
     /// except a bare top-level directory (writing a file *as* `/etc` or `/workspace`).
+    ///
+    /// A *policy guard*, not a security boundary: the check is on the path as written, and
+    /// code inside the sandbox owns its whole filesystem (it can symlink another directory to
+    /// `/workspace/input`, or write there itself). What it keeps is the agent's own file tools
+    /// from overwriting the user's attachments by accident; isolation between tenants comes
+    /// from the sandbox, never from this rule.
     pub fn check_model_write(&self, path: &SandboxPath) -> Result<(), Error> {
         if path.starts_with(&self.input) {
             return Err(invalid_path(path, "is read-only: attachments live there"));
