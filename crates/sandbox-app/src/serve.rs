@@ -387,3 +387,42 @@ async fn shutdown() {
     tokio::select! { () = ctrl_c => {}, () = term => {} }
     tracing::info!("shutting down");
 }
+
+#[cfg(all(test, unix))]
+mod tests {
+    use std::os::unix::fs::PermissionsExt as _;
+
+    use super::*;
+
+    fn mode(path: &std::path::Path) -> u32 {
+        std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+    }
+
+    #[test]
+    fn the_dev_token_and_its_directory_are_private() {
+        let root = std::env::temp_dir().join(format!("sbx-token-{:08x}", fastrand::u32(..)));
+        let file = root.join("sandbox").join("dev-token");
+        let config = ServiceConfig {
+            dev_token_file: Some(file.clone()),
+            ..ServiceConfig::default()
+        };
+        tenants(&config).unwrap();
+        assert_eq!(mode(&file), 0o600);
+        assert_eq!(
+            mode(file.parent().unwrap()),
+            0o700,
+            "a directory we create is ours alone"
+        );
+
+        // An existing token someone made world-readable is narrowed, and still used.
+        let token = std::fs::read_to_string(&file).unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let auth = tenants(&config).unwrap();
+        assert_eq!(mode(&file), 0o600);
+        assert_eq!(
+            auth.tenant_of(token.trim()).map(|t| t.get()),
+            Some(DEV_TENANT)
+        );
+        let _ = std::fs::remove_dir_all(root);
+    }
+}

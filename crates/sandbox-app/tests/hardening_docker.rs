@@ -578,6 +578,61 @@ async fn concurrent_uploads_are_held_once() {
     );
 }
 
+// ---- M6: listings ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Docker engine and the sandbox-busybox:test image: cargo xtask test runs it"]
+async fn listings_walk_once_and_are_capped() {
+    let s = support::start("thls", &[TOKEN_A]).await;
+    let (status, v) = s
+        .call(
+            "POST",
+            "/v1/sessions/ls/exec",
+            &shell(
+                "mkdir -p /workspace/dirs /workspace/files && cd /workspace/dirs && \
+                 for i in $(seq 1 1000); do mkdir d$i; done && cd /workspace/files && \
+                 for i in $(seq 1 10500); do : > f$i; done && echo made",
+            ),
+        )
+        .await;
+    assert_eq!((status, v["stdout"].as_str()), (200, Some("made\n")), "{v}");
+    let started = Instant::now();
+    let (status, v) = s
+        .call(
+            "GET",
+            "/v1/sessions/ls/files?path=/workspace/dirs&depth=3",
+            "",
+        )
+        .await;
+    let took = started.elapsed();
+    let entries = v["entries"].as_array().map_or(0, Vec::len);
+    println!(
+        "1000 directories, depth 3: {status}, {entries} entries, truncated {}, in {took:?}",
+        v["truncated"]
+    );
+    assert_eq!(
+        (status, entries, &v["truncated"]),
+        (200, 1000, &json!(false))
+    );
+    // Generous: one walk of 1000 directories, where one exec per directory took 49 s.
+    assert!(
+        took < Duration::from_secs(20),
+        "listing 1000 directories took {took:?}"
+    );
+    let (status, v) = s
+        .call("GET", "/v1/sessions/ls/files?path=/workspace/files", "")
+        .await;
+    let entries = v["entries"].as_array().map_or(0, Vec::len);
+    println!(
+        "10500 files: {status}, {entries} entries, truncated {}",
+        v["truncated"]
+    );
+    assert_eq!(
+        (status, entries, &v["truncated"]),
+        (200, 10_000, &json!(true))
+    );
+}
+
 // ---- H4: live work --------------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

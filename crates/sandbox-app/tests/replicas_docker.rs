@@ -178,6 +178,9 @@ async fn redis_down_fails_closed_and_the_replicas_recover_when_it_returns() {
     let (status, health) = a.try_call("GET", "/healthz", None, "").await.unwrap();
     assert_eq!(status, 503, "{health}");
     assert_eq!(health["store"], "redis");
+    // A reason code, never the store's error text (addresses, client errors) to an anonymous
+    // caller.
+    assert_eq!(health["reason"], "store_unavailable", "{health}");
     assert_eq!(
         container_ids(&c.namespace).await,
         before,

@@ -26,7 +26,11 @@ use tokio::net::TcpStream;
 const TOKEN: &str = "token-limits";
 
 fn state(limits: Limits) -> AppState {
-    let provider: Arc<dyn SandboxProvider> = Arc::new(FakeProvider::new());
+    state_on(limits, FakeProvider::new())
+}
+
+fn state_on(limits: Limits, fake: FakeProvider) -> AppState {
+    let provider: Arc<dyn SandboxProvider> = Arc::new(fake);
     let lifecycle = Lifecycle::new(
         provider.clone(),
         Arc::new(MemoryBindingStore::new()),
@@ -51,11 +55,15 @@ fn state(limits: Limits) -> AppState {
 }
 
 async fn start(limits: Limits, server: ServerLimits) -> SocketAddr {
+    start_state(state(limits), server).await
+}
+
+async fn start_state(state: AppState, server: ServerLimits) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(serve(
         listener,
-        router(state(limits)),
+        router(state),
         server,
         std::future::pending(),
     ));
@@ -242,4 +250,31 @@ async fn an_unauthenticated_body_is_refused_unread() {
     let (answer, _) = read_to_close(&mut c, Duration::from_secs(20)).await;
     assert!(answer.starts_with("HTTP/1.1 404"), "{answer}");
     assert!(answer.contains("no_live_sandbox"), "{answer}");
+}
+
+#[tokio::test]
+async fn health_answers_reason_codes_only() {
+    let fake = FakeProvider::new();
+    // An engine error with an address in it: it must reach the log, never an anonymous caller.
+    fake.fail_always(
+        sandbox_testkit::fake::FakeOp::Health,
+        sandbox_core::Error::unavailable(
+            sandbox_core::Operation::HEALTH,
+            "connect unix:///var/run/docker.sock: connection refused (10.1.2.3)",
+        ),
+    );
+    let addr = start_state(state_on(Limits::default(), fake), ServerLimits::default()).await;
+    let mut c = dial(addr).await;
+    c.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let (answer, _) = read_to_close(&mut c, Duration::from_secs(20)).await;
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    let body = &answer[answer.find("\r\n\r\n").unwrap() + 4..];
+    let v: serde_json::Value = serde_json::from_str(body).unwrap();
+    assert_eq!(v["reason"], "backend_unavailable", "{v}");
+    assert!(
+        !body.contains("docker.sock") && !body.contains("10.1.2.3"),
+        "{body}"
+    );
 }
