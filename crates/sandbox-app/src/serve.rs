@@ -394,12 +394,10 @@ mod tests {
 
     use super::*;
 
-    fn mode(path: &std::path::Path) -> u32 {
-        std::fs::metadata(path).unwrap().permissions().mode() & 0o777
-    }
-
     #[test]
     fn the_dev_token_and_its_directory_are_private() {
+        let mode =
+            |path: &std::path::Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
         let root = std::env::temp_dir().join(format!("sbx-token-{:08x}", fastrand::u32(..)));
         let file = root.join("sandbox").join("dev-token");
         let config = ServiceConfig {
