@@ -909,6 +909,16 @@ impl<'a> Ipt<'a> {
         }
     }
 
+    /// The `-S <chain>` listing, `None` when the chain does not exist.
+    async fn listing(&self, chain: &str) -> Result<Option<String>, String> {
+        let (full, out) = self.call(&["-S", chain]).await?;
+        match out.status {
+            0 => Ok(Some(out.stdout)),
+            1 if !denied(&out.stderr) => Ok(None),
+            _ => Err(self.failure(&full, &out)),
+        }
+    }
+
     /// Whether the program exists at all (any answer counts; only a failed spawn does not).
     async fn installed(&self) -> bool {
         !matches!(
@@ -1019,11 +1029,17 @@ impl RuleSet<'_> {
         chain: &str,
         rules: &[Vec<String>],
     ) -> Result<(), String> {
-        if !ipt.probe(&["-S", chain]).await? {
-            let (full, out) = ipt.call(&["-N", chain]).await?;
-            // Another process may have created it between our check and ours.
-            if out.status != 0 && !out.stderr.contains("already exists") {
-                return Err(ipt.failure(&full, &out));
+        // Stale rules go first, so that the chain holds only wanted rules in the wanted
+        // order before anything is inserted: a position counted past a stale exemption could
+        // otherwise put a drop ahead of an exemption that is still wanted.
+        match ipt.listing(chain).await? {
+            Some(listing) => self.prune_stale_dns(ipt, chain, &listing).await?,
+            None => {
+                let (full, out) = ipt.call(&["-N", chain]).await?;
+                // Another process may have created it between our check and ours.
+                if out.status != 0 && !out.stderr.contains("already exists") {
+                    return Err(ipt.failure(&full, &out));
+                }
             }
         }
         for (i, rule) in rules.iter().enumerate() {
@@ -1031,18 +1047,23 @@ impl RuleSet<'_> {
             if ipt.probe(&[&["-C", chain][..], &spec].concat()).await? {
                 continue;
             }
-            // Rules before `i` are all present, so position `i + 1` exists and keeps the
-            // intended order (exemptions ahead of drops) even when repairing a chain.
+            // Rules before `i` are all present and nothing stale is left, so position `i + 1`
+            // exists and keeps the intended order (exemptions ahead of drops) even when
+            // repairing a chain.
             let pos = (i + 1).to_string();
             ipt.ok(&[&["-I", chain, &pos][..], &spec].concat()).await?;
         }
-        self.prune_stale_dns(ipt, chain).await
+        Ok(())
     }
 
     /// Deletes DNS exemptions for resolvers the host no longer uses. Other rules never go
     /// stale: everything else derives from the chain's name.
-    async fn prune_stale_dns(&self, ipt: &Ipt<'_>, chain: &str) -> Result<(), String> {
-        let listing = ipt.ok(&["-S", chain]).await?.stdout;
+    async fn prune_stale_dns(
+        &self,
+        ipt: &Ipt<'_>,
+        chain: &str,
+        listing: &str,
+    ) -> Result<(), String> {
         let current: HashSet<String> = self
             .resolvers
             .iter()
@@ -1449,14 +1470,12 @@ mod tests {
             want.push(format!("iptables -w -C SBX-4bf24aa9-FWD {rule}"));
             want.push(format!("iptables -w -I SBX-4bf24aa9-FWD {} {rule}", i + 1));
         }
-        want.push("iptables -w -S SBX-4bf24aa9-FWD".into());
         want.push("iptables -w -S SBX-4bf24aa9-IN".into());
         want.push("iptables -w -N SBX-4bf24aa9-IN".into());
         for (i, rule) in [est, dns_udp, dns_tcp, "-j DROP"].iter().enumerate() {
             want.push(format!("iptables -w -C SBX-4bf24aa9-IN {rule}"));
             want.push(format!("iptables -w -I SBX-4bf24aa9-IN {} {rule}", i + 1));
         }
-        want.push("iptables -w -S SBX-4bf24aa9-IN".into());
         for (builtin, chain) in [
             ("DOCKER-USER", "SBX-4bf24aa9-FWD"),
             ("INPUT", "SBX-4bf24aa9-IN"),
@@ -1675,6 +1694,54 @@ mod tests {
                 2
             );
         }
+    }
+
+    /// The verdicts of a chain in the fake, in order.
+    fn verdicts(fake: &FakeIptables, family: IpFamily, chain: &str) -> Vec<String> {
+        fake.table(family)[chain]
+            .iter()
+            .map(|r| r.rsplit(' ').next().unwrap_or_default().to_owned())
+            .collect()
+    }
+
+    fn exemptions_first(verdicts: &[String]) -> bool {
+        let first_drop = verdicts.iter().position(|v| v == "DROP");
+        first_drop.is_none_or(|i| verdicts[i..].iter().all(|v| v == "DROP"))
+    }
+
+    /// A repair while a resolver went away (its stale exemptions still ahead of the wanted
+    /// ones) puts the missing drop after every exemption that stays.
+    #[test]
+    fn a_repair_after_a_resolver_change_keeps_exemptions_first() {
+        let fake = FakeIptables::docker_host();
+        let rt = rt();
+        let two: Vec<IpAddr> = vec![
+            "10.255.255.53".parse().unwrap(),
+            "192.168.1.1".parse().unwrap(),
+        ];
+        rt.block_on(install(&fake, IpFamily::V4, EgressPolicy::STRICT, &two))
+            .unwrap();
+        fake.lock()
+            .tables
+            .get_mut(&IpFamily::V4)
+            .unwrap()
+            .get_mut("SBX-4bf24aa9-FWD")
+            .unwrap()
+            .retain(|r| r != "-o sbx4bf24aa9 -j DROP");
+        let one: Vec<IpAddr> = vec!["192.168.1.1".parse().unwrap()];
+        rt.block_on(install(&fake, IpFamily::V4, EgressPolicy::STRICT, &one))
+            .unwrap();
+        let got = verdicts(&fake, IpFamily::V4, "SBX-4bf24aa9-FWD");
+        assert!(
+            exemptions_first(&got),
+            "{:?}",
+            fake.table(IpFamily::V4)["SBX-4bf24aa9-FWD"]
+        );
+        // And it is exactly what a first install with the new resolver gives.
+        let fresh = FakeIptables::docker_host();
+        rt.block_on(install(&fresh, IpFamily::V4, EgressPolicy::STRICT, &one))
+            .unwrap();
+        assert_eq!(fake.table(IpFamily::V4), fresh.table(IpFamily::V4));
     }
 
     #[test]
