@@ -5,9 +5,11 @@
 //! name, and two chains of our own filter every packet that enters the host from that bridge:
 //!
 //! - `SBX-<hash>-FWD`, jumped to from `DOCKER-USER` (`-i <bridge>`): traffic the sandbox routes
-//!   through the host. Established flows and DNS to the resolvers pass; link-local (cloud
-//!   metadata), the other metadata addresses, reserved ranges and the sandbox's own bridge are
-//!   dropped, and private ranges and CGNAT too unless the policy allows private endpoints.
+//!   through the host. Established flows and DNS to the resolvers pass; link-local, reserved
+//!   ranges, the sandbox's own bridge and every address of `sandbox_transport`'s metadata table
+//!   (the one the SSRF guard refuses; a host route each where no dropped range covers it, and
+//!   for IPv6 also each IPv4 entry's NAT64 form) are dropped whatever the policy, and private
+//!   ranges and CGNAT too unless the policy allows private endpoints.
 //! - `SBX-<hash>-IN`, jumped to from `INPUT` (`-i <bridge>`): traffic addressed to the host
 //!   itself. Established flows and DNS to the resolvers pass; everything else is dropped, so a
 //!   sandbox cannot open connections to host services (published ports of other services
@@ -41,7 +43,7 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt;
 use std::io;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,7 +52,9 @@ use async_trait::async_trait;
 use bollard::Docker;
 use bollard::errors::Error as DockerError;
 use bollard::models::{Ipam, IpamConfig, NetworkCreateRequest, NetworkInspect};
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use sandbox_core::{Error, ErrorCode, Operation, Provider};
+use sandbox_transport::metadata::{metadata_v4, metadata_v6};
 
 /// The label every adapter-owned network carries.
 pub const LABEL_MANAGED: &str = "sandbox.managed";
@@ -77,49 +81,108 @@ const NAMESPACE_MAX: usize = 24;
 /// create with a message instead of hanging it.
 const IPTABLES_DEADLINE: Duration = Duration::from_secs(60);
 
-/// Dropped for every policy. 169.254/16 holds the metadata service of AWS, GCP, Azure, OCI,
-/// DigitalOcean and Tencent (169.254.0.23); 100.100.100.200 (Alibaba) sits inside CGNAT and
-/// 168.63.129.16 (Azure's wireserver, which hands out VM secrets) is a public address, so
-/// neither is covered by a range an allow-private policy keeps dropping. 0/8, 127/8,
-/// multicast and 240/4 are never a legitimate destination of a forwarded connection, so they
-/// stay dropped even when private endpoints are allowed.
-const ALWAYS_DROP_V4: &[&str] = &[
-    "169.254.0.0/16",
-    "100.100.100.200/32",
-    "168.63.129.16/32",
-    "0.0.0.0/8",
-    "127.0.0.0/8",
-    "224.0.0.0/4",
-    "240.0.0.0/4",
+/// Ranges dropped for every policy. 169.254/16 is link-local, where most clouds put their
+/// metadata services; 0/8, 127/8, multicast and 240/4 are never a legitimate destination of a
+/// forwarded connection. The metadata addresses outside these ranges (Azure's public
+/// WireServer, Alibaba's inside CGNAT, Oracle's inside 192.0.0/24, which only the strict policy
+/// drops) come from `sandbox_transport`'s table, see [`always_dropped`].
+const ALWAYS_DROP_V4: &[IpNet] = &[
+    net4([169, 254, 0, 0], 16),
+    net4([0, 0, 0, 0], 8),
+    net4([127, 0, 0, 0], 8),
+    net4([224, 0, 0, 0], 4),
+    net4([240, 0, 0, 0], 4),
 ];
 
 /// Private, shared (CGNAT), benchmarking and IETF-protocol ranges: the operator's and the
 /// cloud's internal networks. Dropped unless the tenant config allows private endpoints.
-const PRIVATE_V4: &[&str] = &[
-    "10.0.0.0/8",
-    "172.16.0.0/12",
-    "192.168.0.0/16",
-    "100.64.0.0/10",
-    "198.18.0.0/15",
-    "192.0.0.0/24",
+const PRIVATE_V4: &[IpNet] = &[
+    net4([10, 0, 0, 0], 8),
+    net4([172, 16, 0, 0], 12),
+    net4([192, 168, 0, 0], 16),
+    net4([100, 64, 0, 0], 10),
+    net4([198, 18, 0, 0], 15),
+    net4([192, 0, 0, 0], 24),
 ];
 
-/// `fd00:ec2::254` is the AWS IMDS IPv6 endpoint; `64:ff9b::a9fe:0/112` is 169.254/16 through
-/// the NAT64 well-known prefix. The rest is link-local, loopback, unspecified, multicast and
-/// IPv4-mapped, none of which a sandbox may reach through the host.
-const ALWAYS_DROP_V6: &[&str] = &[
-    "fd00:ec2::254/128",
-    "64:ff9b::a9fe:0/112",
-    "fe80::/10",
-    "::1/128",
-    "::/128",
-    "ff00::/8",
-    "::ffff:0:0/96",
+/// `64:ff9b::a9fe:0/112` is 169.254/16 through the NAT64 well-known prefix. The rest is
+/// link-local, loopback, unspecified, multicast and IPv4-mapped, none of which a sandbox may
+/// reach through the host. The IPv6 metadata addresses (all unique-local or link-local) come
+/// from `sandbox_transport`'s table, see [`always_dropped`].
+const ALWAYS_DROP_V6: &[IpNet] = &[
+    net6([0x64, 0xff9b, 0, 0, 0, 0, 0xa9fe, 0], 112),
+    net6([0xfe80, 0, 0, 0, 0, 0, 0, 0], 10),
+    net6([0, 0, 0, 0, 0, 0, 0, 1], 128),
+    net6([0, 0, 0, 0, 0, 0, 0, 0], 128),
+    net6([0xff00, 0, 0, 0, 0, 0, 0, 0], 8),
+    net6([0, 0, 0, 0, 0, 0xffff, 0, 0], 96),
 ];
 
 /// Unique-local (includes the sandbox networks themselves), deprecated site-local, discard-only
 /// and local-use NAT64.
-const PRIVATE_V6: &[&str] = &["fc00::/7", "fec0::/10", "100::/64", "64:ff9b:1::/48"];
+const PRIVATE_V6: &[IpNet] = &[
+    net6([0xfc00, 0, 0, 0, 0, 0, 0, 0], 7),
+    net6([0xfec0, 0, 0, 0, 0, 0, 0, 0], 10),
+    net6([0x100, 0, 0, 0, 0, 0, 0, 0], 64),
+    net6([0x64, 0xff9b, 1, 0, 0, 0, 0, 0], 48),
+];
+
+/// The NAT64 well-known prefix (RFC 6052): an IPv4 destination through a translator.
+const NAT64_WELL_KNOWN: [u16; 6] = [0x64, 0xff9b, 0, 0, 0, 0];
+
+const fn net4(octets: [u8; 4], prefix: u8) -> IpNet {
+    let [a, b, c, d] = octets;
+    IpNet::V4(Ipv4Net::new_assert(Ipv4Addr::new(a, b, c, d), prefix))
+}
+
+const fn net6(segments: [u16; 8], prefix: u8) -> IpNet {
+    let [a, b, c, d, e, f, g, h] = segments;
+    IpNet::V6(Ipv6Net::new_assert(
+        Ipv6Addr::new(a, b, c, d, e, f, g, h),
+        prefix,
+    ))
+}
+
+/// Every destination dropped whatever the policy: the family's ranges, then each address of
+/// the metadata table not already inside one of them, as a host route (for IPv6 also the
+/// NAT64 form of each IPv4 entry). The table is the one the SSRF guard refuses, so the two can
+/// never disagree about what is metadata.
+fn always_dropped(family: IpFamily) -> Vec<IpNet> {
+    let (mut nets, hosts): (Vec<IpNet>, Vec<IpAddr>) = match family {
+        IpFamily::V4 => (
+            ALWAYS_DROP_V4.to_vec(),
+            metadata_v4().map(IpAddr::V4).collect(),
+        ),
+        IpFamily::V6 => (
+            ALWAYS_DROP_V6.to_vec(),
+            metadata_v6()
+                .chain(metadata_v4().map(nat64))
+                .map(IpAddr::V6)
+                .collect(),
+        ),
+    };
+    for host in hosts.into_iter().map(IpNet::from) {
+        if !nets.iter().any(|n| n.contains(&host)) {
+            nets.push(host);
+        }
+    }
+    nets
+}
+
+fn nat64(v4: Ipv4Addr) -> Ipv6Addr {
+    let [a, b, c, d, e, f] = NAT64_WELL_KNOWN;
+    let [w, x, y, z] = v4.octets();
+    Ipv6Addr::new(
+        a,
+        b,
+        c,
+        d,
+        e,
+        f,
+        u16::from_be_bytes([w, x]),
+        u16::from_be_bytes([y, z]),
+    )
+}
 
 /// Which egress policy a network enforces. Two policies → two networks, because allow-private
 /// is per tenant config.
@@ -793,17 +856,19 @@ fn forward_rules(
     // Sandbox to sandbox on the same bridge: Docker's icc=false rule already drops it; ours
     // keeps it dropped for an allow-private network even if that rule goes missing.
     rules.push(strings(&["-o", &names.bridge, "-j", "DROP"]));
-    let (always, private) = match family {
-        IpFamily::V4 => (ALWAYS_DROP_V4, PRIVATE_V4),
-        IpFamily::V6 => (ALWAYS_DROP_V6, PRIVATE_V6),
-    };
-    let dropped = always.iter().chain(if policy.allow_private {
-        &[][..]
-    } else {
-        private
-    });
-    rules.extend(dropped.map(|cidr| strings(&["-d", cidr, "-j", "DROP"])));
+    let mut dropped = always_dropped(family);
+    if !policy.allow_private {
+        dropped.extend_from_slice(match family {
+            IpFamily::V4 => PRIVATE_V4,
+            IpFamily::V6 => PRIVATE_V6,
+        });
+    }
+    rules.extend(dropped.iter().map(drop_rule));
     rules
+}
+
+fn drop_rule(net: &IpNet) -> Vec<String> {
+    strings(&["-d", &net.to_string(), "-j", "DROP"])
 }
 
 fn input_rules(family: IpFamily, names: &EgressNames, resolvers: &[IpAddr]) -> Vec<Vec<String>> {
@@ -1398,6 +1463,75 @@ mod tests {
             .collect()
     }
 
+    /// What a chain does with a new connection from the bridge to `dst` (`proto` to `port`)
+    /// that leaves by the host's uplink: the first matching rule's verdict, `RETURN` when none
+    /// matches. Understands exactly the rule shapes this module writes.
+    fn fate<S: AsRef<str>>(rules: &[S], dst: IpAddr, proto: &str, port: u16) -> String {
+        for rule in rules {
+            let t: Vec<&str> = rule.as_ref().split_whitespace().collect();
+            let arg = |flag: &str| t.windows(2).find(|w| w[0] == flag).map(|w| w[1]);
+            // Established flows and traffic out through the bridge are other packets.
+            if arg("--ctstate").is_some() || arg("-o").is_some() {
+                continue;
+            }
+            if arg("-d").is_some_and(|d| !d.parse::<IpNet>().unwrap().contains(&dst))
+                || arg("-p").is_some_and(|p| p != proto)
+                || arg("--dport").is_some_and(|p| p != port.to_string())
+            {
+                continue;
+            }
+            return arg("-j").unwrap().to_owned();
+        }
+        "RETURN".to_owned()
+    }
+
+    /// Every metadata-table address a family's chain must drop: the table's own addresses,
+    /// and for IPv6 also each IPv4 entry IPv4-mapped and through the NAT64 well-known prefix.
+    fn metadata_destinations(family: IpFamily) -> Vec<IpAddr> {
+        match family {
+            IpFamily::V4 => metadata_v4().map(IpAddr::V4).collect(),
+            IpFamily::V6 => metadata_v6()
+                .chain(metadata_v4().map(|v4| v4.to_ipv6_mapped()))
+                .chain(metadata_v4().map(|v4| format!("64:ff9b::{v4}").parse().unwrap()))
+                .map(IpAddr::V6)
+                .collect(),
+        }
+    }
+
+    /// The destinations of `metadata_destinations` that `rules` does not drop.
+    fn metadata_not_dropped<S: AsRef<str>>(rules: &[S], family: IpFamily) -> Vec<IpAddr> {
+        metadata_destinations(family)
+            .into_iter()
+            .filter(|dst| fate(rules, *dst, "tcp", 80) != "DROP")
+            .collect()
+    }
+
+    /// Every address of the metadata table is dropped, for both policies and both families,
+    /// in the rules as generated and as installed.
+    #[test]
+    fn every_metadata_address_is_dropped_under_both_policies() {
+        let mut wrong = Vec::new();
+        for policy in EgressPolicy::BOTH {
+            let names = EgressNames::new("team-a", policy);
+            for family in [IpFamily::V4, IpFamily::V6] {
+                let generated: Vec<String> = forward_rules(family, &names, policy, &resolvers())
+                    .iter()
+                    .map(|r| r.join(" "))
+                    .collect();
+                let fake = FakeIptables::docker_host();
+                rt().block_on(install(&fake, family, policy, &resolvers()))
+                    .unwrap();
+                let installed = fake.table(family)[&names.forward].clone();
+                for (what, rules) in [("generated", generated), ("installed", installed)] {
+                    for dst in metadata_not_dropped(&rules, family) {
+                        wrong.push(format!("{} {what}: {dst} not dropped", policy.label()));
+                    }
+                }
+            }
+        }
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    }
+
     #[test]
     fn names_derive_from_namespace_and_policy() {
         let strict = EgressNames::new("team-a", EgressPolicy::STRICT);
@@ -1453,12 +1587,13 @@ mod tests {
             dns_tcp,
             "-o sbx4bf24aa9 -j DROP",
             "-d 169.254.0.0/16 -j DROP",
-            "-d 100.100.100.200/32 -j DROP",
-            "-d 168.63.129.16/32 -j DROP",
             "-d 0.0.0.0/8 -j DROP",
             "-d 127.0.0.0/8 -j DROP",
             "-d 224.0.0.0/4 -j DROP",
             "-d 240.0.0.0/4 -j DROP",
+            "-d 100.100.100.200/32 -j DROP",
+            "-d 168.63.129.16/32 -j DROP",
+            "-d 192.0.0.192/32 -j DROP",
             "-d 10.0.0.0/8 -j DROP",
             "-d 172.16.0.0/12 -j DROP",
             "-d 192.168.0.0/16 -j DROP",
@@ -1507,6 +1642,10 @@ mod tests {
             ["-j DOCKER-USER", "-j DOCKER-ISOLATION-STAGE-1"]
         );
         assert_eq!(t["SBX-4bf24aa9-FWD"], fwd);
+        assert_eq!(
+            metadata_not_dropped(&fwd, IpFamily::V4),
+            Vec::<IpAddr>::new()
+        );
     }
 
     /// Allow-private keeps every metadata and reserved drop and loses exactly the private ones.
@@ -1530,13 +1669,18 @@ mod tests {
                 "-d 10.255.255.53/32 -p tcp --dport 53 -j RETURN",
                 "-o sbx74676aaf -j DROP",
                 "-d 169.254.0.0/16 -j DROP",
-                "-d 100.100.100.200/32 -j DROP",
-                "-d 168.63.129.16/32 -j DROP",
                 "-d 0.0.0.0/8 -j DROP",
                 "-d 127.0.0.0/8 -j DROP",
                 "-d 224.0.0.0/4 -j DROP",
                 "-d 240.0.0.0/4 -j DROP",
+                "-d 100.100.100.200/32 -j DROP",
+                "-d 168.63.129.16/32 -j DROP",
+                "-d 192.0.0.192/32 -j DROP",
             ]
+        );
+        assert_eq!(
+            metadata_not_dropped(&got, IpFamily::V4),
+            Vec::<IpAddr>::new()
         );
         let input: Vec<String> = input_rules(IpFamily::V4, &names, &resolvers())
             .iter()
@@ -1560,31 +1704,55 @@ mod tests {
                 "-d 2001:db8::53/128 -p udp --dport 53 -j RETURN",
                 "-d 2001:db8::53/128 -p tcp --dport 53 -j RETURN",
                 "-o sbx4bf24aa9 -j DROP",
-                "-d fd00:ec2::254/128 -j DROP",
                 "-d 64:ff9b::a9fe:0/112 -j DROP",
                 "-d fe80::/10 -j DROP",
                 "-d ::1/128 -j DROP",
                 "-d ::/128 -j DROP",
                 "-d ff00::/8 -j DROP",
-                "-d ::ffff:0:0/96 -j DROP",
+                "-d ::ffff:0.0.0.0/96 -j DROP",
+                "-d fd00:ec2::254/128 -j DROP",
+                "-d fd00:ec2::23/128 -j DROP",
+                "-d fd20:ce::254/128 -j DROP",
+                "-d fd00:42::42/128 -j DROP",
+                "-d fd00:a9fe:a9fe::1/128 -j DROP",
+                "-d fd00:100::100:200/128 -j DROP",
+                "-d 64:ff9b::6464:64c8/128 -j DROP",
+                "-d 64:ff9b::a83f:8110/128 -j DROP",
+                "-d 64:ff9b::c000:c0/128 -j DROP",
                 "-d fc00::/7 -j DROP",
                 "-d fec0::/10 -j DROP",
                 "-d 100::/64 -j DROP",
                 "-d 64:ff9b:1::/48 -j DROP",
             ]
         );
-        let private = forward_rules(
+        assert_eq!(
+            metadata_not_dropped(&strict, IpFamily::V6),
+            Vec::<IpAddr>::new()
+        );
+        let private: Vec<String> = forward_rules(
             IpFamily::V6,
-            &names,
+            &EgressNames::new("team-a", EgressPolicy::ALLOW_PRIVATE),
             EgressPolicy::ALLOW_PRIVATE,
             &resolvers(),
-        );
-        assert!(
-            private
+        )
+        .iter()
+        .map(|r| r.join(" "))
+        .collect();
+        // Allow-private loses exactly the private ranges; every metadata drop stays.
+        let private_only = ["fc00::/7", "fec0::/10", "100::/64", "64:ff9b:1::/48"]
+            .map(|net| format!("-d {net} -j DROP"));
+        assert_eq!(
+            private[4..],
+            strict[4..]
                 .iter()
-                .any(|r| r.join(" ") == "-d fd00:ec2::254/128 -j DROP")
+                .filter(|r| !private_only.contains(r))
+                .cloned()
+                .collect::<Vec<_>>()
         );
-        assert!(!private.iter().any(|r| r.join(" ") == "-d fc00::/7 -j DROP"));
+        assert_eq!(
+            metadata_not_dropped(&private, IpFamily::V6),
+            Vec::<IpAddr>::new()
+        );
     }
 
     /// Exemptions come before any drop, in every chain, so a drop can never be bypassed by

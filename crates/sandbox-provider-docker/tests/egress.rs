@@ -2,11 +2,14 @@
 //! namespace this test creates.
 //!
 //! Nothing leaves the machine: only packets entering from the test's bridges are diverted (a
-//! policy-routing rule per bridge) to a routing table that sends the three probe addresses to
-//! a veth whose other end is the test host, and ends in `unreachable`. The main table is never
+//! policy-routing rule per bridge) to a routing table that sends the probe addresses (every IPv4
+//! address of `sandbox_transport`'s metadata table, a private one and a public stand-in) to a
+//! veth whose other end is the test host, and ends in `unreachable`. The main table is never
 //! touched (asserted). The test host answers HTTP on 8080 and logs every request path; each
 //! probe's path names the container and the target, so "the test host logged nothing from it"
-//! is a check on the log (Docker masquerades, so source addresses alone would not tell).
+//! is a check on the log (Docker masquerades, so source addresses alone would not tell). The
+//! unprotected control container reaching every metadata address proves the diversion works for
+//! each, so the protected containers' silence is the rules' doing.
 //!
 //! Everything created is named `sbxt-…`/`sbxt…` or labelled `sandbox.test=1`, uses policy
 //! table [`TABLE`] (rule priority [`PRIORITY`]), and is removed by a drop guard; after a killed
@@ -29,6 +32,7 @@ use bollard::{ClientVersion, Docker};
 use futures_util::{FutureExt, StreamExt};
 use sandbox_core::ErrorKind;
 use sandbox_provider_docker::egress::{EgressGuard, EgressNetwork, EgressPolicy, host_resolvers};
+use sandbox_transport::metadata::metadata_v4;
 
 const GATE: &str = "SANDBOX_EGRESS_TEST";
 const IMAGE: &str = "sandbox-busybox:test";
@@ -41,13 +45,15 @@ const PRIORITY: &str = "7913";
 const HTTP_PORT: u16 = 8080;
 const PEER_PORT: u16 = 9000;
 const HOST_PORT: u16 = 8081;
-const METADATA: &str = "169.254.169.254";
 /// TEST-NET-3: documentation range, never routed, so it stands in for "the internet".
 const ALLOWED: &str = "203.0.113.7";
 /// Candidate /24s for the private probe address and the veth; the first one the machine does
 /// not use is taken.
 const PRIVATE_NETS: [[u8; 3]; 3] = [[10, 213, 99], [10, 231, 77], [192, 168, 213]];
 const PROBE_TIMEOUT_SECS: &str = "3";
+/// Probes in flight at once: enough to keep the run short (most blocked probes wait out their
+/// timeout), few enough that two shared cores start every allowed one well inside it.
+const PROBES_IN_FLIGHT: usize = 16;
 
 /// The test host: logs `<client> <path>` per request, says `ready` once bound, and exits on
 /// its own after 15 minutes so a killed test cannot leave it running for long.
@@ -173,21 +179,35 @@ async fn scenario(env: &mut Env) {
         "the test must not touch the main routing table"
     );
 
-    // The matrix: (row, column, container, url, expected to answer).
+    // The matrix: (row, column, container, url, expected to answer). Every IPv4 address of the
+    // metadata table is a column of its own: the control reaches each, no protected one does.
     let private_addr = env.private_addr.to_string();
-    let targets = [
-        ("metadata", format!("{METADATA}:{HTTP_PORT}")),
-        ("private", format!("{private_addr}:{HTTP_PORT}")),
-        ("allowed", format!("{ALLOWED}:{HTTP_PORT}")),
-    ];
+    let mut targets: Vec<(String, String, [bool; 3])> = metadata_v4()
+        .map(|m| {
+            (
+                format!("meta-{m}"),
+                format!("{m}:{HTTP_PORT}"),
+                [true, false, false],
+            )
+        })
+        .collect();
+    targets.push((
+        "private".into(),
+        format!("{private_addr}:{HTTP_PORT}"),
+        [true, false, true],
+    ));
+    targets.push((
+        "allowed".into(),
+        format!("{ALLOWED}:{HTTP_PORT}"),
+        [true, true, true],
+    ));
     let mut probes: Vec<(&str, String, &Ctr, String, bool)> = Vec::new();
-    for (row, c, expect) in [
-        ("control", &ctl1, [true, true, true]),
-        ("strict", &s1, [false, false, true]),
-        ("private", &p1, [false, true, true]),
-    ] {
-        for ((col, target), want) in targets.iter().zip(expect) {
-            probes.push((row, (*col).to_owned(), c, target.clone(), want));
+    for (i, (row, c)) in [("control", &ctl1), ("strict", &s1), ("private", &p1)]
+        .into_iter()
+        .enumerate()
+    {
+        for (col, target, expect) in &targets {
+            probes.push((row, col.clone(), c, target.clone(), expect[i]));
         }
     }
     probes.push((
@@ -234,22 +254,31 @@ async fn scenario(env: &mut Env) {
     ));
 
     let docker = &env.docker;
-    let results = futures_util::future::join_all(probes.iter().map(|(row, col, c, target, _)| {
-        // Test-host probes carry a tag for the log; busybox httpd serves only its index.
-        let url = if col == "peer" || col == "self" {
-            format!("http://{target}/")
-        } else {
-            format!("http://{target}/{}-{col}", c.name)
-        };
-        async move { (*row, col.as_str(), probe(docker, &c.name, &url).await) }
-    }))
-    .await;
+    let started = std::time::Instant::now();
+    let results: Vec<_> =
+        futures_util::stream::iter(probes.iter().map(|(row, col, c, target, _)| {
+            // Test-host probes carry a tag for the log; busybox httpd serves only its index.
+            let url = if col == "peer" || col == "self" {
+                format!("http://{target}/")
+            } else {
+                format!("http://{target}/{}-{col}", c.name)
+            };
+            async move { (*row, col.as_str(), probe(docker, &c.name, &url).await) }
+        }))
+        .buffered(PROBES_IN_FLIGHT)
+        .collect()
+        .await;
+    eprintln!(
+        "{} probes in {:.1}s",
+        probes.len(),
+        started.elapsed().as_secs_f64()
+    );
 
-    let mut table = String::from("from -> to            answered  expected  wget\n");
+    let mut table = format!("{:<36}answered  expected  wget\n", "from -> to");
     let mut wrong = Vec::new();
     for ((row, col, (got, detail)), (.., want)) in results.iter().zip(&probes) {
         let line = format!(
-            "{:<22}{:<10}{:<10}{detail}\n",
+            "{:<36}{:<10}{:<10}{detail}\n",
             format!("{row} -> {col}"),
             if *got { "yes" } else { "no" },
             if *want { "yes" } else { "no" }
@@ -491,23 +520,19 @@ impl Env {
             .chain(routes.split_whitespace())
             .filter_map(cidr)
             .collect();
+        let in_use = |a: Ipv4Addr| {
+            used.iter()
+                .any(|(base, mask)| *mask != 0 && u32::from(a) & mask == *base)
+        };
         let net = PRIVATE_NETS
             .into_iter()
-            .find(|n| {
-                let probe = u32::from(Ipv4Addr::new(n[0], n[1], n[2], 7));
-                !used
-                    .iter()
-                    .any(|(base, mask)| *mask != 0 && probe & mask == *base)
-            })
+            .find(|n| !in_use(Ipv4Addr::new(n[0], n[1], n[2], 7)))
             .expect("every candidate private test /24 is in use on this machine");
         self.private_net = net;
         self.private_addr = Ipv4Addr::new(net[0], net[1], net[2], 7);
-        for a in [METADATA, ALLOWED] {
-            let a: Ipv4Addr = a.parse().unwrap();
+        for a in probe_addresses() {
             assert!(
-                !used
-                    .iter()
-                    .any(|(base, mask)| *mask != 0 && u32::from(a) & mask == *base),
+                !in_use(a),
                 "{a} is routed or assigned on this machine; the test would not be hermetic"
             );
         }
@@ -551,12 +576,16 @@ impl Env {
         in_ns(&["ip", "link", "set", "lo", "up"]);
         in_ns(&["ip", "link", "set", p, "up"]);
         in_ns(&["ip", "addr", "add", &format!("{peer_end}/32"), "dev", p]);
-        for addr in [METADATA, private.as_str(), ALLOWED] {
+        let served: Vec<String> = probe_addresses()
+            .map(|a| a.to_string())
+            .chain([private.clone()])
+            .collect();
+        for addr in &served {
             in_ns(&["ip", "addr", "add", &format!("{addr}/32"), "dev", "lo"]);
         }
         in_ns(&["ip", "route", "add", &format!("{host_end}/32"), "dev", p]);
         in_ns(&["ip", "route", "add", "default", "via", &host_end, "dev", p]);
-        for addr in [METADATA, private.as_str(), ALLOWED] {
+        for addr in &served {
             sh(&[
                 "ip",
                 "route",
@@ -724,6 +753,12 @@ impl Drop for Env {
     fn drop(&mut self) {
         self.teardown();
     }
+}
+
+/// The fixed probe addresses the test host holds: every IPv4 address of the metadata table and
+/// the public stand-in.
+fn probe_addresses() -> impl Iterator<Item = Ipv4Addr> {
+    metadata_v4().chain([ALLOWED.parse().unwrap()])
 }
 
 /// The main routing table, without the `linkdown` flag a bridge gains and loses as
