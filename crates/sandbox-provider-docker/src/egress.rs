@@ -8,12 +8,26 @@
 //!   through the host. Established flows and DNS to the resolvers pass; link-local, reserved
 //!   ranges, the sandbox's own bridge and every address of `sandbox_transport`'s metadata table
 //!   (the one the SSRF guard refuses; a host route each where no dropped range covers it, and
-//!   for IPv6 also each IPv4 entry's NAT64 form) are dropped whatever the policy, and private
-//!   ranges and CGNAT too unless the policy allows private endpoints.
+//!   for IPv6 also each IPv4 entry's NAT64 form) are dropped whatever the policy; the strict
+//!   policy also drops private ranges, CGNAT and every subnet the host is directly connected to
+//!   (below).
 //! - `SBX-<hash>-IN`, jumped to from `INPUT` (`-i <bridge>`): traffic addressed to the host
 //!   itself. Established flows and DNS to the resolvers pass; everything else is dropped, so a
 //!   sandbox cannot open connections to host services (published ports of other services
 //!   included).
+//!
+//! The host's connected subnets: a host LAN with public addresses is still the host's LAN, and
+//! no private range covers it, so the strict policy drops each subnet the kernel routes
+//! straight onto a link ([`host_connected_routes`]: `/proc/net/route`, `/proc/net/ipv6_route`),
+//! except the sandbox's own bridge (its `-o` rule covers it) and default-like routes through a
+//! tunnel (shorter than /8, /16 for IPv6), which are the internet rather than a LAN. The DNS
+//! exemptions come first, so a resolver on such a LAN keeps answering. Allow-private drops none
+//! of them, by design: it is the setting for tenants that may reach the networks around the
+//! host, it already opens a 10/8 LAN, and a LAN numbered from public space is no less the
+//! host's; metadata and the host itself stay blocked. The set is read at every
+//! [`EgressGuard::ensure`] (every bridge-mode create) and the strict chain converges to it: a
+//! drop for a subnet that went away is deleted, one for a new subnet inserted; between two
+//! creates a new LAN is not yet dropped.
 //!
 //! Our chains only ever `RETURN` or `DROP`: they can take traffic away, never permit something
 //! Docker's or the host's own rules would refuse. "Accept established" therefore means "exempt
@@ -193,11 +207,12 @@ pub struct EgressPolicy {
 }
 
 impl EgressPolicy {
-    /// Public destinations only.
+    /// Public destinations only: private ranges, CGNAT and the host's own subnets are dropped.
     pub const STRICT: EgressPolicy = EgressPolicy {
         allow_private: false,
     };
-    /// Public and private destinations; metadata and the host stay blocked.
+    /// Public and private destinations, the host's LANs included; metadata and the host itself
+    /// stay blocked.
     pub const ALLOW_PRIVATE: EgressPolicy = EgressPolicy {
         allow_private: true,
     };
@@ -343,6 +358,8 @@ pub struct EgressGuard {
     runner: Arc<dyn IptablesRunner>,
     /// Overrides the discovered upstream DNS servers (see [`host_resolvers`]).
     resolvers: Option<Vec<IpAddr>>,
+    /// Overrides the discovered connected routes (see [`host_connected_routes`]).
+    connected: Option<Vec<ConnectedRoute>>,
     serial: Arc<tokio::sync::Mutex<()>>,
 }
 
@@ -355,6 +372,7 @@ impl EgressGuard {
             namespace: namespace.to_owned(),
             runner: Arc::new(CommandRunner),
             resolvers: None,
+            connected: None,
             serial: Arc::new(tokio::sync::Mutex::new(())),
         })
     }
@@ -369,6 +387,13 @@ impl EgressGuard {
     /// host (needed when dockerd runs with `--dns` on its command line, which we cannot see).
     pub fn with_resolvers(mut self, resolvers: Vec<IpAddr>) -> Self {
         self.resolvers = Some(resolvers);
+        self
+    }
+
+    /// Fixes the host's connected subnets the strict policy drops instead of reading them from
+    /// the kernel (tests, or a host whose LANs are known better than its routing table says).
+    pub fn with_connected_routes(mut self, routes: Vec<ConnectedRoute>) -> Self {
+        self.connected = Some(routes);
         self
     }
 
@@ -412,11 +437,13 @@ impl EgressGuard {
             None => self.daemon_has_ipv6().await?,
         };
         let resolvers = self.resolvers();
+        let connected = self.connected_routes(policy)?;
         let rules = RuleSet {
             runner: self.runner.as_ref(),
             names: &names,
             policy,
             resolvers: &resolvers,
+            connected: &connected,
         };
         rules.install(IpFamily::V4).await?;
         if ipv6 {
@@ -534,6 +561,19 @@ impl EgressGuard {
             }
         }
         Ok(removed)
+    }
+
+    /// The routes the strict policy drops; allow-private drops none, so it does not read them.
+    fn connected_routes(&self, policy: EgressPolicy) -> Result<Vec<ConnectedRoute>, String> {
+        if policy.allow_private {
+            return Ok(Vec::new());
+        }
+        match &self.connected {
+            Some(list) => Ok(list.clone()),
+            None => host_connected_routes().map_err(|e| {
+                format!("{e}: strict egress drops the host's connected subnets and must see them")
+            }),
+        }
     }
 
     fn resolvers(&self) -> Vec<IpAddr> {
@@ -813,6 +853,140 @@ pub fn host_resolvers() -> Vec<IpAddr> {
     dedup(list)
 }
 
+/// A route the kernel has straight onto a link, without a gateway: a subnet the host sits on
+/// (its LAN, a Docker bridge, a VPN's link).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ConnectedRoute {
+    /// The subnet.
+    pub net: IpNet,
+    /// The interface it is reached through.
+    pub device: String,
+}
+
+impl ConnectedRoute {
+    /// `net` (e.g. `203.0.113.0/24`) on `device`.
+    pub fn new(net: IpNet, device: impl Into<String>) -> Self {
+        ConnectedRoute {
+            net,
+            device: device.into(),
+        }
+    }
+}
+
+/// A connected route broader than this is taken for "everything through this link" (a
+/// point-to-point default, a VPN's `0.0.0.0/1` pair), not a LAN.
+const MIN_LAN_PREFIX_V4: u8 = 8;
+const MIN_LAN_PREFIX_V6: u8 = 16;
+
+// Route flags of `/proc/net/route` and `/proc/net/ipv6_route` (linux/route.h,
+// linux/ipv6_route.h).
+const RTF_UP: u32 = 0x0001;
+const RTF_GATEWAY: u32 = 0x0002;
+const RTF_REJECT: u32 = 0x0200;
+const RTF_ANYCAST: u32 = 0x0010_0000;
+const RTF_CACHE: u32 = 0x0100_0000;
+const RTF_LOCAL: u32 = 0x8000_0000;
+
+/// The subnets this host is directly connected to, from the kernel: `/proc/net/route` (the
+/// IPv4 main table) and `/proc/net/ipv6_route` (every IPv6 table; a connected route of another
+/// table only ever adds a drop). Read from `/proc` rather than through `ip` or netlink: the
+/// files exist on every Linux kernel this module runs on, need no extra program or crate, and
+/// are in the network namespace of the process, the one whose iptables it edits.
+///
+/// Fails when the IPv4 table cannot be read, so strict egress never runs blind to the host's
+/// LANs; a kernel without IPv6 has no `ipv6_route` and no IPv6 LAN.
+pub fn host_connected_routes() -> io::Result<Vec<ConnectedRoute>> {
+    let v4 = std::fs::read_to_string("/proc/net/route")
+        .map_err(|e| io::Error::new(e.kind(), format!("cannot read /proc/net/route: {e}")))?;
+    let v6 = match std::fs::read_to_string("/proc/net/ipv6_route") {
+        Ok(text) => text,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => String::new(),
+        Err(e) => {
+            return Err(io::Error::new(
+                e.kind(),
+                format!("cannot read /proc/net/ipv6_route: {e}"),
+            ));
+        }
+    };
+    let mut routes = parse_proc_route(&v4);
+    routes.extend(parse_proc_ipv6_route(&v6));
+    Ok(routes)
+}
+
+/// `Iface Destination Gateway Flags RefCnt Use Metric Mask ...`: addresses and masks are the
+/// raw network-order words printed as host-order hex.
+fn parse_proc_route(text: &str) -> Vec<ConnectedRoute> {
+    let word = |hex: &str| u32::from_str_radix(hex, 16).ok().map(u32::to_ne_bytes);
+    text.lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let [
+                device,
+                dst,
+                _gateway,
+                flags,
+                _refcnt,
+                _use,
+                _metric,
+                mask,
+                ..,
+            ] = fields.as_slice()
+            else {
+                return None;
+            };
+            let flags = u32::from_str_radix(flags, 16).ok()?;
+            if flags & RTF_UP == 0 || flags & (RTF_GATEWAY | RTF_REJECT) != 0 || *device == "lo" {
+                return None;
+            }
+            let mask = u32::from_be_bytes(word(mask)?);
+            let prefix = mask.leading_ones();
+            // A mask with holes is no prefix; the kernel never prints one.
+            if mask.checked_shl(prefix).unwrap_or(0) != 0 {
+                return None;
+            }
+            let net = Ipv4Net::new(Ipv4Addr::from(word(dst)?), u8::try_from(prefix).ok()?).ok()?;
+            Some(ConnectedRoute::new(IpNet::V4(net.trunc()), *device))
+        })
+        .collect()
+}
+
+/// `dst plen src splen nexthop metric refcnt use flags device`, addresses as 32 hex digits.
+fn parse_proc_ipv6_route(text: &str) -> Vec<ConnectedRoute> {
+    let skip = RTF_GATEWAY | RTF_REJECT | RTF_ANYCAST | RTF_CACHE | RTF_LOCAL;
+    text.lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let [
+                dst,
+                plen,
+                _src,
+                _splen,
+                nexthop,
+                _metric,
+                _refcnt,
+                _use,
+                flags,
+                device,
+            ] = fields.as_slice()
+            else {
+                return None;
+            };
+            let flags = u32::from_str_radix(flags, 16).ok()?;
+            let nexthop = u128::from_str_radix(nexthop, 16).ok()?;
+            if flags & RTF_UP == 0 || flags & skip != 0 || nexthop != 0 || *device == "lo" {
+                return None;
+            }
+            let dst = Ipv6Addr::from(u128::from_str_radix(dst, 16).ok()?);
+            if dst.is_multicast() {
+                return None;
+            }
+            let net = Ipv6Net::new(dst, u8::from_str_radix(plen, 16).ok()?).ok()?;
+            Some(ConnectedRoute::new(IpNet::V6(net.trunc()), *device))
+        })
+        .collect()
+}
+
 fn parse_resolv_conf(text: &str) -> Vec<IpAddr> {
     text.lines()
         .filter_map(|line| {
@@ -850,6 +1024,7 @@ fn forward_rules(
     names: &EgressNames,
     policy: EgressPolicy,
     resolvers: &[IpAddr],
+    connected: &[ConnectedRoute],
 ) -> Vec<Vec<String>> {
     let mut rules = vec![established(names)];
     rules.extend(dns_rules(family, resolvers));
@@ -862,9 +1037,44 @@ fn forward_rules(
             IpFamily::V4 => PRIVATE_V4,
             IpFamily::V6 => PRIVATE_V6,
         });
+        let lans = connected_drops(family, names, connected, &dropped);
+        dropped.extend(lans);
     }
     rules.extend(dropped.iter().map(drop_rule));
     rules
+}
+
+/// The subnets the host is connected to that the strict policy drops on top of `dropped`: each
+/// of `family`, but not the sandbox's own bridge (the `-o <bridge>` rule covers it and its
+/// route appears only once the network exists), not a default-like route through a link (a
+/// tunnel's `0.0.0.0/1`: dropping it would cut the sandbox from the internet, and it is no
+/// LAN), and nothing a dropped range or another connected subnet already covers. Sorted, so
+/// a reordered routing table changes no rule.
+fn connected_drops(
+    family: IpFamily,
+    names: &EgressNames,
+    connected: &[ConnectedRoute],
+    dropped: &[IpNet],
+) -> Vec<IpNet> {
+    let min_prefix = match family {
+        IpFamily::V4 => MIN_LAN_PREFIX_V4,
+        IpFamily::V6 => MIN_LAN_PREFIX_V6,
+    };
+    let lans: BTreeSet<IpNet> = connected
+        .iter()
+        .filter(|r| r.device != names.bridge && family.matches(&r.net.addr()))
+        .map(|r| r.net.trunc())
+        .filter(|net| net.prefix_len() >= min_prefix)
+        .filter(|net| !dropped.iter().any(|d| d.contains(net)))
+        .collect();
+    lans.iter()
+        .filter(|net| {
+            !lans
+                .iter()
+                .any(|other| other != *net && other.contains(*net))
+        })
+        .copied()
+        .collect()
 }
 
 fn drop_rule(net: &IpNet) -> Vec<String> {
@@ -1037,6 +1247,7 @@ struct RuleSet<'a> {
     names: &'a EgressNames,
     policy: EgressPolicy,
     resolvers: &'a [IpAddr],
+    connected: &'a [ConnectedRoute],
 }
 
 impl RuleSet<'_> {
@@ -1066,7 +1277,13 @@ impl RuleSet<'_> {
         let chains = [
             (
                 &self.names.forward,
-                forward_rules(family, self.names, self.policy, self.resolvers),
+                forward_rules(
+                    family,
+                    self.names,
+                    self.policy,
+                    self.resolvers,
+                    self.connected,
+                ),
             ),
             (
                 &self.names.input,
@@ -1098,7 +1315,7 @@ impl RuleSet<'_> {
         // order before anything is inserted: a position counted past a stale exemption could
         // otherwise put a drop ahead of an exemption that is still wanted.
         match ipt.listing(chain).await? {
-            Some(listing) => self.prune_stale_dns(ipt, chain, &listing).await?,
+            Some(listing) => prune_stale(ipt, chain, &listing, rules).await?,
             None => {
                 let (full, out) = ipt.call(&["-N", chain]).await?;
                 // Another process may have created it between our check and ours.
@@ -1120,39 +1337,59 @@ impl RuleSet<'_> {
         }
         Ok(())
     }
+}
 
-    /// Deletes DNS exemptions for resolvers the host no longer uses. Other rules never go
-    /// stale: everything else derives from the chain's name.
-    async fn prune_stale_dns(
-        &self,
-        ipt: &Ipt<'_>,
-        chain: &str,
-        listing: &str,
-    ) -> Result<(), String> {
-        let current: HashSet<String> = self
-            .resolvers
-            .iter()
-            .filter(|ip| ipt.family.matches(ip))
-            .map(|ip| format!("{ip}/{}", ipt.family.host_prefix()))
-            .collect();
-        for line in listing.lines() {
-            let tokens = tokens(line);
-            if tokens.first().map(String::as_str) != Some("-A")
-                || tokens.get(1).map(String::as_str) != Some(chain)
-                || !tokens.windows(2).any(|w| w[0] == "--dport" && w[1] == "53")
-            {
-                continue;
-            }
-            let dst = tokens
-                .windows(2)
-                .find(|w| w[0] == "-d")
-                .map(|w| w[1].clone());
-            if dst.is_some_and(|d| !current.contains(&d)) {
-                delete_listed(ipt, &tokens).await?;
-            }
+/// Deletes the rules of a chain's listing that `wanted` no longer has: DNS exemptions for
+/// resolvers the host stopped using, and destination drops for subnets the host is no longer
+/// connected to. Addresses are compared as networks, not as text, because iptables prints some
+/// of them its own way (`::ffff:0.0.0.0/96`). Every other rule derives from the chain's name
+/// and never goes stale; a rule of a shape this module does not write is left alone.
+async fn prune_stale(
+    ipt: &Ipt<'_>,
+    chain: &str,
+    listing: &str,
+    wanted: &[Vec<String>],
+) -> Result<(), String> {
+    let destination = |rule: &[String]| {
+        rule.windows(2)
+            .find(|w| w[0] == "-d")
+            .and_then(|w| w[1].parse::<IpNet>().ok())
+    };
+    let is_dns = |rule: &[String]| rule.windows(2).any(|w| w[0] == "--dport" && w[1] == "53");
+    let is_plain_drop = |rule: &[String]| {
+        rule.len() == 4 && rule[0] == "-d" && rule[2] == "-j" && rule[3] == "DROP"
+    };
+    let wanted_dns: HashSet<IpNet> = wanted
+        .iter()
+        .filter(|r| is_dns(r))
+        .filter_map(|r| destination(r))
+        .collect();
+    let wanted_drops: HashSet<IpNet> = wanted
+        .iter()
+        .filter(|r| is_plain_drop(r))
+        .filter_map(|r| destination(r))
+        .collect();
+    for line in listing.lines() {
+        let tokens = tokens(line);
+        let [op, listed_chain, spec @ ..] = tokens.as_slice() else {
+            continue;
+        };
+        if op != "-A" || listed_chain != chain {
+            continue;
         }
-        Ok(())
+        let Some(dst) = destination(spec) else {
+            continue;
+        };
+        let stale = if is_dns(spec) {
+            !wanted_dns.contains(&dst)
+        } else {
+            is_plain_drop(spec) && !wanted_drops.contains(&dst)
+        };
+        if stale {
+            delete_listed(ipt, &tokens).await?;
+        }
     }
+    Ok(())
 }
 
 /// Splits one line of `iptables -S`. Our comments contain no spaces; iptables-nft prints them
@@ -1418,11 +1655,40 @@ mod tests {
             .collect()
     }
 
+    /// The host's connected routes in most tests: a LAN with public addresses (TEST-NET-3)
+    /// and a private one, Docker's default bridge, the sandbox network's own bridge, a VPN's
+    /// default-like half, and IPv6 LANs (a public one, a unique-local one, link-local).
+    fn routes() -> Vec<ConnectedRoute> {
+        [
+            ("203.0.113.0/24", "eth1"),
+            ("10.1.0.0/24", "eth0"),
+            ("172.17.0.0/16", "docker0"),
+            ("172.18.0.0/16", "sbx4bf24aa9"),
+            ("0.0.0.0/1", "tun0"),
+            ("2001:db8:1::/64", "eth1"),
+            ("fd00::/64", "eth0"),
+            ("fe80::/64", "eth0"),
+        ]
+        .iter()
+        .map(|(net, dev)| ConnectedRoute::new(net.parse().unwrap(), *dev))
+        .collect()
+    }
+
     async fn install(
         fake: &FakeIptables,
         family: IpFamily,
         policy: EgressPolicy,
         resolvers: &[IpAddr],
+    ) -> Result<(), String> {
+        install_with(fake, family, policy, resolvers, &routes()).await
+    }
+
+    async fn install_with(
+        fake: &FakeIptables,
+        family: IpFamily,
+        policy: EgressPolicy,
+        resolvers: &[IpAddr],
+        connected: &[ConnectedRoute],
     ) -> Result<(), String> {
         let names = EgressNames::new("team-a", policy);
         RuleSet {
@@ -1430,6 +1696,7 @@ mod tests {
             names: &names,
             policy,
             resolvers,
+            connected,
         }
         .install(family)
         .await
@@ -1514,10 +1781,11 @@ mod tests {
         for policy in EgressPolicy::BOTH {
             let names = EgressNames::new("team-a", policy);
             for family in [IpFamily::V4, IpFamily::V6] {
-                let generated: Vec<String> = forward_rules(family, &names, policy, &resolvers())
-                    .iter()
-                    .map(|r| r.join(" "))
-                    .collect();
+                let generated: Vec<String> =
+                    forward_rules(family, &names, policy, &resolvers(), &routes())
+                        .iter()
+                        .map(|r| r.join(" "))
+                        .collect();
                 let fake = FakeIptables::docker_host();
                 rt().block_on(install(&fake, family, policy, &resolvers()))
                     .unwrap();
@@ -1600,6 +1868,9 @@ mod tests {
             "-d 100.64.0.0/10 -j DROP",
             "-d 198.18.0.0/15 -j DROP",
             "-d 192.0.0.0/24 -j DROP",
+            // The public LAN of routes(); the private one, Docker's bridge, the sandbox's own
+            // bridge and the VPN's half add nothing.
+            "-d 203.0.113.0/24 -j DROP",
         ];
         for (i, rule) in fwd.iter().enumerate() {
             want.push(format!("iptables -w -C SBX-4bf24aa9-FWD {rule}"));
@@ -1657,6 +1928,7 @@ mod tests {
             &names,
             EgressPolicy::ALLOW_PRIVATE,
             &resolvers(),
+            &routes(),
         )
         .iter()
         .map(|r| r.join(" "))
@@ -1692,11 +1964,16 @@ mod tests {
     #[test]
     fn golden_ipv6_rules() {
         let names = EgressNames::new("team-a", EgressPolicy::STRICT);
-        let strict: Vec<String> =
-            forward_rules(IpFamily::V6, &names, EgressPolicy::STRICT, &resolvers())
-                .iter()
-                .map(|r| r.join(" "))
-                .collect();
+        let strict: Vec<String> = forward_rules(
+            IpFamily::V6,
+            &names,
+            EgressPolicy::STRICT,
+            &resolvers(),
+            &routes(),
+        )
+        .iter()
+        .map(|r| r.join(" "))
+        .collect();
         assert_eq!(
             strict,
             [
@@ -1723,6 +2000,7 @@ mod tests {
                 "-d fec0::/10 -j DROP",
                 "-d 100::/64 -j DROP",
                 "-d 64:ff9b:1::/48 -j DROP",
+                "-d 2001:db8:1::/64 -j DROP",
             ]
         );
         assert_eq!(
@@ -1734,13 +2012,21 @@ mod tests {
             &EgressNames::new("team-a", EgressPolicy::ALLOW_PRIVATE),
             EgressPolicy::ALLOW_PRIVATE,
             &resolvers(),
+            &routes(),
         )
         .iter()
         .map(|r| r.join(" "))
         .collect();
-        // Allow-private loses exactly the private ranges; every metadata drop stays.
-        let private_only = ["fc00::/7", "fec0::/10", "100::/64", "64:ff9b:1::/48"]
-            .map(|net| format!("-d {net} -j DROP"));
+        // Allow-private loses exactly the private ranges and the connected subnet; every
+        // metadata drop stays.
+        let private_only = [
+            "fc00::/7",
+            "fec0::/10",
+            "100::/64",
+            "64:ff9b:1::/48",
+            "2001:db8:1::/64",
+        ]
+        .map(|net| format!("-d {net} -j DROP"));
         assert_eq!(
             private[4..],
             strict[4..]
@@ -1763,7 +2049,7 @@ mod tests {
             for policy in EgressPolicy::BOTH {
                 let names = EgressNames::new("n", policy);
                 for rules in [
-                    forward_rules(family, &names, policy, &resolvers()),
+                    forward_rules(family, &names, policy, &resolvers(), &routes()),
                     input_rules(family, &names, &resolvers()),
                 ] {
                     let verdicts: Vec<&str> =
@@ -1910,6 +2196,171 @@ mod tests {
         rt.block_on(install(&fresh, IpFamily::V4, EgressPolicy::STRICT, &one))
             .unwrap();
         assert_eq!(fake.table(IpFamily::V4), fresh.table(IpFamily::V4));
+    }
+
+    /// Strict drops the host's own subnets whatever their addressing, after the DNS
+    /// exemptions (a resolver on the LAN keeps answering); allow-private leaves them open, as
+    /// it leaves a private LAN open.
+    #[test]
+    fn strict_drops_the_hosts_connected_subnets() {
+        let mut connected = routes();
+        connected.extend([
+            // A public range on the sandbox's own bridge is the `-o <bridge>` rule's business.
+            ConnectedRoute::new("198.51.100.0/24".parse().unwrap(), "sbx4bf24aa9"),
+            // Inside the /24 LAN: no rule of its own.
+            ConnectedRoute::new("203.0.113.128/25".parse().unwrap(), "eth2"),
+        ]);
+        let resolvers: Vec<IpAddr> = vec![
+            "203.0.113.53".parse().unwrap(),
+            "2001:db8:1::53".parse().unwrap(),
+        ];
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        for policy in EgressPolicy::BOTH {
+            let names = EgressNames::new("team-a", policy);
+            let lan_open = policy.allow_private;
+            for family in [IpFamily::V4, IpFamily::V6] {
+                let rules: Vec<String> =
+                    forward_rules(family, &names, policy, &resolvers, &connected)
+                        .iter()
+                        .map(|r| r.join(" "))
+                        .collect();
+                let verdicts: Vec<String> = rules
+                    .iter()
+                    .map(|r| r.rsplit(' ').next().unwrap().to_owned())
+                    .collect();
+                assert!(exemptions_first(&verdicts), "{rules:?}");
+                assert_eq!(
+                    metadata_not_dropped(&rules, family),
+                    Vec::<IpAddr>::new(),
+                    "{}",
+                    policy.label()
+                );
+                assert!(
+                    !rules.iter().any(|r| r.contains("198.51.100.0/24")
+                        || r.contains("203.0.113.128/25")
+                        || r.contains("0.0.0.0/1")),
+                    "{rules:?}"
+                );
+                let (lan_host, resolver, internet) = match family {
+                    IpFamily::V4 => (ip("203.0.113.7"), resolvers[0], ip("8.8.8.8")),
+                    IpFamily::V6 => (ip("2001:db8:1::7"), resolvers[1], ip("2606:4700::1111")),
+                };
+                let want_lan = if lan_open { "RETURN" } else { "DROP" };
+                assert_eq!(fate(&rules, lan_host, "tcp", 443), want_lan, "{rules:?}");
+                assert_eq!(fate(&rules, resolver, "tcp", 80), want_lan, "{rules:?}");
+                assert_eq!(fate(&rules, resolver, "udp", 53), "RETURN", "{rules:?}");
+                assert_eq!(fate(&rules, internet, "tcp", 443), "RETURN", "{rules:?}");
+            }
+        }
+    }
+
+    /// A changed set of connected subnets converges: a drop for a subnet that went away is
+    /// deleted, one for a new subnet inserted, and the chain is then exactly what a first
+    /// install with the new set gives.
+    #[test]
+    fn changed_connected_subnets_converge() {
+        let lan = |net: &str, dev: &str| ConnectedRoute::new(net.parse().unwrap(), dev);
+        let before = [
+            lan("203.0.113.0/24", "eth1"),
+            lan("2001:db8:1::/64", "eth1"),
+        ];
+        let after = [lan("192.0.2.0/24", "eth3"), lan("2001:db8:3::/64", "eth3")];
+        let rt = rt();
+        for family in [IpFamily::V4, IpFamily::V6] {
+            let fake = FakeIptables::docker_host();
+            let install = |connected: &[ConnectedRoute]| {
+                rt.block_on(install_with(
+                    &fake,
+                    family,
+                    EgressPolicy::STRICT,
+                    &resolvers(),
+                    connected,
+                ))
+                .unwrap()
+            };
+            install(&before);
+            fake.calls();
+            install(&after);
+            let changes = mutating(&fake.calls());
+            let fresh = FakeIptables::docker_host();
+            rt.block_on(install_with(
+                &fresh,
+                family,
+                EgressPolicy::STRICT,
+                &resolvers(),
+                &after,
+            ))
+            .unwrap();
+            assert_eq!(fake.table(family), fresh.table(family), "{family:?}");
+            let (gone, new, pos) = match family {
+                IpFamily::V4 => ("203.0.113.0/24", "192.0.2.0/24", 19),
+                IpFamily::V6 => ("2001:db8:1::/64", "2001:db8:3::/64", 24),
+            };
+            let program = family.program();
+            assert_eq!(
+                changes,
+                [
+                    format!("{program} -w -D SBX-4bf24aa9-FWD -d {gone} -j DROP"),
+                    format!("{program} -w -I SBX-4bf24aa9-FWD {pos} -d {new} -j DROP"),
+                ]
+            );
+            // No connected subnet left: no connected drop left.
+            install(&[]);
+            let fwd = &fake.table(family)["SBX-4bf24aa9-FWD"];
+            assert!(!fwd.iter().any(|r| r.contains(new)), "{fwd:?}");
+        }
+    }
+
+    /// `/proc/net/route` and `/proc/net/ipv6_route` as this kernel prints them (a Docker host
+    /// with a public-addressed LAN), plus the kinds of route that are not a connected subnet:
+    /// through a gateway, rejected, local, multicast, loopback, malformed.
+    #[test]
+    fn connected_routes_are_read_from_the_kernel_tables() {
+        let v4 = "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n\
+                  eth0\t00000000\t010200C0\t0003\t0\t0\t0\t00000000\t0\t0\t0\n\
+                  docker0\t000011AC\t00000000\t0001\t0\t0\t0\t0000FFFF\t0\t0\t0\n\
+                  eth0\t000200C0\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n\
+                  eth0\t0000000A\t010200C0\t0003\t0\t0\t0\t000000FF\t0\t0\t0\n\
+                  *\t0064A8C0\t00000000\t0201\t0\t0\t0\t00FFFFFF\t0\t0\t0\n\
+                  wg0\t0101A8C0\t00000000\t0005\t0\t0\t0\tFFFFFFFF\t0\t0\t0\n\
+                  tun0\t00000000\t00000000\t0001\t0\t0\t0\t00000080\t0\t0\t0\n\
+                  eth1\t000200C0\t00000000\t0001\t0\t0\t0\t00FF00FF\t0\t0\t0\n\
+                  bogus\tzz\n";
+        let got: Vec<(String, String)> = parse_proc_route(v4)
+            .into_iter()
+            .map(|r| (r.net.to_string(), r.device))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("172.17.0.0/16".to_owned(), "docker0".to_owned()),
+                ("192.0.2.0/24".into(), "eth0".into()),
+                ("192.168.1.1/32".into(), "wg0".into()),
+                ("0.0.0.0/1".into(), "tun0".into()),
+            ]
+        );
+        let v6 = "\
+fd000000000000000000000000000000 40 00000000000000000000000000000000 00 00000000000000000000000000000000 00000100 00000001 00000000 00000001     eth0
+fe800000000000000000000000000000 40 00000000000000000000000000000000 00 00000000000000000000000000000000 00000100 00000002 00000000 00000001     eth0
+00000000000000000000000000000000 00 00000000000000000000000000000000 00 fd000000000000000000000000000001 00000400 00000002 00000000 00000003     eth0
+00000000000000000000000000000001 80 00000000000000000000000000000000 00 00000000000000000000000000000000 00000000 00000002 00000000 80200001       lo
+fd000000000000000000000000000002 80 00000000000000000000000000000000 00 00000000000000000000000000000000 00000000 00000003 00000000 80200001     eth0
+ff000000000000000000000000000000 08 00000000000000000000000000000000 00 00000000000000000000000000000000 00000100 00000003 00000000 00000001     eth0
+20010db8000100000000000000000000 40 00000000000000000000000000000000 00 00000000000000000000000000000000 00000100 00000001 00000000 00000001     eth1
+00000000000000000000000000000000 00 00000000000000000000000000000000 00 00000000000000000000000000000000 ffffffff 00000001 00000000 00200200       lo
+";
+        let got: Vec<(String, String)> = parse_proc_ipv6_route(v6)
+            .into_iter()
+            .map(|r| (r.net.to_string(), r.device))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("fd00::/64".to_owned(), "eth0".to_owned()),
+                ("fe80::/64".into(), "eth0".into()),
+                ("2001:db8:1::/64".into(), "eth1".into()),
+            ]
+        );
     }
 
     #[test]

@@ -4,8 +4,11 @@
 //! Nothing leaves the machine: only packets entering from the test's bridges are diverted (a
 //! policy-routing rule per bridge) to a routing table that sends the probe addresses (every IPv4
 //! address of `sandbox_transport`'s metadata table, a private one and a public stand-in) to a
-//! veth whose other end is the test host, and ends in `unreachable`. The main table is never
-//! touched (asserted). The test host answers HTTP on 8080 and logs every request path; each
+//! veth whose other end is the test host, and ends in `unreachable`. The main table gains one
+//! route only, and only on that veth (asserted): a public-addressed (TEST-NET) /24 the host is
+//! connected to through it, the host LAN the strict policy must drop although no private range
+//! covers it; the test host answers there too, and the route goes with the veth. The test host
+//! answers HTTP on 8080 and logs every request path; each
 //! probe's path names the container and the target, so "the test host logged nothing from it"
 //! is a check on the log (Docker masquerades, so source addresses alone would not tell). The
 //! unprotected control container reaching every metadata address proves the diversion works for
@@ -50,6 +53,10 @@ const ALLOWED: &str = "203.0.113.7";
 /// Candidate /24s for the private probe address and the veth; the first one the machine does
 /// not use is taken.
 const PRIVATE_NETS: [[u8; 3]; 3] = [[10, 213, 99], [10, 231, 77], [192, 168, 213]];
+/// Candidate /24s for the host LAN with public (documentation) addresses: the host end of the
+/// test host's veth takes `.1/24`, so the host is connected to it; the test host answers on
+/// `.7`. The first one the machine does not use is taken.
+const LAN_NETS: [[u8; 3]; 2] = [[198, 51, 100], [192, 0, 2]];
 const PROBE_TIMEOUT_SECS: &str = "3";
 /// Probes in flight at once: enough to keep the run short (most blocked probes wait out their
 /// timeout), few enough that two shared cores start every allowed one well inside it.
@@ -155,9 +162,28 @@ async fn scenario(env: &mut Env) {
     }
 
     // From here on the test sets up its own routing: Docker has added the networks' connected
-    // routes, and nothing else may change in the main table.
+    // routes, and nothing else may change in the main table but the test LAN's route.
     let main_before = main_table();
     env.test_host();
+
+    // A create after the host gained a LAN: strict drops it, allow-private does not.
+    assert_eq!(guard.ensure(EgressPolicy::STRICT).await.unwrap(), strict);
+    assert_eq!(
+        guard.ensure(EgressPolicy::ALLOW_PRIVATE).await.unwrap(),
+        private
+    );
+    let lan_net = env.lan_cidr();
+    let strict_names = env.guard.names(EgressPolicy::STRICT);
+    let private_names = env.guard.names(EgressPolicy::ALLOW_PRIVATE);
+    assert!(
+        has_rule(&strict_names.forward, &["-d", &lan_net, "-j", "DROP"]),
+        "no drop of the host LAN {lan_net} in {}",
+        strict_names.forward
+    );
+    assert!(
+        !has_rule(&private_names.forward, &["-d", &lan_net, "-j", "DROP"]),
+        "allow-private drops the host LAN {lan_net}"
+    );
 
     // Divert only the test's bridges to the test host.
     for bridge in [&env.ctl_bridge, &strict.bridge, &private.bridge].map(String::as_str) {
@@ -173,10 +199,22 @@ async fn scenario(env: &mut Env) {
     let s1 = env.container("s1", &strict.name).await;
     let s2 = env.container("s2", &strict.name).await;
     let p1 = env.container("p1", &private.name).await;
+    let veth = format!(" dev {} ", env.veth_host);
+    let (own, rest): (Vec<String>, Vec<String>) = main_table()
+        .lines()
+        .map(|l| format!("{l} "))
+        .partition(|l| l.contains(&veth));
     assert_eq!(
-        main_table(),
+        rest.iter()
+            .map(|l| l.trim_end())
+            .collect::<Vec<_>>()
+            .join("\n"),
         main_before,
-        "the test must not touch the main routing table"
+        "the test must not touch the main routing table beyond its LAN's route"
+    );
+    assert!(
+        own.len() == 1 && own[0].starts_with(&format!("{lan_net}{veth}")),
+        "the test veth's routes in the main table: {own:?}"
     );
 
     // The matrix: (row, column, container, url, expected to answer). Every IPv4 address of the
@@ -200,6 +238,12 @@ async fn scenario(env: &mut Env) {
         "allowed".into(),
         format!("{ALLOWED}:{HTTP_PORT}"),
         [true, true, true],
+    ));
+    // The host's own LAN, public addresses and all: the host's network, not the internet.
+    targets.push((
+        "lan".into(),
+        format!("{}:{HTTP_PORT}", env.lan_addr),
+        [true, false, true],
     ));
     let mut probes: Vec<(&str, String, &Ctr, String, bool)> = Vec::new();
     for (i, (row, c)) in [("control", &ctl1), ("strict", &s1), ("private", &p1)]
@@ -316,6 +360,31 @@ async fn scenario(env: &mut Env) {
         wrong.join("\n")
     );
 
+    // The LAN goes away: the next create converges the strict chain, the drop is deleted and
+    // everything else stays.
+    sh(&[
+        "ip",
+        "addr",
+        "del",
+        &format!("{}/24", env.lan_host_end()),
+        "dev",
+        &env.veth_host,
+    ]);
+    assert_eq!(
+        env.guard.ensure(EgressPolicy::STRICT).await.unwrap(),
+        strict
+    );
+    assert!(
+        !has_rule(&strict_names.forward, &["-d", &lan_net, "-j", "DROP"]),
+        "the drop of the vanished LAN {lan_net} is still in {}",
+        strict_names.forward
+    );
+    assert!(has_rule(
+        &strict_names.forward,
+        &["-d", "168.63.129.16/32", "-j", "DROP"]
+    ));
+    check_rules_installed(env, &strict);
+
     // Removal refuses while containers are attached, and then changes nothing.
     let busy = env.guard.remove().await.unwrap_err();
     assert_eq!(busy.kind(), ErrorKind::Conflict, "{busy}");
@@ -399,6 +468,17 @@ fn check_rules_installed(env: &Env, net: &EgressNetwork) {
     }
 }
 
+/// Whether `chain` holds the rule `spec` (`iptables -C`).
+fn has_rule(chain: &str, spec: &[&str]) -> bool {
+    Command::new("iptables")
+        .args(["-w", "-C", chain])
+        .args(spec)
+        .stderr(Stdio::null())
+        .status()
+        .unwrap()
+        .success()
+}
+
 /// Runs `wget` in the container: whether the body came back, and what happened.
 async fn probe(docker: &Docker, container: &str, url: &str) -> (bool, String) {
     // `timeout 3 wget` rather than `wget -T 3`: the `-T` option of Debian 12's static busybox
@@ -478,6 +558,8 @@ struct Env {
     pids: std::path::PathBuf,
     private_net: [u8; 3],
     private_addr: Ipv4Addr,
+    lan_net: [u8; 3],
+    lan_addr: Ipv4Addr,
     containers: Vec<String>,
     networks: Vec<String>,
     children: Vec<Child>,
@@ -503,6 +585,8 @@ impl Env {
             run,
             private_net: PRIVATE_NETS[0],
             private_addr: Ipv4Addr::UNSPECIFIED,
+            lan_net: LAN_NETS[0],
+            lan_addr: Ipv4Addr::UNSPECIFIED,
             containers: Vec::new(),
             networks: Vec::new(),
             children: Vec::new(),
@@ -530,6 +614,14 @@ impl Env {
             .expect("every candidate private test /24 is in use on this machine");
         self.private_net = net;
         self.private_addr = Ipv4Addr::new(net[0], net[1], net[2], 7);
+        let lan = LAN_NETS
+            .into_iter()
+            .find(|[a, b, c]| {
+                !in_use(Ipv4Addr::new(*a, *b, *c, 1)) && !in_use(Ipv4Addr::new(*a, *b, *c, 7))
+            })
+            .expect("every candidate test LAN /24 is in use on this machine");
+        self.lan_net = lan;
+        self.lan_addr = Ipv4Addr::new(lan[0], lan[1], lan[2], 7);
         for a in probe_addresses() {
             assert!(
                 !in_use(a),
@@ -545,7 +637,20 @@ impl Env {
         );
     }
 
-    /// The test host: a netns behind a veth, holding the three probe addresses.
+    /// The test LAN, `a.b.c.0/24`.
+    fn lan_cidr(&self) -> String {
+        let [a, b, c] = self.lan_net;
+        format!("{a}.{b}.{c}.0/24")
+    }
+
+    /// The host's address on the test LAN.
+    fn lan_host_end(&self) -> Ipv4Addr {
+        let [a, b, c] = self.lan_net;
+        Ipv4Addr::new(a, b, c, 1)
+    }
+
+    /// The test host: a netns behind a veth, holding the probe addresses, and the host's
+    /// connected route into the test LAN through that veth.
     fn test_host(&mut self) {
         let [a, b, c] = self.private_net;
         let host_end = format!("{a}.{b}.{c}.1");
@@ -568,6 +673,16 @@ impl Env {
         ]);
         std::fs::write(format!("/proc/sys/net/ipv4/conf/{h}/rp_filter"), "0").unwrap();
         sh(&["ip", "link", "set", h, "up"]);
+        // The host LAN: a /24 with its kernel route in the main table, the one route the test
+        // adds there. Nothing leaves: the route ends in the test's own netns.
+        sh(&[
+            "ip",
+            "addr",
+            "add",
+            &format!("{}/24", self.lan_host_end()),
+            "dev",
+            h,
+        ]);
         let in_ns = |args: &[&str]| {
             let mut full = vec!["ip", "netns", "exec", ns];
             full.extend_from_slice(args);
@@ -578,7 +693,7 @@ impl Env {
         in_ns(&["ip", "addr", "add", &format!("{peer_end}/32"), "dev", p]);
         let served: Vec<String> = probe_addresses()
             .map(|a| a.to_string())
-            .chain([private.clone()])
+            .chain([private.clone(), self.lan_addr.to_string()])
             .collect();
         for addr in &served {
             in_ns(&["ip", "addr", "add", &format!("{addr}/32"), "dev", "lo"]);
