@@ -417,7 +417,8 @@ impl EgressGuard {
     ///
     /// Fails closed: kind `unavailable`, code [`ErrorCode::EgressProtectionUnavailable`], and a
     /// message naming the cause ("iptables not found", "permission denied: egress rules need
-    /// root (CAP_NET_ADMIN)", iptables' own stderr, a network that is not ours).
+    /// root (CAP_NET_ADMIN)", iptables' own stderr, a network that is not ours, a routing table
+    /// the strict policy cannot read).
     ///
     /// Cancel-safety: dropping the future can leave a network without containers and a
     /// partially filled chain; the next call completes both.
