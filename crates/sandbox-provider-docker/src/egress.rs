@@ -5,13 +5,29 @@
 //! name, and two chains of our own filter every packet that enters the host from that bridge:
 //!
 //! - `SBX-<hash>-FWD`, jumped to from `DOCKER-USER` (`-i <bridge>`): traffic the sandbox routes
-//!   through the host. Established flows and DNS to the resolvers pass; link-local (cloud
-//!   metadata), the other metadata addresses, reserved ranges and the sandbox's own bridge are
-//!   dropped, and private ranges and CGNAT too unless the policy allows private endpoints.
+//!   through the host. Established flows and DNS to the resolvers pass; link-local, reserved
+//!   ranges, the sandbox's own bridge and every address of `sandbox_transport`'s metadata table
+//!   (the one the SSRF guard refuses; a host route each where no dropped range covers it, and
+//!   for IPv6 also each IPv4 entry's NAT64 form) are dropped whatever the policy; the strict
+//!   policy also drops private ranges, CGNAT and every subnet the host is directly connected to
+//!   (below).
 //! - `SBX-<hash>-IN`, jumped to from `INPUT` (`-i <bridge>`): traffic addressed to the host
 //!   itself. Established flows and DNS to the resolvers pass; everything else is dropped, so a
 //!   sandbox cannot open connections to host services (published ports of other services
 //!   included).
+//!
+//! The host's connected subnets: a host LAN with public addresses is still the host's LAN, and
+//! no private range covers it, so the strict policy drops each subnet the kernel routes
+//! straight onto a link ([`host_connected_routes`]: `/proc/net/route`, `/proc/net/ipv6_route`),
+//! except the sandbox's own bridge (its `-o` rule covers it) and default-like routes through a
+//! tunnel (shorter than /8, /16 for IPv6), which are the internet rather than a LAN. The DNS
+//! exemptions come first, so a resolver on such a LAN keeps answering. Allow-private drops none
+//! of them, by design: it is the setting for tenants that may reach the networks around the
+//! host, it already opens a 10/8 LAN, and a LAN numbered from public space is no less the
+//! host's; metadata and the host itself stay blocked. The set is read at every
+//! [`EgressGuard::ensure`] (every bridge-mode create) and the strict chain converges to it: a
+//! drop for a subnet that went away is deleted, one for a new subnet inserted; between two
+//! creates a new LAN is not yet dropped.
 //!
 //! Our chains only ever `RETURN` or `DROP`: they can take traffic away, never permit something
 //! Docker's or the host's own rules would refuse. "Accept established" therefore means "exempt
@@ -41,7 +57,7 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt;
 use std::io;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,7 +66,9 @@ use async_trait::async_trait;
 use bollard::Docker;
 use bollard::errors::Error as DockerError;
 use bollard::models::{Ipam, IpamConfig, NetworkCreateRequest, NetworkInspect};
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use sandbox_core::{Error, ErrorCode, Operation, Provider};
+use sandbox_transport::metadata::{metadata_v4, metadata_v6};
 
 /// The label every adapter-owned network carries.
 pub const LABEL_MANAGED: &str = "sandbox.managed";
@@ -77,49 +95,108 @@ const NAMESPACE_MAX: usize = 24;
 /// create with a message instead of hanging it.
 const IPTABLES_DEADLINE: Duration = Duration::from_secs(60);
 
-/// Dropped for every policy. 169.254/16 holds the metadata service of AWS, GCP, Azure, OCI,
-/// DigitalOcean and Tencent (169.254.0.23); 100.100.100.200 (Alibaba) sits inside CGNAT and
-/// 168.63.129.16 (Azure's wireserver, which hands out VM secrets) is a public address, so
-/// neither is covered by a range an allow-private policy keeps dropping. 0/8, 127/8,
-/// multicast and 240/4 are never a legitimate destination of a forwarded connection, so they
-/// stay dropped even when private endpoints are allowed.
-const ALWAYS_DROP_V4: &[&str] = &[
-    "169.254.0.0/16",
-    "100.100.100.200/32",
-    "168.63.129.16/32",
-    "0.0.0.0/8",
-    "127.0.0.0/8",
-    "224.0.0.0/4",
-    "240.0.0.0/4",
+/// Ranges dropped for every policy. 169.254/16 is link-local, where most clouds put their
+/// metadata services; 0/8, 127/8, multicast and 240/4 are never a legitimate destination of a
+/// forwarded connection. The metadata addresses outside these ranges (Azure's public
+/// WireServer, Alibaba's inside CGNAT, Oracle's inside 192.0.0/24, which only the strict policy
+/// drops) come from `sandbox_transport`'s table, see [`always_dropped`].
+const ALWAYS_DROP_V4: &[IpNet] = &[
+    net4([169, 254, 0, 0], 16),
+    net4([0, 0, 0, 0], 8),
+    net4([127, 0, 0, 0], 8),
+    net4([224, 0, 0, 0], 4),
+    net4([240, 0, 0, 0], 4),
 ];
 
 /// Private, shared (CGNAT), benchmarking and IETF-protocol ranges: the operator's and the
 /// cloud's internal networks. Dropped unless the tenant config allows private endpoints.
-const PRIVATE_V4: &[&str] = &[
-    "10.0.0.0/8",
-    "172.16.0.0/12",
-    "192.168.0.0/16",
-    "100.64.0.0/10",
-    "198.18.0.0/15",
-    "192.0.0.0/24",
+const PRIVATE_V4: &[IpNet] = &[
+    net4([10, 0, 0, 0], 8),
+    net4([172, 16, 0, 0], 12),
+    net4([192, 168, 0, 0], 16),
+    net4([100, 64, 0, 0], 10),
+    net4([198, 18, 0, 0], 15),
+    net4([192, 0, 0, 0], 24),
 ];
 
-/// `fd00:ec2::254` is the AWS IMDS IPv6 endpoint; `64:ff9b::a9fe:0/112` is 169.254/16 through
-/// the NAT64 well-known prefix. The rest is link-local, loopback, unspecified, multicast and
-/// IPv4-mapped, none of which a sandbox may reach through the host.
-const ALWAYS_DROP_V6: &[&str] = &[
-    "fd00:ec2::254/128",
-    "64:ff9b::a9fe:0/112",
-    "fe80::/10",
-    "::1/128",
-    "::/128",
-    "ff00::/8",
-    "::ffff:0:0/96",
+/// `64:ff9b::a9fe:0/112` is 169.254/16 through the NAT64 well-known prefix. The rest is
+/// link-local, loopback, unspecified, multicast and IPv4-mapped, none of which a sandbox may
+/// reach through the host. The IPv6 metadata addresses (all unique-local or link-local) come
+/// from `sandbox_transport`'s table, see [`always_dropped`].
+const ALWAYS_DROP_V6: &[IpNet] = &[
+    net6([0x64, 0xff9b, 0, 0, 0, 0, 0xa9fe, 0], 112),
+    net6([0xfe80, 0, 0, 0, 0, 0, 0, 0], 10),
+    net6([0, 0, 0, 0, 0, 0, 0, 1], 128),
+    net6([0, 0, 0, 0, 0, 0, 0, 0], 128),
+    net6([0xff00, 0, 0, 0, 0, 0, 0, 0], 8),
+    net6([0, 0, 0, 0, 0, 0xffff, 0, 0], 96),
 ];
 
 /// Unique-local (includes the sandbox networks themselves), deprecated site-local, discard-only
 /// and local-use NAT64.
-const PRIVATE_V6: &[&str] = &["fc00::/7", "fec0::/10", "100::/64", "64:ff9b:1::/48"];
+const PRIVATE_V6: &[IpNet] = &[
+    net6([0xfc00, 0, 0, 0, 0, 0, 0, 0], 7),
+    net6([0xfec0, 0, 0, 0, 0, 0, 0, 0], 10),
+    net6([0x100, 0, 0, 0, 0, 0, 0, 0], 64),
+    net6([0x64, 0xff9b, 1, 0, 0, 0, 0, 0], 48),
+];
+
+/// The NAT64 well-known prefix (RFC 6052): an IPv4 destination through a translator.
+const NAT64_WELL_KNOWN: [u16; 6] = [0x64, 0xff9b, 0, 0, 0, 0];
+
+const fn net4(octets: [u8; 4], prefix: u8) -> IpNet {
+    let [a, b, c, d] = octets;
+    IpNet::V4(Ipv4Net::new_assert(Ipv4Addr::new(a, b, c, d), prefix))
+}
+
+const fn net6(segments: [u16; 8], prefix: u8) -> IpNet {
+    let [a, b, c, d, e, f, g, h] = segments;
+    IpNet::V6(Ipv6Net::new_assert(
+        Ipv6Addr::new(a, b, c, d, e, f, g, h),
+        prefix,
+    ))
+}
+
+/// Every destination dropped whatever the policy: the family's ranges, then each address of
+/// the metadata table not already inside one of them, as a host route (for IPv6 also the
+/// NAT64 form of each IPv4 entry). The table is the one the SSRF guard refuses, so the two can
+/// never disagree about what is metadata.
+fn always_dropped(family: IpFamily) -> Vec<IpNet> {
+    let (mut nets, hosts): (Vec<IpNet>, Vec<IpAddr>) = match family {
+        IpFamily::V4 => (
+            ALWAYS_DROP_V4.to_vec(),
+            metadata_v4().map(IpAddr::V4).collect(),
+        ),
+        IpFamily::V6 => (
+            ALWAYS_DROP_V6.to_vec(),
+            metadata_v6()
+                .chain(metadata_v4().map(nat64))
+                .map(IpAddr::V6)
+                .collect(),
+        ),
+    };
+    for host in hosts.into_iter().map(IpNet::from) {
+        if !nets.iter().any(|n| n.contains(&host)) {
+            nets.push(host);
+        }
+    }
+    nets
+}
+
+fn nat64(v4: Ipv4Addr) -> Ipv6Addr {
+    let [a, b, c, d, e, f] = NAT64_WELL_KNOWN;
+    let [w, x, y, z] = v4.octets();
+    Ipv6Addr::new(
+        a,
+        b,
+        c,
+        d,
+        e,
+        f,
+        u16::from_be_bytes([w, x]),
+        u16::from_be_bytes([y, z]),
+    )
+}
 
 /// Which egress policy a network enforces. Two policies → two networks, because allow-private
 /// is per tenant config.
@@ -130,11 +207,12 @@ pub struct EgressPolicy {
 }
 
 impl EgressPolicy {
-    /// Public destinations only.
+    /// Public destinations only: private ranges, CGNAT and the host's own subnets are dropped.
     pub const STRICT: EgressPolicy = EgressPolicy {
         allow_private: false,
     };
-    /// Public and private destinations; metadata and the host stay blocked.
+    /// Public and private destinations, the host's LANs included; metadata and the host itself
+    /// stay blocked.
     pub const ALLOW_PRIVATE: EgressPolicy = EgressPolicy {
         allow_private: true,
     };
@@ -280,6 +358,8 @@ pub struct EgressGuard {
     runner: Arc<dyn IptablesRunner>,
     /// Overrides the discovered upstream DNS servers (see [`host_resolvers`]).
     resolvers: Option<Vec<IpAddr>>,
+    /// Overrides the discovered connected routes (see [`host_connected_routes`]).
+    connected: Option<Vec<ConnectedRoute>>,
     serial: Arc<tokio::sync::Mutex<()>>,
 }
 
@@ -292,6 +372,7 @@ impl EgressGuard {
             namespace: namespace.to_owned(),
             runner: Arc::new(CommandRunner),
             resolvers: None,
+            connected: None,
             serial: Arc::new(tokio::sync::Mutex::new(())),
         })
     }
@@ -306,6 +387,13 @@ impl EgressGuard {
     /// host (needed when dockerd runs with `--dns` on its command line, which we cannot see).
     pub fn with_resolvers(mut self, resolvers: Vec<IpAddr>) -> Self {
         self.resolvers = Some(resolvers);
+        self
+    }
+
+    /// Fixes the host's connected subnets the strict policy drops instead of reading them from
+    /// the kernel (tests, or a host whose LANs are known better than its routing table says).
+    pub fn with_connected_routes(mut self, routes: Vec<ConnectedRoute>) -> Self {
+        self.connected = Some(routes);
         self
     }
 
@@ -329,7 +417,8 @@ impl EgressGuard {
     ///
     /// Fails closed: kind `unavailable`, code [`ErrorCode::EgressProtectionUnavailable`], and a
     /// message naming the cause ("iptables not found", "permission denied: egress rules need
-    /// root (CAP_NET_ADMIN)", iptables' own stderr, a network that is not ours).
+    /// root (CAP_NET_ADMIN)", iptables' own stderr, a network that is not ours, a routing table
+    /// the strict policy cannot read).
     ///
     /// Cancel-safety: dropping the future can leave a network without containers and a
     /// partially filled chain; the next call completes both.
@@ -349,11 +438,13 @@ impl EgressGuard {
             None => self.daemon_has_ipv6().await?,
         };
         let resolvers = self.resolvers();
+        let connected = self.connected_routes(policy)?;
         let rules = RuleSet {
             runner: self.runner.as_ref(),
             names: &names,
             policy,
             resolvers: &resolvers,
+            connected: &connected,
         };
         rules.install(IpFamily::V4).await?;
         if ipv6 {
@@ -471,6 +562,19 @@ impl EgressGuard {
             }
         }
         Ok(removed)
+    }
+
+    /// The routes the strict policy drops; allow-private drops none, so it does not read them.
+    fn connected_routes(&self, policy: EgressPolicy) -> Result<Vec<ConnectedRoute>, String> {
+        if policy.allow_private {
+            return Ok(Vec::new());
+        }
+        match &self.connected {
+            Some(list) => Ok(list.clone()),
+            None => host_connected_routes().map_err(|e| {
+                format!("{e}: strict egress drops the host's connected subnets and must see them")
+            }),
+        }
     }
 
     fn resolvers(&self) -> Vec<IpAddr> {
@@ -750,6 +854,140 @@ pub fn host_resolvers() -> Vec<IpAddr> {
     dedup(list)
 }
 
+/// A route the kernel has straight onto a link, without a gateway: a subnet the host sits on
+/// (its LAN, a Docker bridge, a VPN's link).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ConnectedRoute {
+    /// The subnet.
+    pub net: IpNet,
+    /// The interface it is reached through.
+    pub device: String,
+}
+
+impl ConnectedRoute {
+    /// `net` (e.g. `203.0.113.0/24`) on `device`.
+    pub fn new(net: IpNet, device: impl Into<String>) -> Self {
+        ConnectedRoute {
+            net,
+            device: device.into(),
+        }
+    }
+}
+
+/// A connected route broader than this is taken for "everything through this link" (a
+/// point-to-point default, a VPN's `0.0.0.0/1` pair), not a LAN.
+const MIN_LAN_PREFIX_V4: u8 = 8;
+const MIN_LAN_PREFIX_V6: u8 = 16;
+
+// Route flags of `/proc/net/route` and `/proc/net/ipv6_route` (linux/route.h,
+// linux/ipv6_route.h).
+const RTF_UP: u32 = 0x0001;
+const RTF_GATEWAY: u32 = 0x0002;
+const RTF_REJECT: u32 = 0x0200;
+const RTF_ANYCAST: u32 = 0x0010_0000;
+const RTF_CACHE: u32 = 0x0100_0000;
+const RTF_LOCAL: u32 = 0x8000_0000;
+
+/// The subnets this host is directly connected to, from the kernel: `/proc/net/route` (the
+/// IPv4 main table) and `/proc/net/ipv6_route` (every IPv6 table; a connected route of another
+/// table only ever adds a drop). Read from `/proc` rather than through `ip` or netlink: the
+/// files exist on every Linux kernel this module runs on, need no extra program or crate, and
+/// are in the network namespace of the process, the one whose iptables it edits.
+///
+/// Fails when the IPv4 table cannot be read, so strict egress never runs blind to the host's
+/// LANs; a kernel without IPv6 has no `ipv6_route` and no IPv6 LAN.
+pub fn host_connected_routes() -> io::Result<Vec<ConnectedRoute>> {
+    let v4 = std::fs::read_to_string("/proc/net/route")
+        .map_err(|e| io::Error::new(e.kind(), format!("cannot read /proc/net/route: {e}")))?;
+    let v6 = match std::fs::read_to_string("/proc/net/ipv6_route") {
+        Ok(text) => text,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => String::new(),
+        Err(e) => {
+            return Err(io::Error::new(
+                e.kind(),
+                format!("cannot read /proc/net/ipv6_route: {e}"),
+            ));
+        }
+    };
+    let mut routes = parse_proc_route(&v4);
+    routes.extend(parse_proc_ipv6_route(&v6));
+    Ok(routes)
+}
+
+/// `Iface Destination Gateway Flags RefCnt Use Metric Mask ...`: addresses and masks are the
+/// raw network-order words printed as host-order hex.
+fn parse_proc_route(text: &str) -> Vec<ConnectedRoute> {
+    let word = |hex: &str| u32::from_str_radix(hex, 16).ok().map(u32::to_ne_bytes);
+    text.lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let [
+                device,
+                dst,
+                _gateway,
+                flags,
+                _refcnt,
+                _use,
+                _metric,
+                mask,
+                ..,
+            ] = fields.as_slice()
+            else {
+                return None;
+            };
+            let flags = u32::from_str_radix(flags, 16).ok()?;
+            if flags & RTF_UP == 0 || flags & (RTF_GATEWAY | RTF_REJECT) != 0 || *device == "lo" {
+                return None;
+            }
+            let mask = u32::from_be_bytes(word(mask)?);
+            let prefix = mask.leading_ones();
+            // A mask with holes is no prefix; the kernel never prints one.
+            if mask.checked_shl(prefix).unwrap_or(0) != 0 {
+                return None;
+            }
+            let net = Ipv4Net::new(Ipv4Addr::from(word(dst)?), u8::try_from(prefix).ok()?).ok()?;
+            Some(ConnectedRoute::new(IpNet::V4(net.trunc()), *device))
+        })
+        .collect()
+}
+
+/// `dst plen src splen nexthop metric refcnt use flags device`, addresses as 32 hex digits.
+fn parse_proc_ipv6_route(text: &str) -> Vec<ConnectedRoute> {
+    let skip = RTF_GATEWAY | RTF_REJECT | RTF_ANYCAST | RTF_CACHE | RTF_LOCAL;
+    text.lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let [
+                dst,
+                plen,
+                _src,
+                _splen,
+                nexthop,
+                _metric,
+                _refcnt,
+                _use,
+                flags,
+                device,
+            ] = fields.as_slice()
+            else {
+                return None;
+            };
+            let flags = u32::from_str_radix(flags, 16).ok()?;
+            let nexthop = u128::from_str_radix(nexthop, 16).ok()?;
+            if flags & RTF_UP == 0 || flags & skip != 0 || nexthop != 0 || *device == "lo" {
+                return None;
+            }
+            let dst = Ipv6Addr::from(u128::from_str_radix(dst, 16).ok()?);
+            if dst.is_multicast() {
+                return None;
+            }
+            let net = Ipv6Net::new(dst, u8::from_str_radix(plen, 16).ok()?).ok()?;
+            Some(ConnectedRoute::new(IpNet::V6(net.trunc()), *device))
+        })
+        .collect()
+}
+
 fn parse_resolv_conf(text: &str) -> Vec<IpAddr> {
     text.lines()
         .filter_map(|line| {
@@ -787,23 +1025,61 @@ fn forward_rules(
     names: &EgressNames,
     policy: EgressPolicy,
     resolvers: &[IpAddr],
+    connected: &[ConnectedRoute],
 ) -> Vec<Vec<String>> {
     let mut rules = vec![established(names)];
     rules.extend(dns_rules(family, resolvers));
     // Sandbox to sandbox on the same bridge: Docker's icc=false rule already drops it; ours
     // keeps it dropped for an allow-private network even if that rule goes missing.
     rules.push(strings(&["-o", &names.bridge, "-j", "DROP"]));
-    let (always, private) = match family {
-        IpFamily::V4 => (ALWAYS_DROP_V4, PRIVATE_V4),
-        IpFamily::V6 => (ALWAYS_DROP_V6, PRIVATE_V6),
-    };
-    let dropped = always.iter().chain(if policy.allow_private {
-        &[][..]
-    } else {
-        private
-    });
-    rules.extend(dropped.map(|cidr| strings(&["-d", cidr, "-j", "DROP"])));
+    let mut dropped = always_dropped(family);
+    if !policy.allow_private {
+        dropped.extend_from_slice(match family {
+            IpFamily::V4 => PRIVATE_V4,
+            IpFamily::V6 => PRIVATE_V6,
+        });
+        let lans = connected_drops(family, names, connected, &dropped);
+        dropped.extend(lans);
+    }
+    rules.extend(dropped.iter().map(drop_rule));
     rules
+}
+
+/// The subnets the host is connected to that the strict policy drops on top of `dropped`: each
+/// of `family`, but not the sandbox's own bridge (the `-o <bridge>` rule covers it and its
+/// route appears only once the network exists), not a default-like route through a link (a
+/// tunnel's `0.0.0.0/1`: dropping it would cut the sandbox from the internet, and it is no
+/// LAN), and nothing a dropped range or another connected subnet already covers. Sorted, so
+/// a reordered routing table changes no rule.
+fn connected_drops(
+    family: IpFamily,
+    names: &EgressNames,
+    connected: &[ConnectedRoute],
+    dropped: &[IpNet],
+) -> Vec<IpNet> {
+    let min_prefix = match family {
+        IpFamily::V4 => MIN_LAN_PREFIX_V4,
+        IpFamily::V6 => MIN_LAN_PREFIX_V6,
+    };
+    let lans: BTreeSet<IpNet> = connected
+        .iter()
+        .filter(|r| r.device != names.bridge && family.matches(&r.net.addr()))
+        .map(|r| r.net.trunc())
+        .filter(|net| net.prefix_len() >= min_prefix)
+        .filter(|net| !dropped.iter().any(|d| d.contains(net)))
+        .collect();
+    lans.iter()
+        .filter(|net| {
+            !lans
+                .iter()
+                .any(|other| other != *net && other.contains(*net))
+        })
+        .copied()
+        .collect()
+}
+
+fn drop_rule(net: &IpNet) -> Vec<String> {
+    strings(&["-d", &net.to_string(), "-j", "DROP"])
 }
 
 fn input_rules(family: IpFamily, names: &EgressNames, resolvers: &[IpAddr]) -> Vec<Vec<String>> {
@@ -909,6 +1185,16 @@ impl<'a> Ipt<'a> {
         }
     }
 
+    /// The `-S <chain>` listing, `None` when the chain does not exist.
+    async fn listing(&self, chain: &str) -> Result<Option<String>, String> {
+        let (full, out) = self.call(&["-S", chain]).await?;
+        match out.status {
+            0 => Ok(Some(out.stdout)),
+            1 if !denied(&out.stderr) => Ok(None),
+            _ => Err(self.failure(&full, &out)),
+        }
+    }
+
     /// Whether the program exists at all (any answer counts; only a failed spawn does not).
     async fn installed(&self) -> bool {
         !matches!(
@@ -962,6 +1248,7 @@ struct RuleSet<'a> {
     names: &'a EgressNames,
     policy: EgressPolicy,
     resolvers: &'a [IpAddr],
+    connected: &'a [ConnectedRoute],
 }
 
 impl RuleSet<'_> {
@@ -991,7 +1278,13 @@ impl RuleSet<'_> {
         let chains = [
             (
                 &self.names.forward,
-                forward_rules(family, self.names, self.policy, self.resolvers),
+                forward_rules(
+                    family,
+                    self.names,
+                    self.policy,
+                    self.resolvers,
+                    self.connected,
+                ),
             ),
             (
                 &self.names.input,
@@ -1019,11 +1312,17 @@ impl RuleSet<'_> {
         chain: &str,
         rules: &[Vec<String>],
     ) -> Result<(), String> {
-        if !ipt.probe(&["-S", chain]).await? {
-            let (full, out) = ipt.call(&["-N", chain]).await?;
-            // Another process may have created it between our check and ours.
-            if out.status != 0 && !out.stderr.contains("already exists") {
-                return Err(ipt.failure(&full, &out));
+        // Stale rules go first, so that the chain holds only wanted rules in the wanted
+        // order before anything is inserted: a position counted past a stale exemption could
+        // otherwise put a drop ahead of an exemption that is still wanted.
+        match ipt.listing(chain).await? {
+            Some(listing) => prune_stale(ipt, chain, &listing, rules).await?,
+            None => {
+                let (full, out) = ipt.call(&["-N", chain]).await?;
+                // Another process may have created it between our check and ours.
+                if out.status != 0 && !out.stderr.contains("already exists") {
+                    return Err(ipt.failure(&full, &out));
+                }
             }
         }
         for (i, rule) in rules.iter().enumerate() {
@@ -1031,42 +1330,67 @@ impl RuleSet<'_> {
             if ipt.probe(&[&["-C", chain][..], &spec].concat()).await? {
                 continue;
             }
-            // Rules before `i` are all present, so position `i + 1` exists and keeps the
-            // intended order (exemptions ahead of drops) even when repairing a chain.
+            // Rules before `i` are all present and nothing stale is left, so position `i + 1`
+            // exists and keeps the intended order (exemptions ahead of drops) even when
+            // repairing a chain.
             let pos = (i + 1).to_string();
             ipt.ok(&[&["-I", chain, &pos][..], &spec].concat()).await?;
         }
-        self.prune_stale_dns(ipt, chain).await
-    }
-
-    /// Deletes DNS exemptions for resolvers the host no longer uses. Other rules never go
-    /// stale: everything else derives from the chain's name.
-    async fn prune_stale_dns(&self, ipt: &Ipt<'_>, chain: &str) -> Result<(), String> {
-        let listing = ipt.ok(&["-S", chain]).await?.stdout;
-        let current: HashSet<String> = self
-            .resolvers
-            .iter()
-            .filter(|ip| ipt.family.matches(ip))
-            .map(|ip| format!("{ip}/{}", ipt.family.host_prefix()))
-            .collect();
-        for line in listing.lines() {
-            let tokens = tokens(line);
-            if tokens.first().map(String::as_str) != Some("-A")
-                || tokens.get(1).map(String::as_str) != Some(chain)
-                || !tokens.windows(2).any(|w| w[0] == "--dport" && w[1] == "53")
-            {
-                continue;
-            }
-            let dst = tokens
-                .windows(2)
-                .find(|w| w[0] == "-d")
-                .map(|w| w[1].clone());
-            if dst.is_some_and(|d| !current.contains(&d)) {
-                delete_listed(ipt, &tokens).await?;
-            }
-        }
         Ok(())
     }
+}
+
+/// Deletes the rules of a chain's listing that `wanted` no longer has: DNS exemptions for
+/// resolvers the host stopped using, and destination drops for subnets the host is no longer
+/// connected to. Addresses are compared as networks, not as text, because iptables prints some
+/// of them its own way (`::ffff:0.0.0.0/96`). Every other rule derives from the chain's name
+/// and never goes stale; a rule of a shape this module does not write is left alone.
+async fn prune_stale(
+    ipt: &Ipt<'_>,
+    chain: &str,
+    listing: &str,
+    wanted: &[Vec<String>],
+) -> Result<(), String> {
+    let destination = |rule: &[String]| {
+        rule.windows(2)
+            .find(|w| w[0] == "-d")
+            .and_then(|w| w[1].parse::<IpNet>().ok())
+    };
+    let is_dns = |rule: &[String]| rule.windows(2).any(|w| w[0] == "--dport" && w[1] == "53");
+    let is_plain_drop = |rule: &[String]| {
+        rule.len() == 4 && rule[0] == "-d" && rule[2] == "-j" && rule[3] == "DROP"
+    };
+    let wanted_dns: HashSet<IpNet> = wanted
+        .iter()
+        .filter(|r| is_dns(r))
+        .filter_map(|r| destination(r))
+        .collect();
+    let wanted_drops: HashSet<IpNet> = wanted
+        .iter()
+        .filter(|r| is_plain_drop(r))
+        .filter_map(|r| destination(r))
+        .collect();
+    for line in listing.lines() {
+        let tokens = tokens(line);
+        let [op, listed_chain, spec @ ..] = tokens.as_slice() else {
+            continue;
+        };
+        if op != "-A" || listed_chain != chain {
+            continue;
+        }
+        let Some(dst) = destination(spec) else {
+            continue;
+        };
+        let stale = if is_dns(spec) {
+            !wanted_dns.contains(&dst)
+        } else {
+            is_plain_drop(spec) && !wanted_drops.contains(&dst)
+        };
+        if stale {
+            delete_listed(ipt, &tokens).await?;
+        }
+    }
+    Ok(())
 }
 
 /// Splits one line of `iptables -S`. Our comments contain no spaces; iptables-nft prints them
@@ -1332,11 +1656,40 @@ mod tests {
             .collect()
     }
 
+    /// The host's connected routes in most tests: a LAN with public addresses (TEST-NET-3)
+    /// and a private one, Docker's default bridge, the sandbox network's own bridge, a VPN's
+    /// default-like half, and IPv6 LANs (a public one, a unique-local one, link-local).
+    fn routes() -> Vec<ConnectedRoute> {
+        [
+            ("203.0.113.0/24", "eth1"),
+            ("10.1.0.0/24", "eth0"),
+            ("172.17.0.0/16", "docker0"),
+            ("172.18.0.0/16", "sbx4bf24aa9"),
+            ("0.0.0.0/1", "tun0"),
+            ("2001:db8:1::/64", "eth1"),
+            ("fd00::/64", "eth0"),
+            ("fe80::/64", "eth0"),
+        ]
+        .iter()
+        .map(|(net, dev)| ConnectedRoute::new(net.parse().unwrap(), *dev))
+        .collect()
+    }
+
     async fn install(
         fake: &FakeIptables,
         family: IpFamily,
         policy: EgressPolicy,
         resolvers: &[IpAddr],
+    ) -> Result<(), String> {
+        install_with(fake, family, policy, resolvers, &routes()).await
+    }
+
+    async fn install_with(
+        fake: &FakeIptables,
+        family: IpFamily,
+        policy: EgressPolicy,
+        resolvers: &[IpAddr],
+        connected: &[ConnectedRoute],
     ) -> Result<(), String> {
         let names = EgressNames::new("team-a", policy);
         RuleSet {
@@ -1344,6 +1697,7 @@ mod tests {
             names: &names,
             policy,
             resolvers,
+            connected,
         }
         .install(family)
         .await
@@ -1375,6 +1729,76 @@ mod tests {
             })
             .cloned()
             .collect()
+    }
+
+    /// What a chain does with a new connection from the bridge to `dst` (`proto` to `port`)
+    /// that leaves by the host's uplink: the first matching rule's verdict, `RETURN` when none
+    /// matches. Understands exactly the rule shapes this module writes.
+    fn fate<S: AsRef<str>>(rules: &[S], dst: IpAddr, proto: &str, port: u16) -> String {
+        for rule in rules {
+            let t: Vec<&str> = rule.as_ref().split_whitespace().collect();
+            let arg = |flag: &str| t.windows(2).find(|w| w[0] == flag).map(|w| w[1]);
+            // Established flows and traffic out through the bridge are other packets.
+            if arg("--ctstate").is_some() || arg("-o").is_some() {
+                continue;
+            }
+            if arg("-d").is_some_and(|d| !d.parse::<IpNet>().unwrap().contains(&dst))
+                || arg("-p").is_some_and(|p| p != proto)
+                || arg("--dport").is_some_and(|p| p != port.to_string())
+            {
+                continue;
+            }
+            return arg("-j").unwrap().to_owned();
+        }
+        "RETURN".to_owned()
+    }
+
+    /// Every metadata-table address a family's chain must drop: the table's own addresses,
+    /// and for IPv6 also each IPv4 entry IPv4-mapped and through the NAT64 well-known prefix.
+    fn metadata_destinations(family: IpFamily) -> Vec<IpAddr> {
+        match family {
+            IpFamily::V4 => metadata_v4().map(IpAddr::V4).collect(),
+            IpFamily::V6 => metadata_v6()
+                .chain(metadata_v4().map(|v4| v4.to_ipv6_mapped()))
+                .chain(metadata_v4().map(|v4| format!("64:ff9b::{v4}").parse().unwrap()))
+                .map(IpAddr::V6)
+                .collect(),
+        }
+    }
+
+    /// The destinations of `metadata_destinations` that `rules` does not drop.
+    fn metadata_not_dropped<S: AsRef<str>>(rules: &[S], family: IpFamily) -> Vec<IpAddr> {
+        metadata_destinations(family)
+            .into_iter()
+            .filter(|dst| fate(rules, *dst, "tcp", 80) != "DROP")
+            .collect()
+    }
+
+    /// Every address of the metadata table is dropped, for both policies and both families,
+    /// in the rules as generated and as installed.
+    #[test]
+    fn every_metadata_address_is_dropped_under_both_policies() {
+        let mut wrong = Vec::new();
+        for policy in EgressPolicy::BOTH {
+            let names = EgressNames::new("team-a", policy);
+            for family in [IpFamily::V4, IpFamily::V6] {
+                let generated: Vec<String> =
+                    forward_rules(family, &names, policy, &resolvers(), &routes())
+                        .iter()
+                        .map(|r| r.join(" "))
+                        .collect();
+                let fake = FakeIptables::docker_host();
+                rt().block_on(install(&fake, family, policy, &resolvers()))
+                    .unwrap();
+                let installed = fake.table(family)[&names.forward].clone();
+                for (what, rules) in [("generated", generated), ("installed", installed)] {
+                    for dst in metadata_not_dropped(&rules, family) {
+                        wrong.push(format!("{} {what}: {dst} not dropped", policy.label()));
+                    }
+                }
+            }
+        }
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
     }
 
     #[test]
@@ -1432,31 +1856,33 @@ mod tests {
             dns_tcp,
             "-o sbx4bf24aa9 -j DROP",
             "-d 169.254.0.0/16 -j DROP",
-            "-d 100.100.100.200/32 -j DROP",
-            "-d 168.63.129.16/32 -j DROP",
             "-d 0.0.0.0/8 -j DROP",
             "-d 127.0.0.0/8 -j DROP",
             "-d 224.0.0.0/4 -j DROP",
             "-d 240.0.0.0/4 -j DROP",
+            "-d 100.100.100.200/32 -j DROP",
+            "-d 168.63.129.16/32 -j DROP",
+            "-d 192.0.0.192/32 -j DROP",
             "-d 10.0.0.0/8 -j DROP",
             "-d 172.16.0.0/12 -j DROP",
             "-d 192.168.0.0/16 -j DROP",
             "-d 100.64.0.0/10 -j DROP",
             "-d 198.18.0.0/15 -j DROP",
             "-d 192.0.0.0/24 -j DROP",
+            // The public LAN of routes(); the private one, Docker's bridge, the sandbox's own
+            // bridge and the VPN's half add nothing.
+            "-d 203.0.113.0/24 -j DROP",
         ];
         for (i, rule) in fwd.iter().enumerate() {
             want.push(format!("iptables -w -C SBX-4bf24aa9-FWD {rule}"));
             want.push(format!("iptables -w -I SBX-4bf24aa9-FWD {} {rule}", i + 1));
         }
-        want.push("iptables -w -S SBX-4bf24aa9-FWD".into());
         want.push("iptables -w -S SBX-4bf24aa9-IN".into());
         want.push("iptables -w -N SBX-4bf24aa9-IN".into());
         for (i, rule) in [est, dns_udp, dns_tcp, "-j DROP"].iter().enumerate() {
             want.push(format!("iptables -w -C SBX-4bf24aa9-IN {rule}"));
             want.push(format!("iptables -w -I SBX-4bf24aa9-IN {} {rule}", i + 1));
         }
-        want.push("iptables -w -S SBX-4bf24aa9-IN".into());
         for (builtin, chain) in [
             ("DOCKER-USER", "SBX-4bf24aa9-FWD"),
             ("INPUT", "SBX-4bf24aa9-IN"),
@@ -1488,6 +1914,10 @@ mod tests {
             ["-j DOCKER-USER", "-j DOCKER-ISOLATION-STAGE-1"]
         );
         assert_eq!(t["SBX-4bf24aa9-FWD"], fwd);
+        assert_eq!(
+            metadata_not_dropped(&fwd, IpFamily::V4),
+            Vec::<IpAddr>::new()
+        );
     }
 
     /// Allow-private keeps every metadata and reserved drop and loses exactly the private ones.
@@ -1499,6 +1929,7 @@ mod tests {
             &names,
             EgressPolicy::ALLOW_PRIVATE,
             &resolvers(),
+            &routes(),
         )
         .iter()
         .map(|r| r.join(" "))
@@ -1511,13 +1942,18 @@ mod tests {
                 "-d 10.255.255.53/32 -p tcp --dport 53 -j RETURN",
                 "-o sbx74676aaf -j DROP",
                 "-d 169.254.0.0/16 -j DROP",
-                "-d 100.100.100.200/32 -j DROP",
-                "-d 168.63.129.16/32 -j DROP",
                 "-d 0.0.0.0/8 -j DROP",
                 "-d 127.0.0.0/8 -j DROP",
                 "-d 224.0.0.0/4 -j DROP",
                 "-d 240.0.0.0/4 -j DROP",
+                "-d 100.100.100.200/32 -j DROP",
+                "-d 168.63.129.16/32 -j DROP",
+                "-d 192.0.0.192/32 -j DROP",
             ]
+        );
+        assert_eq!(
+            metadata_not_dropped(&got, IpFamily::V4),
+            Vec::<IpAddr>::new()
         );
         let input: Vec<String> = input_rules(IpFamily::V4, &names, &resolvers())
             .iter()
@@ -1529,11 +1965,16 @@ mod tests {
     #[test]
     fn golden_ipv6_rules() {
         let names = EgressNames::new("team-a", EgressPolicy::STRICT);
-        let strict: Vec<String> =
-            forward_rules(IpFamily::V6, &names, EgressPolicy::STRICT, &resolvers())
-                .iter()
-                .map(|r| r.join(" "))
-                .collect();
+        let strict: Vec<String> = forward_rules(
+            IpFamily::V6,
+            &names,
+            EgressPolicy::STRICT,
+            &resolvers(),
+            &routes(),
+        )
+        .iter()
+        .map(|r| r.join(" "))
+        .collect();
         assert_eq!(
             strict,
             [
@@ -1541,31 +1982,64 @@ mod tests {
                 "-d 2001:db8::53/128 -p udp --dport 53 -j RETURN",
                 "-d 2001:db8::53/128 -p tcp --dport 53 -j RETURN",
                 "-o sbx4bf24aa9 -j DROP",
-                "-d fd00:ec2::254/128 -j DROP",
                 "-d 64:ff9b::a9fe:0/112 -j DROP",
                 "-d fe80::/10 -j DROP",
                 "-d ::1/128 -j DROP",
                 "-d ::/128 -j DROP",
                 "-d ff00::/8 -j DROP",
-                "-d ::ffff:0:0/96 -j DROP",
+                "-d ::ffff:0.0.0.0/96 -j DROP",
+                "-d fd00:ec2::254/128 -j DROP",
+                "-d fd00:ec2::23/128 -j DROP",
+                "-d fd20:ce::254/128 -j DROP",
+                "-d fd00:42::42/128 -j DROP",
+                "-d fd00:a9fe:a9fe::1/128 -j DROP",
+                "-d fd00:100::100:200/128 -j DROP",
+                "-d 64:ff9b::6464:64c8/128 -j DROP",
+                "-d 64:ff9b::a83f:8110/128 -j DROP",
+                "-d 64:ff9b::c000:c0/128 -j DROP",
                 "-d fc00::/7 -j DROP",
                 "-d fec0::/10 -j DROP",
                 "-d 100::/64 -j DROP",
                 "-d 64:ff9b:1::/48 -j DROP",
+                "-d 2001:db8:1::/64 -j DROP",
             ]
         );
-        let private = forward_rules(
+        assert_eq!(
+            metadata_not_dropped(&strict, IpFamily::V6),
+            Vec::<IpAddr>::new()
+        );
+        let private: Vec<String> = forward_rules(
             IpFamily::V6,
-            &names,
+            &EgressNames::new("team-a", EgressPolicy::ALLOW_PRIVATE),
             EgressPolicy::ALLOW_PRIVATE,
             &resolvers(),
-        );
-        assert!(
-            private
+            &routes(),
+        )
+        .iter()
+        .map(|r| r.join(" "))
+        .collect();
+        // Allow-private loses exactly the private ranges and the connected subnet; every
+        // metadata drop stays.
+        let private_only = [
+            "fc00::/7",
+            "fec0::/10",
+            "100::/64",
+            "64:ff9b:1::/48",
+            "2001:db8:1::/64",
+        ]
+        .map(|net| format!("-d {net} -j DROP"));
+        assert_eq!(
+            private[4..],
+            strict[4..]
                 .iter()
-                .any(|r| r.join(" ") == "-d fd00:ec2::254/128 -j DROP")
+                .filter(|r| !private_only.contains(r))
+                .cloned()
+                .collect::<Vec<_>>()
         );
-        assert!(!private.iter().any(|r| r.join(" ") == "-d fc00::/7 -j DROP"));
+        assert_eq!(
+            metadata_not_dropped(&private, IpFamily::V6),
+            Vec::<IpAddr>::new()
+        );
     }
 
     /// Exemptions come before any drop, in every chain, so a drop can never be bypassed by
@@ -1576,7 +2050,7 @@ mod tests {
             for policy in EgressPolicy::BOTH {
                 let names = EgressNames::new("n", policy);
                 for rules in [
-                    forward_rules(family, &names, policy, &resolvers()),
+                    forward_rules(family, &names, policy, &resolvers(), &routes()),
                     input_rules(family, &names, &resolvers()),
                 ] {
                     let verdicts: Vec<&str> =
@@ -1675,6 +2149,219 @@ mod tests {
                 2
             );
         }
+    }
+
+    /// The verdicts of a chain in the fake, in order.
+    fn verdicts(fake: &FakeIptables, family: IpFamily, chain: &str) -> Vec<String> {
+        fake.table(family)[chain]
+            .iter()
+            .map(|r| r.rsplit(' ').next().unwrap_or_default().to_owned())
+            .collect()
+    }
+
+    fn exemptions_first(verdicts: &[String]) -> bool {
+        let first_drop = verdicts.iter().position(|v| v == "DROP");
+        first_drop.is_none_or(|i| verdicts[i..].iter().all(|v| v == "DROP"))
+    }
+
+    /// A repair while a resolver went away (its stale exemptions still ahead of the wanted
+    /// ones) puts the missing drop after every exemption that stays.
+    #[test]
+    fn a_repair_after_a_resolver_change_keeps_exemptions_first() {
+        let fake = FakeIptables::docker_host();
+        let rt = rt();
+        let two: Vec<IpAddr> = vec![
+            "10.255.255.53".parse().unwrap(),
+            "192.168.1.1".parse().unwrap(),
+        ];
+        rt.block_on(install(&fake, IpFamily::V4, EgressPolicy::STRICT, &two))
+            .unwrap();
+        fake.lock()
+            .tables
+            .get_mut(&IpFamily::V4)
+            .unwrap()
+            .get_mut("SBX-4bf24aa9-FWD")
+            .unwrap()
+            .retain(|r| r != "-o sbx4bf24aa9 -j DROP");
+        let one: Vec<IpAddr> = vec!["192.168.1.1".parse().unwrap()];
+        rt.block_on(install(&fake, IpFamily::V4, EgressPolicy::STRICT, &one))
+            .unwrap();
+        let got = verdicts(&fake, IpFamily::V4, "SBX-4bf24aa9-FWD");
+        assert!(
+            exemptions_first(&got),
+            "{:?}",
+            fake.table(IpFamily::V4)["SBX-4bf24aa9-FWD"]
+        );
+        // And it is exactly what a first install with the new resolver gives.
+        let fresh = FakeIptables::docker_host();
+        rt.block_on(install(&fresh, IpFamily::V4, EgressPolicy::STRICT, &one))
+            .unwrap();
+        assert_eq!(fake.table(IpFamily::V4), fresh.table(IpFamily::V4));
+    }
+
+    /// Strict drops the host's own subnets whatever their addressing, after the DNS
+    /// exemptions (a resolver on the LAN keeps answering); allow-private leaves them open, as
+    /// it leaves a private LAN open.
+    #[test]
+    fn strict_drops_the_hosts_connected_subnets() {
+        let mut connected = routes();
+        connected.extend([
+            // A public range on the sandbox's own bridge is the `-o <bridge>` rule's business.
+            ConnectedRoute::new("198.51.100.0/24".parse().unwrap(), "sbx4bf24aa9"),
+            // Inside the /24 LAN: no rule of its own.
+            ConnectedRoute::new("203.0.113.128/25".parse().unwrap(), "eth2"),
+        ]);
+        let resolvers: Vec<IpAddr> = vec![
+            "203.0.113.53".parse().unwrap(),
+            "2001:db8:1::53".parse().unwrap(),
+        ];
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        for policy in EgressPolicy::BOTH {
+            let names = EgressNames::new("team-a", policy);
+            let lan_open = policy.allow_private;
+            for family in [IpFamily::V4, IpFamily::V6] {
+                let rules: Vec<String> =
+                    forward_rules(family, &names, policy, &resolvers, &connected)
+                        .iter()
+                        .map(|r| r.join(" "))
+                        .collect();
+                let verdicts: Vec<String> = rules
+                    .iter()
+                    .map(|r| r.rsplit(' ').next().unwrap().to_owned())
+                    .collect();
+                assert!(exemptions_first(&verdicts), "{rules:?}");
+                assert_eq!(
+                    metadata_not_dropped(&rules, family),
+                    Vec::<IpAddr>::new(),
+                    "{}",
+                    policy.label()
+                );
+                assert!(
+                    !rules.iter().any(|r| r.contains("198.51.100.0/24")
+                        || r.contains("203.0.113.128/25")
+                        || r.contains("0.0.0.0/1")),
+                    "{rules:?}"
+                );
+                let (lan_host, resolver, internet) = match family {
+                    IpFamily::V4 => (ip("203.0.113.7"), resolvers[0], ip("8.8.8.8")),
+                    IpFamily::V6 => (ip("2001:db8:1::7"), resolvers[1], ip("2606:4700::1111")),
+                };
+                let want_lan = if lan_open { "RETURN" } else { "DROP" };
+                assert_eq!(fate(&rules, lan_host, "tcp", 443), want_lan, "{rules:?}");
+                assert_eq!(fate(&rules, resolver, "tcp", 80), want_lan, "{rules:?}");
+                assert_eq!(fate(&rules, resolver, "udp", 53), "RETURN", "{rules:?}");
+                assert_eq!(fate(&rules, internet, "tcp", 443), "RETURN", "{rules:?}");
+            }
+        }
+    }
+
+    /// A changed set of connected subnets converges: a drop for a subnet that went away is
+    /// deleted, one for a new subnet inserted, and the chain is then exactly what a first
+    /// install with the new set gives.
+    #[test]
+    fn changed_connected_subnets_converge() {
+        let lan = |net: &str, dev: &str| ConnectedRoute::new(net.parse().unwrap(), dev);
+        let before = [
+            lan("203.0.113.0/24", "eth1"),
+            lan("2001:db8:1::/64", "eth1"),
+        ];
+        let after = [lan("192.0.2.0/24", "eth3"), lan("2001:db8:3::/64", "eth3")];
+        let rt = rt();
+        for family in [IpFamily::V4, IpFamily::V6] {
+            let fake = FakeIptables::docker_host();
+            let install = |connected: &[ConnectedRoute]| {
+                rt.block_on(install_with(
+                    &fake,
+                    family,
+                    EgressPolicy::STRICT,
+                    &resolvers(),
+                    connected,
+                ))
+                .unwrap()
+            };
+            install(&before);
+            fake.calls();
+            install(&after);
+            let changes = mutating(&fake.calls());
+            let fresh = FakeIptables::docker_host();
+            rt.block_on(install_with(
+                &fresh,
+                family,
+                EgressPolicy::STRICT,
+                &resolvers(),
+                &after,
+            ))
+            .unwrap();
+            assert_eq!(fake.table(family), fresh.table(family), "{family:?}");
+            let (gone, new, pos) = match family {
+                IpFamily::V4 => ("203.0.113.0/24", "192.0.2.0/24", 19),
+                IpFamily::V6 => ("2001:db8:1::/64", "2001:db8:3::/64", 24),
+            };
+            let program = family.program();
+            assert_eq!(
+                changes,
+                [
+                    format!("{program} -w -D SBX-4bf24aa9-FWD -d {gone} -j DROP"),
+                    format!("{program} -w -I SBX-4bf24aa9-FWD {pos} -d {new} -j DROP"),
+                ]
+            );
+            // No connected subnet left: no connected drop left.
+            install(&[]);
+            let fwd = &fake.table(family)["SBX-4bf24aa9-FWD"];
+            assert!(!fwd.iter().any(|r| r.contains(new)), "{fwd:?}");
+        }
+    }
+
+    /// `/proc/net/route` and `/proc/net/ipv6_route` as this kernel prints them (a Docker host
+    /// with a public-addressed LAN), plus the kinds of route that are not a connected subnet:
+    /// through a gateway, rejected, local, multicast, loopback, malformed.
+    #[test]
+    fn connected_routes_are_read_from_the_kernel_tables() {
+        let v4 = "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n\
+                  eth0\t00000000\t010200C0\t0003\t0\t0\t0\t00000000\t0\t0\t0\n\
+                  docker0\t000011AC\t00000000\t0001\t0\t0\t0\t0000FFFF\t0\t0\t0\n\
+                  eth0\t000200C0\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n\
+                  eth0\t0000000A\t010200C0\t0003\t0\t0\t0\t000000FF\t0\t0\t0\n\
+                  *\t0064A8C0\t00000000\t0201\t0\t0\t0\t00FFFFFF\t0\t0\t0\n\
+                  wg0\t0101A8C0\t00000000\t0005\t0\t0\t0\tFFFFFFFF\t0\t0\t0\n\
+                  tun0\t00000000\t00000000\t0001\t0\t0\t0\t00000080\t0\t0\t0\n\
+                  eth1\t000200C0\t00000000\t0001\t0\t0\t0\t00FF00FF\t0\t0\t0\n\
+                  bogus\tzz\n";
+        let got: Vec<(String, String)> = parse_proc_route(v4)
+            .into_iter()
+            .map(|r| (r.net.to_string(), r.device))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("172.17.0.0/16".to_owned(), "docker0".to_owned()),
+                ("192.0.2.0/24".into(), "eth0".into()),
+                ("192.168.1.1/32".into(), "wg0".into()),
+                ("0.0.0.0/1".into(), "tun0".into()),
+            ]
+        );
+        let v6 = "\
+fd000000000000000000000000000000 40 00000000000000000000000000000000 00 00000000000000000000000000000000 00000100 00000001 00000000 00000001     eth0
+fe800000000000000000000000000000 40 00000000000000000000000000000000 00 00000000000000000000000000000000 00000100 00000002 00000000 00000001     eth0
+00000000000000000000000000000000 00 00000000000000000000000000000000 00 fd000000000000000000000000000001 00000400 00000002 00000000 00000003     eth0
+00000000000000000000000000000001 80 00000000000000000000000000000000 00 00000000000000000000000000000000 00000000 00000002 00000000 80200001       lo
+fd000000000000000000000000000002 80 00000000000000000000000000000000 00 00000000000000000000000000000000 00000000 00000003 00000000 80200001     eth0
+ff000000000000000000000000000000 08 00000000000000000000000000000000 00 00000000000000000000000000000000 00000100 00000003 00000000 00000001     eth0
+20010db8000100000000000000000000 40 00000000000000000000000000000000 00 00000000000000000000000000000000 00000100 00000001 00000000 00000001     eth1
+00000000000000000000000000000000 00 00000000000000000000000000000000 00 00000000000000000000000000000000 ffffffff 00000001 00000000 00200200       lo
+";
+        let got: Vec<(String, String)> = parse_proc_ipv6_route(v6)
+            .into_iter()
+            .map(|r| (r.net.to_string(), r.device))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("fd00::/64".to_owned(), "eth0".to_owned()),
+                ("fe80::/64".into(), "eth0".into()),
+                ("2001:db8:1::/64".into(), "eth1".into()),
+            ]
+        );
     }
 
     #[test]

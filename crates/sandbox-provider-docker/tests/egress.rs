@@ -2,11 +2,17 @@
 //! namespace this test creates.
 //!
 //! Nothing leaves the machine: only packets entering from the test's bridges are diverted (a
-//! policy-routing rule per bridge) to a routing table that sends the three probe addresses to
-//! a veth whose other end is the test host, and ends in `unreachable`. The main table is never
-//! touched (asserted). The test host answers HTTP on 8080 and logs every request path; each
+//! policy-routing rule per bridge) to a routing table that sends the probe addresses (every IPv4
+//! address of `sandbox_transport`'s metadata table, a private one and a public stand-in) to a
+//! veth whose other end is the test host, and ends in `unreachable`. The main table gains one
+//! route only, and only on that veth (asserted): a public-addressed (TEST-NET) /24 the host is
+//! connected to through it, the host LAN the strict policy must drop although no private range
+//! covers it; the test host answers there too, and the route goes with the veth. The test host
+//! answers HTTP on 8080 and logs every request path; each
 //! probe's path names the container and the target, so "the test host logged nothing from it"
-//! is a check on the log (Docker masquerades, so source addresses alone would not tell).
+//! is a check on the log (Docker masquerades, so source addresses alone would not tell). The
+//! unprotected control container reaching every metadata address proves the diversion works for
+//! each, so the protected containers' silence is the rules' doing.
 //!
 //! Everything created is named `sbxt-…`/`sbxt…` or labelled `sandbox.test=1`, uses policy
 //! table [`TABLE`] (rule priority [`PRIORITY`]), and is removed by a drop guard; after a killed
@@ -29,6 +35,7 @@ use bollard::{ClientVersion, Docker};
 use futures_util::{FutureExt, StreamExt};
 use sandbox_core::ErrorKind;
 use sandbox_provider_docker::egress::{EgressGuard, EgressNetwork, EgressPolicy, host_resolvers};
+use sandbox_transport::metadata::metadata_v4;
 
 const GATE: &str = "SANDBOX_EGRESS_TEST";
 const IMAGE: &str = "sandbox-busybox:test";
@@ -41,13 +48,19 @@ const PRIORITY: &str = "7913";
 const HTTP_PORT: u16 = 8080;
 const PEER_PORT: u16 = 9000;
 const HOST_PORT: u16 = 8081;
-const METADATA: &str = "169.254.169.254";
 /// TEST-NET-3: documentation range, never routed, so it stands in for "the internet".
 const ALLOWED: &str = "203.0.113.7";
 /// Candidate /24s for the private probe address and the veth; the first one the machine does
 /// not use is taken.
 const PRIVATE_NETS: [[u8; 3]; 3] = [[10, 213, 99], [10, 231, 77], [192, 168, 213]];
+/// Candidate /24s for the host LAN with public (documentation) addresses: the host end of the
+/// test host's veth takes `.1/24`, so the host is connected to it; the test host answers on
+/// `.7`. The first one the machine does not use is taken.
+const LAN_NETS: [[u8; 3]; 2] = [[198, 51, 100], [192, 0, 2]];
 const PROBE_TIMEOUT_SECS: &str = "3";
+/// Probes in flight at once: enough to keep the run short (most blocked probes wait out their
+/// timeout), few enough that two shared cores start every allowed one well inside it.
+const PROBES_IN_FLIGHT: usize = 16;
 
 /// The test host: logs `<client> <path>` per request, says `ready` once bound, and exits on
 /// its own after 15 minutes so a killed test cannot leave it running for long.
@@ -149,9 +162,28 @@ async fn scenario(env: &mut Env) {
     }
 
     // From here on the test sets up its own routing: Docker has added the networks' connected
-    // routes, and nothing else may change in the main table.
+    // routes, and nothing else may change in the main table but the test LAN's route.
     let main_before = main_table();
     env.test_host();
+
+    // A create after the host gained a LAN: strict drops it, allow-private does not.
+    assert_eq!(guard.ensure(EgressPolicy::STRICT).await.unwrap(), strict);
+    assert_eq!(
+        guard.ensure(EgressPolicy::ALLOW_PRIVATE).await.unwrap(),
+        private
+    );
+    let lan_net = env.lan_cidr();
+    let strict_names = env.guard.names(EgressPolicy::STRICT);
+    let private_names = env.guard.names(EgressPolicy::ALLOW_PRIVATE);
+    assert!(
+        has_rule(&strict_names.forward, &["-d", &lan_net, "-j", "DROP"]),
+        "no drop of the host LAN {lan_net} in {}",
+        strict_names.forward
+    );
+    assert!(
+        !has_rule(&private_names.forward, &["-d", &lan_net, "-j", "DROP"]),
+        "allow-private drops the host LAN {lan_net}"
+    );
 
     // Divert only the test's bridges to the test host.
     for bridge in [&env.ctl_bridge, &strict.bridge, &private.bridge].map(String::as_str) {
@@ -167,27 +199,59 @@ async fn scenario(env: &mut Env) {
     let s1 = env.container("s1", &strict.name).await;
     let s2 = env.container("s2", &strict.name).await;
     let p1 = env.container("p1", &private.name).await;
+    let veth = format!(" dev {} ", env.veth_host);
+    let (own, rest): (Vec<String>, Vec<String>) = main_table()
+        .lines()
+        .map(|l| format!("{l} "))
+        .partition(|l| l.contains(&veth));
     assert_eq!(
-        main_table(),
+        rest.iter()
+            .map(|l| l.trim_end())
+            .collect::<Vec<_>>()
+            .join("\n"),
         main_before,
-        "the test must not touch the main routing table"
+        "the test must not touch the main routing table beyond its LAN's route"
+    );
+    assert!(
+        own.len() == 1 && own[0].starts_with(&format!("{lan_net}{veth}")),
+        "the test veth's routes in the main table: {own:?}"
     );
 
-    // The matrix: (row, column, container, url, expected to answer).
+    // The matrix: (row, column, container, url, expected to answer). Every IPv4 address of the
+    // metadata table is a column of its own: the control reaches each, no protected one does.
     let private_addr = env.private_addr.to_string();
-    let targets = [
-        ("metadata", format!("{METADATA}:{HTTP_PORT}")),
-        ("private", format!("{private_addr}:{HTTP_PORT}")),
-        ("allowed", format!("{ALLOWED}:{HTTP_PORT}")),
-    ];
+    let mut targets: Vec<(String, String, [bool; 3])> = metadata_v4()
+        .map(|m| {
+            (
+                format!("meta-{m}"),
+                format!("{m}:{HTTP_PORT}"),
+                [true, false, false],
+            )
+        })
+        .collect();
+    targets.push((
+        "private".into(),
+        format!("{private_addr}:{HTTP_PORT}"),
+        [true, false, true],
+    ));
+    targets.push((
+        "allowed".into(),
+        format!("{ALLOWED}:{HTTP_PORT}"),
+        [true, true, true],
+    ));
+    // The host's own LAN, public addresses and all: the host's network, not the internet.
+    targets.push((
+        "lan".into(),
+        format!("{}:{HTTP_PORT}", env.lan_addr),
+        [true, false, true],
+    ));
     let mut probes: Vec<(&str, String, &Ctr, String, bool)> = Vec::new();
-    for (row, c, expect) in [
-        ("control", &ctl1, [true, true, true]),
-        ("strict", &s1, [false, false, true]),
-        ("private", &p1, [false, true, true]),
-    ] {
-        for ((col, target), want) in targets.iter().zip(expect) {
-            probes.push((row, (*col).to_owned(), c, target.clone(), want));
+    for (i, (row, c)) in [("control", &ctl1), ("strict", &s1), ("private", &p1)]
+        .into_iter()
+        .enumerate()
+    {
+        for (col, target, expect) in &targets {
+            probes.push((row, col.clone(), c, target.clone(), expect[i]));
         }
     }
     probes.push((
@@ -234,22 +298,31 @@ async fn scenario(env: &mut Env) {
     ));
 
     let docker = &env.docker;
-    let results = futures_util::future::join_all(probes.iter().map(|(row, col, c, target, _)| {
-        // Test-host probes carry a tag for the log; busybox httpd serves only its index.
-        let url = if col == "peer" || col == "self" {
-            format!("http://{target}/")
-        } else {
-            format!("http://{target}/{}-{col}", c.name)
-        };
-        async move { (*row, col.as_str(), probe(docker, &c.name, &url).await) }
-    }))
-    .await;
+    let started = std::time::Instant::now();
+    let results: Vec<_> =
+        futures_util::stream::iter(probes.iter().map(|(row, col, c, target, _)| {
+            // Test-host probes carry a tag for the log; busybox httpd serves only its index.
+            let url = if col == "peer" || col == "self" {
+                format!("http://{target}/")
+            } else {
+                format!("http://{target}/{}-{col}", c.name)
+            };
+            async move { (*row, col.as_str(), probe(docker, &c.name, &url).await) }
+        }))
+        .buffered(PROBES_IN_FLIGHT)
+        .collect()
+        .await;
+    eprintln!(
+        "{} probes in {:.1}s",
+        probes.len(),
+        started.elapsed().as_secs_f64()
+    );
 
-    let mut table = String::from("from -> to            answered  expected  wget\n");
+    let mut table = format!("{:<36}answered  expected  wget\n", "from -> to");
     let mut wrong = Vec::new();
     for ((row, col, (got, detail)), (.., want)) in results.iter().zip(&probes) {
         let line = format!(
-            "{:<22}{:<10}{:<10}{detail}\n",
+            "{:<36}{:<10}{:<10}{detail}\n",
             format!("{row} -> {col}"),
             if *got { "yes" } else { "no" },
             if *want { "yes" } else { "no" }
@@ -286,6 +359,31 @@ async fn scenario(env: &mut Env) {
         "unexpected probe results:\n{}",
         wrong.join("\n")
     );
+
+    // The LAN goes away: the next create converges the strict chain, the drop is deleted and
+    // everything else stays.
+    sh(&[
+        "ip",
+        "addr",
+        "del",
+        &format!("{}/24", env.lan_host_end()),
+        "dev",
+        &env.veth_host,
+    ]);
+    assert_eq!(
+        env.guard.ensure(EgressPolicy::STRICT).await.unwrap(),
+        strict
+    );
+    assert!(
+        !has_rule(&strict_names.forward, &["-d", &lan_net, "-j", "DROP"]),
+        "the drop of the vanished LAN {lan_net} is still in {}",
+        strict_names.forward
+    );
+    assert!(has_rule(
+        &strict_names.forward,
+        &["-d", "168.63.129.16/32", "-j", "DROP"]
+    ));
+    check_rules_installed(env, &strict);
 
     // Removal refuses while containers are attached, and then changes nothing.
     let busy = env.guard.remove().await.unwrap_err();
@@ -370,6 +468,17 @@ fn check_rules_installed(env: &Env, net: &EgressNetwork) {
     }
 }
 
+/// Whether `chain` holds the rule `spec` (`iptables -C`).
+fn has_rule(chain: &str, spec: &[&str]) -> bool {
+    Command::new("iptables")
+        .args(["-w", "-C", chain])
+        .args(spec)
+        .stderr(Stdio::null())
+        .status()
+        .unwrap()
+        .success()
+}
+
 /// Runs `wget` in the container: whether the body came back, and what happened.
 async fn probe(docker: &Docker, container: &str, url: &str) -> (bool, String) {
     // `timeout 3 wget` rather than `wget -T 3`: the `-T` option of Debian 12's static busybox
@@ -449,6 +558,8 @@ struct Env {
     pids: std::path::PathBuf,
     private_net: [u8; 3],
     private_addr: Ipv4Addr,
+    lan_net: [u8; 3],
+    lan_addr: Ipv4Addr,
     containers: Vec<String>,
     networks: Vec<String>,
     children: Vec<Child>,
@@ -474,6 +585,8 @@ impl Env {
             run,
             private_net: PRIVATE_NETS[0],
             private_addr: Ipv4Addr::UNSPECIFIED,
+            lan_net: LAN_NETS[0],
+            lan_addr: Ipv4Addr::UNSPECIFIED,
             containers: Vec::new(),
             networks: Vec::new(),
             children: Vec::new(),
@@ -491,23 +604,27 @@ impl Env {
             .chain(routes.split_whitespace())
             .filter_map(cidr)
             .collect();
+        let in_use = |a: Ipv4Addr| {
+            used.iter()
+                .any(|(base, mask)| *mask != 0 && u32::from(a) & mask == *base)
+        };
         let net = PRIVATE_NETS
             .into_iter()
-            .find(|n| {
-                let probe = u32::from(Ipv4Addr::new(n[0], n[1], n[2], 7));
-                !used
-                    .iter()
-                    .any(|(base, mask)| *mask != 0 && probe & mask == *base)
-            })
+            .find(|n| !in_use(Ipv4Addr::new(n[0], n[1], n[2], 7)))
             .expect("every candidate private test /24 is in use on this machine");
         self.private_net = net;
         self.private_addr = Ipv4Addr::new(net[0], net[1], net[2], 7);
-        for a in [METADATA, ALLOWED] {
-            let a: Ipv4Addr = a.parse().unwrap();
+        let lan = LAN_NETS
+            .into_iter()
+            .find(|[a, b, c]| {
+                !in_use(Ipv4Addr::new(*a, *b, *c, 1)) && !in_use(Ipv4Addr::new(*a, *b, *c, 7))
+            })
+            .expect("every candidate test LAN /24 is in use on this machine");
+        self.lan_net = lan;
+        self.lan_addr = Ipv4Addr::new(lan[0], lan[1], lan[2], 7);
+        for a in probe_addresses() {
             assert!(
-                !used
-                    .iter()
-                    .any(|(base, mask)| *mask != 0 && u32::from(a) & mask == *base),
+                !in_use(a),
                 "{a} is routed or assigned on this machine; the test would not be hermetic"
             );
         }
@@ -520,7 +637,20 @@ impl Env {
         );
     }
 
-    /// The test host: a netns behind a veth, holding the three probe addresses.
+    /// The test LAN, `a.b.c.0/24`.
+    fn lan_cidr(&self) -> String {
+        let [a, b, c] = self.lan_net;
+        format!("{a}.{b}.{c}.0/24")
+    }
+
+    /// The host's address on the test LAN.
+    fn lan_host_end(&self) -> Ipv4Addr {
+        let [a, b, c] = self.lan_net;
+        Ipv4Addr::new(a, b, c, 1)
+    }
+
+    /// The test host: a netns behind a veth, holding the probe addresses, and the host's
+    /// connected route into the test LAN through that veth.
     fn test_host(&mut self) {
         let [a, b, c] = self.private_net;
         let host_end = format!("{a}.{b}.{c}.1");
@@ -543,6 +673,16 @@ impl Env {
         ]);
         std::fs::write(format!("/proc/sys/net/ipv4/conf/{h}/rp_filter"), "0").unwrap();
         sh(&["ip", "link", "set", h, "up"]);
+        // The host LAN: a /24 with its kernel route in the main table, the one route the test
+        // adds there. Nothing leaves: the route ends in the test's own netns.
+        sh(&[
+            "ip",
+            "addr",
+            "add",
+            &format!("{}/24", self.lan_host_end()),
+            "dev",
+            h,
+        ]);
         let in_ns = |args: &[&str]| {
             let mut full = vec!["ip", "netns", "exec", ns];
             full.extend_from_slice(args);
@@ -551,12 +691,16 @@ impl Env {
         in_ns(&["ip", "link", "set", "lo", "up"]);
         in_ns(&["ip", "link", "set", p, "up"]);
         in_ns(&["ip", "addr", "add", &format!("{peer_end}/32"), "dev", p]);
-        for addr in [METADATA, private.as_str(), ALLOWED] {
+        let served: Vec<String> = probe_addresses()
+            .map(|a| a.to_string())
+            .chain([private.clone(), self.lan_addr.to_string()])
+            .collect();
+        for addr in &served {
             in_ns(&["ip", "addr", "add", &format!("{addr}/32"), "dev", "lo"]);
         }
         in_ns(&["ip", "route", "add", &format!("{host_end}/32"), "dev", p]);
         in_ns(&["ip", "route", "add", "default", "via", &host_end, "dev", p]);
-        for addr in [METADATA, private.as_str(), ALLOWED] {
+        for addr in &served {
             sh(&[
                 "ip",
                 "route",
@@ -724,6 +868,12 @@ impl Drop for Env {
     fn drop(&mut self) {
         self.teardown();
     }
+}
+
+/// The fixed probe addresses the test host holds: every IPv4 address of the metadata table and
+/// the public stand-in.
+fn probe_addresses() -> impl Iterator<Item = Ipv4Addr> {
+    metadata_v4().chain([ALLOWED.parse().unwrap()])
 }
 
 /// The main routing table, without the `linkdown` flag a bridge gains and loses as

@@ -1,8 +1,8 @@
 //! A `tcp://` daemon is dialled only through sandbox-transport's guarded connector: a daemon
 //! name that resolves to a cloud-metadata address, or such an address written as a literal in
 //! any encoding, is refused with `unsafe_outbound_url` before any socket is opened — even though
-//! the daemon policy allows private addresses, and even for the metadata addresses that sit
-//! inside private ranges. Hermetic: the resolver and the dialer are the test's own, and the
+//! the daemon policy allows private addresses, and for every address of the metadata table,
+//! also those that sit inside private ranges. Hermetic: the resolver and the dialer are the test's own, and the
 //! dialer only records what it was asked to dial.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Test binary: a failed unwrap is a failed test.
@@ -17,6 +17,7 @@ use async_trait::async_trait;
 use sandbox_core::{Error, ErrorCode, ErrorKind, TemplateId};
 use sandbox_provider_docker::engine::Dialing;
 use sandbox_provider_docker::{DockerConfig, DockerProvider, NetworkMode, PullPolicy};
+use sandbox_transport::metadata::METADATA_ENDPOINTS;
 use sandbox_transport::{Dial, Resolve};
 use support::{Ca, CertDir};
 use tokio::net::TcpStream;
@@ -132,13 +133,14 @@ fn assert_refused(o: &Outcome, what: &str) {
 
 #[tokio::test]
 async fn a_daemon_name_resolving_to_cloud_metadata_is_never_dialled() {
-    // The metadata addresses inside ranges the daemon policy allows (ULA, CGNAT) included.
-    for metadata in [
-        "169.254.169.254",
-        "::ffff:169.254.169.254",
-        "fd00:ec2::254",
-        "100.100.100.200",
-    ] {
+    // Every address of the metadata table, the ones inside ranges the daemon policy allows
+    // (ULA, CGNAT) and WireServer's public one included, and an IPv4-mapped form.
+    let table: Vec<String> = METADATA_ENDPOINTS
+        .iter()
+        .map(|e| e.addr.to_string())
+        .chain(["::ffff:169.254.169.254".to_owned()])
+        .collect();
+    for metadata in table.iter().map(String::as_str) {
         let o = connect("tcp://docker.example.test:2376", &[metadata]).await;
         assert_refused(&o, metadata);
         assert!(

@@ -7,10 +7,15 @@
 //! judged, and anything but a public one makes the carrier [`IpClass::Translated`] (refused even
 //! with private endpoints allowed: a gateway could relay it anywhere). Teredo (`2001::/32`) and
 //! NAT64 local-use (`64:ff9b:1::/48`) are refused outright: their embedded address is obfuscated
-//! or network-specific. The cloud metadata addresses are refused in every encoding, also where
-//! private endpoints are allowed.
+//! or network-specific. Every address of the metadata table ([`crate::metadata`]) is
+//! [`IpClass::Metadata`] before any range is looked at, so it is refused also where its range
+//! would pass (WireServer is public, Alibaba's address is CGNAT, the IPv6 ones are unique-local)
+//! and where private endpoints are allowed; an IPv4 entry stays metadata in every embedding
+//! above, transparent or translated.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use crate::metadata::is_metadata;
 
 /// What an address is, as far as the outbound policy cares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -26,7 +31,8 @@ pub enum IpClass {
     Private,
     /// Carrier-grade NAT, 100.64/10.
     Cgnat,
-    /// A cloud metadata service (169.254.169.254, `fd00:ec2::254`, 100.100.100.200).
+    /// A cloud metadata or instance-secret endpoint: an address of
+    /// [`crate::metadata::METADATA_ENDPOINTS`] (169.254.169.254, 168.63.129.16, `fd20:ce::254`, ...).
     Metadata,
     /// 169.254/16, `fe80::/10`, link-local multicast.
     LinkLocal,
@@ -77,15 +83,6 @@ impl IpClass {
     }
 }
 
-/// The metadata addresses, refused in every encoding whatever the policy.
-const METADATA_V4: [Ipv4Addr; 2] = [
-    Ipv4Addr::new(169, 254, 169, 254), // AWS, GCP, Azure, OpenStack, DigitalOcean
-    Ipv4Addr::new(100, 100, 100, 200), // Alibaba Cloud (inside CGNAT, so allow-private would pass it)
-];
-const METADATA_V6: [Ipv6Addr; 1] = [
-    Ipv6Addr::new(0xfd00, 0x0ec2, 0, 0, 0, 0, 0, 0x0254), // AWS IMDS over IPv6 (inside fc00::/7)
-];
-
 fn in_v4(ip: Ipv4Addr, net: [u8; 4], prefix: u32) -> bool {
     let mask = if prefix == 0 {
         0
@@ -109,7 +106,7 @@ fn in_v6(ip: Ipv6Addr, net: [u16; 8], prefix: u32) -> bool {
 
 /// The class of an IPv4 address.
 pub fn classify_v4(ip: Ipv4Addr) -> IpClass {
-    if METADATA_V4.contains(&ip) {
+    if is_metadata(IpAddr::V4(ip)) {
         return IpClass::Metadata;
     }
     let table: &[([u8; 4], u32, IpClass)] = &[
@@ -164,7 +161,7 @@ fn embedded_v4(ip: Ipv6Addr) -> Option<(Ipv4Addr, bool)> {
 
 /// The class of an IPv6 address.
 pub fn classify_v6(ip: Ipv6Addr) -> IpClass {
-    if METADATA_V6.contains(&ip) {
+    if is_metadata(IpAddr::V6(ip)) {
         return IpClass::Metadata;
     }
     if ip.is_unspecified() {

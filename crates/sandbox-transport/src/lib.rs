@@ -1,6 +1,8 @@
 //! `sandbox-transport`: every outbound connection to a tenant-supplied endpoint, guarded.
 //!
-//! Built so far: the address classification ([`ip_class`]), the outbound policy and URL
+//! Built so far: the address classification ([`ip_class`]) and the one table of cloud metadata
+//! and instance-secret addresses it refuses ([`metadata`], also the source of the Docker
+//! adapter's egress drops), the outbound policy and URL
 //! validation ([`policy`]), the guarded connector ([`connector`]) that judges the concrete
 //! address it dials, gateway routing with the inbound-token registry ([`gateway`]), and the
 //! pooled client that puts routing and the connector together, with TLS ([`client`]), and the
@@ -13,6 +15,7 @@ pub mod connector;
 pub mod envd;
 pub mod gateway;
 pub mod ip_class;
+pub mod metadata;
 pub mod policy;
 pub mod pool;
 pub mod relay;

@@ -1,5 +1,6 @@
 //! The outbound policy and the guarded connector: one row per address class × encoding under
-//! both policies, the metadata addresses under allow-private, a property test over all of
+//! both policies, every address of the metadata table in every encoding under both policies
+//! (and its neighbours judged by their range), a property test over all of
 //! 169.254.0.0/16 in every encoding, DNS rebinding caught at connect time before any socket,
 //! whitelist-only mode without a single resolver call for a refused host, and real loopback
 //! connections (hyper included) only where the policy allows them.
@@ -7,7 +8,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Test binary: a failed unwrap is a failed test.
 
 use std::collections::VecDeque;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -15,8 +16,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use proptest::prelude::*;
 use sandbox_core::ErrorCode;
+use sandbox_transport::metadata::METADATA_ENDPOINTS;
 use sandbox_transport::{
-    Dial, GuardedConnector, OutboundPolicy, Resolve, TcpDialer, Whitelist, validate_url,
+    Dial, GuardedConnector, IpClass, OutboundPolicy, Resolve, TcpDialer, Whitelist, classify,
+    validate_url,
 };
 use tokio::net::TcpStream;
 
@@ -214,21 +217,114 @@ fn every_class_in_every_encoding_under_both_policies() {
     assert!(rows > 300, "{rows} rows");
 }
 
-#[test]
-fn the_metadata_addresses_are_refused_even_with_private_endpoints_allowed() {
-    let allow = OutboundPolicy::allow_private();
-    for host in [
-        "169.254.169.254",
-        "[fd00:ec2::254]",
-        "[::ffff:169.254.169.254]",
-        "2852039166",
-    ] {
-        let got = verdict(host, &allow);
-        assert!(
-            got.as_ref().is_err_and(|e| e.contains("metadata")),
-            "{host}: {got:?}"
-        );
+/// The literal forms of a table address: every IPv4 encoding URL hosts accept, or the IPv6
+/// address compressed, fully expanded and in upper case.
+fn metadata_literals(ip: IpAddr) -> Vec<(String, &'static str)> {
+    match ip {
+        IpAddr::V4(v4) => v4_encodings(v4)
+            .into_iter()
+            .map(|(host, encoding, _)| (host, encoding))
+            .collect(),
+        IpAddr::V6(v6) => {
+            let expanded: Vec<String> = v6.segments().iter().map(|s| format!("{s:04x}")).collect();
+            vec![
+                (format!("[{v6}]"), "compressed"),
+                (format!("[{}]", expanded.join(":")), "expanded"),
+                (format!("[{v6}]").to_uppercase(), "upper case"),
+            ]
+        }
     }
+}
+
+/// Every address of the metadata table, in every literal form and (for IPv4) every embedding
+/// the guard decodes, is refused as cloud metadata under both policies: at validation, and at
+/// connect time before any socket.
+#[test]
+fn every_metadata_address_is_refused_in_every_encoding_under_both_policies() {
+    let deny = OutboundPolicy::deny_private();
+    let allow = OutboundPolicy::allow_private();
+    let mut wrong = Vec::new();
+    let mut rows = 0;
+    for endpoint in METADATA_ENDPOINTS {
+        let class = classify(endpoint.addr);
+        if class != IpClass::Metadata {
+            wrong.push(format!(
+                "{} ({}) is {class:?}",
+                endpoint.addr, endpoint.providers
+            ));
+        }
+        for (host, encoding) in metadata_literals(endpoint.addr) {
+            for (policy, name) in [(&deny, "deny"), (&allow, "allow")] {
+                let got = verdict(&host, policy);
+                if !got
+                    .as_ref()
+                    .is_err_and(|why| why.contains("cloud metadata"))
+                {
+                    wrong.push(format!(
+                        "{} ({}) as {encoding} {host} under {name}-private: {got:?}",
+                        endpoint.addr, endpoint.providers
+                    ));
+                }
+                rows += 1;
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "{} of {rows} rows not refused as cloud metadata:\n{}",
+        wrong.len(),
+        wrong.join("\n")
+    );
+
+    let dialer = Arc::new(NoSockets::default());
+    rt().block_on(async {
+        for policy in [deny, allow] {
+            let connector =
+                GuardedConnector::with(policy, Scripted::answering(&[]), dialer.clone());
+            for endpoint in METADATA_ENDPOINTS {
+                let host = match endpoint.addr {
+                    IpAddr::V4(v4) => v4.to_string(),
+                    IpAddr::V6(v6) => format!("[{v6}]"),
+                };
+                let e = connector.connect(&host, 80).await.unwrap_err();
+                assert!(e.to_string().contains("cloud metadata"), "{host}: {e}");
+            }
+        }
+    });
+    assert_eq!(
+        dialer.dials.load(Ordering::SeqCst),
+        0,
+        "no socket was opened"
+    );
+}
+
+/// The table names exact addresses: the neighbours of an entry keep the class of their range.
+#[test]
+fn a_metadata_address_neighbour_is_judged_by_its_range() {
+    for endpoint in METADATA_ENDPOINTS {
+        let neighbours: Vec<IpAddr> = match endpoint.addr {
+            IpAddr::V4(v4) => [u32::from(v4) - 1, u32::from(v4) + 1]
+                .map(|n| IpAddr::V4(Ipv4Addr::from(n)))
+                .to_vec(),
+            IpAddr::V6(v6) => [u128::from(v6) - 1, u128::from(v6) + 1]
+                .map(|n| IpAddr::V6(Ipv6Addr::from(n)))
+                .to_vec(),
+        };
+        for n in neighbours {
+            if !sandbox_transport::metadata::is_metadata(n) {
+                assert_ne!(
+                    classify(n),
+                    IpClass::Metadata,
+                    "{n}, next to {}",
+                    endpoint.addr
+                );
+            }
+        }
+    }
+    // WireServer's neighbours are public; Alibaba's are CGNAT, open with private endpoints.
+    assert!(verdict("168.63.129.17", &OutboundPolicy::deny_private()).is_ok());
+    assert!(verdict("100.100.100.201", &OutboundPolicy::allow_private()).is_ok());
+    assert!(verdict("[fd20:ce::253]", &OutboundPolicy::allow_private()).is_ok());
 }
 
 #[test]
