@@ -365,18 +365,12 @@ impl DockerProvider {
 
     /// Runs an exec, retrying once when the container had stopped in between (an idle daemon
     /// restart, a host reboot): the handle is still good, the container just needs starting.
-    async fn exec_with_retry(&self, id: &str, request: ExecRequest) -> Result<ExecResult, Error> {
+    /// The engine refuses the exec before anything runs, so the same request (borrowed, stdin
+    /// and all) is simply run again.
+    async fn exec_with_retry(&self, id: &str, request: &ExecRequest) -> Result<ExecResult, Error> {
         let default_timeout = self.inner.config.default_exec_timeout;
         let max_output = self.inner.config.max_output_bytes;
-        match exec::run(
-            self.docker_ref(),
-            id,
-            request.clone(),
-            default_timeout,
-            max_output,
-        )
-        .await
-        {
+        match exec::run(self.docker_ref(), id, request, default_timeout, max_output).await {
             Err(e) if errors::is_not_running(&e) => {
                 self.ensure_running(Operation::EXEC, id).await?;
                 exec::run(self.docker_ref(), id, request, default_timeout, max_output).await
@@ -686,7 +680,7 @@ impl SandboxProvider for DockerProvider {
         sandbox: &SandboxHandle,
         request: ExecRequest,
     ) -> Result<ExecResult, Error> {
-        self.exec_with_retry(sandbox.id().as_str(), request).await
+        self.exec_with_retry(sandbox.id().as_str(), &request).await
     }
 
     async fn write_file(
@@ -751,7 +745,7 @@ impl KeepAlive for DockerProvider {
         let result = self
             .exec_with_retry(
                 sandbox.id().as_str(),
-                ExecRequest::argv("true", Vec::<String>::new()),
+                &ExecRequest::argv("true", Vec::<String>::new()),
             )
             .await?;
         if result.exit_code != 0 {

@@ -52,7 +52,7 @@ async fn script(
     path: &SandboxPath,
     stdin: Option<&[u8]>,
 ) -> Result<ExecResult, Error> {
-    let mut request = ExecRequest::argv(
+    let request = ExecRequest::argv(
         "sh",
         [
             "-c".to_owned(),
@@ -62,12 +62,17 @@ async fn script(
         ],
     )
     .timeout(ExecTimeout::new(FILE_TIMEOUT)?);
-    if let Some(data) = stdin {
-        request = request.stdin(data.to_vec());
-    }
-    let result = exec::run(docker, container, request, FILE_TIMEOUT, MAX_FILE_BYTES)
-        .await
-        .map_err(|e| e.with_operation(op))?;
+    // The content is written from the caller's buffer: an upload is never copied on its way.
+    let result = exec::run_with_stdin(
+        docker,
+        container,
+        &request,
+        stdin,
+        FILE_TIMEOUT,
+        MAX_FILE_BYTES,
+    )
+    .await
+    .map_err(|e| e.with_operation(op))?;
     if result.truncated {
         return Err(Error::invalid_request(
             op,

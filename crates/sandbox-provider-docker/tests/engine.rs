@@ -534,3 +534,43 @@ async fn exec_output_is_capped_and_flagged() {
     assert!(!small.truncated);
     cleanup(&p).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Docker engine and the sandbox-busybox:test image: cargo xtask test runs it"]
+async fn a_container_removed_mid_exec_is_sandbox_gone() {
+    let ns = namespace("gone");
+    let p = Arc::new(provider(&ns).await);
+    let h = p.create(request()).await.unwrap();
+    // A command that dies of SIGKILL by itself, in a live container, is still a result.
+    let r = p.exec(&h, ExecRequest::shell("kill -9 $$")).await.unwrap();
+    assert_eq!((r.exit_code, r.killed), (137, false), "{r:?}");
+    let r = p.exec(&h, ExecRequest::shell("exit 137")).await.unwrap();
+    assert_eq!((r.exit_code, r.killed), (137, false), "{r:?}");
+
+    let (provider, handle) = (p.clone(), h.clone());
+    let running = tokio::spawn(async move {
+        let long = ExecRequest::argv("sleep", ["30"])
+            .timeout(ExecTimeout::new(Duration::from_secs(60)).unwrap());
+        provider.exec(&handle, long).await
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // What `docker rm -f` does.
+    p.docker()
+        .remove_container(
+            h.id().as_str(),
+            Some(RemoveContainerOptions {
+                force: true,
+                ..Default::default()
+            }),
+        )
+        .await
+        .unwrap();
+    let outcome = tokio::time::timeout(Duration::from_secs(20), running)
+        .await
+        .expect("the exec outlived its container by 20 s")
+        .unwrap();
+    let err = outcome.expect_err("an exec whose container was removed returned a result");
+    assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
+    assert_eq!(err.code(), Some(ErrorCode::SandboxGone), "{err}");
+    cleanup(&p).await;
+}
