@@ -18,8 +18,9 @@ use futures_util::StreamExt;
 use sandbox_core::{
     Capabilities, Capability, ConnectProbe, ConnectRequest, CreateRequest, DirEntry, Error,
     ErrorCode, ErrorKind, ExecRequest, ExecResult, IdleTimeout, KeepAlive, ListFilter, Operation,
-    Provider, SandboxHandle, SandboxId, SandboxPath, SandboxProvider, SandboxState, SandboxSummary,
-    Snapshots, StatEntry, TemplateCatalog, TemplateId, Terminals, TimeoutAction,
+    Provider, ReadStream, SandboxHandle, SandboxId, SandboxPath, SandboxProvider, SandboxState,
+    SandboxSummary, Snapshots, StatEntry, TemplateCatalog, TemplateId, Terminals, TimeoutAction,
+    TreeLimits, TreeListing,
 };
 
 use crate::config::{DockerConfig, NetworkMode, PullPolicy};
@@ -698,6 +699,32 @@ impl SandboxProvider for DockerProvider {
         path: &SandboxPath,
     ) -> Result<Vec<u8>, Error> {
         files::read(self.docker_ref(), sandbox.id().as_str(), path).await
+    }
+
+    async fn read_file_stream(
+        &self,
+        sandbox: &SandboxHandle,
+        path: &SandboxPath,
+        max_bytes: u64,
+    ) -> Result<ReadStream, Error> {
+        let stream = files::read_stream(
+            self.docker_ref(),
+            sandbox.id().as_str(),
+            path,
+            max_bytes,
+            files::STREAM_TIMEOUT,
+        )
+        .await?;
+        Ok(Box::new(stream))
+    }
+
+    async fn list_tree(
+        &self,
+        sandbox: &SandboxHandle,
+        dir: &SandboxPath,
+        limits: TreeLimits,
+    ) -> Result<TreeListing, Error> {
+        files::tree(self.docker_ref(), sandbox.id().as_str(), dir, limits).await
     }
 
     async fn list_dir(

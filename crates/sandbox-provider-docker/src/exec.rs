@@ -202,6 +202,26 @@ pub(crate) struct Exit {
 }
 
 impl Running {
+    /// The next output frame, read from the engine's connection now: nothing is read ahead, so
+    /// a reader that does not ask holds the command on a full pipe. `None` once the command
+    /// closed its output. A broken connection is checked against the container first.
+    pub(crate) async fn next_frame(&mut self) -> Option<Result<(OutputStream, Vec<u8>), Error>> {
+        loop {
+            let frame = match self.frames.next().await? {
+                Ok(frame) => frame,
+                Err(e) => return Some(Err(self.explain(errors::map(Operation::EXEC, e)).await)),
+            };
+            let (stream, message) = match frame {
+                LogOutput::StdOut { message } | LogOutput::Console { message } => {
+                    (OutputStream::Stdout, message)
+                }
+                LogOutput::StdErr { message } => (OutputStream::Stderr, message),
+                LogOutput::StdIn { .. } => continue,
+            };
+            return Some(Ok((stream, message.into())));
+        }
+    }
+
     /// How the command ended, once its output is closed. A SIGKILL or a missing exit code is
     /// checked against the container: a container that went away is an error, not a result.
     pub(crate) async fn finish(mut self) -> Result<Exit, Error> {
