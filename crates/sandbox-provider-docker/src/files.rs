@@ -610,7 +610,8 @@ pub async fn tree(
 ) -> Result<TreeListing, Error> {
     let op = Operation::LIST_DIR;
     check_path(op, dir)?;
-    let depth = limits.depth.min(MAX_TREE_DEPTH);
+    // Depth 0 lists the root's entries, as the port's walking default does.
+    let depth = limits.depth.clamp(1, MAX_TREE_DEPTH);
     // The client stops at the deadline; the in-container budget is a backstop a little later.
     let backstop = limits
         .deadline
