@@ -783,6 +783,12 @@ async fn a_tree_of_1000_directories_is_one_quick_walk() {
         took < Duration::from_secs(20),
         "1,000 directories took {took:?} (one exec per directory took 49 s)"
     );
+    // Depth 0 is the root's own entries, as the port's walking default has it.
+    let top = p
+        .list_tree(&h, &root, sandbox_core::TreeLimits::depth(0))
+        .await
+        .unwrap();
+    assert_eq!(top.entries.len(), 1000);
     let mut capped = sandbox_core::TreeLimits::depth(4);
     capped.max_entries = 10;
     let cut = p.list_tree(&h, &root, capped).await.unwrap();
