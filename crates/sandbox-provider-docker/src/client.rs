@@ -18,8 +18,9 @@ use futures_util::StreamExt;
 use sandbox_core::{
     Capabilities, Capability, ConnectProbe, ConnectRequest, CreateRequest, DirEntry, Error,
     ErrorCode, ErrorKind, ExecRequest, ExecResult, IdleTimeout, KeepAlive, ListFilter, Operation,
-    Provider, SandboxHandle, SandboxId, SandboxPath, SandboxProvider, SandboxState, SandboxSummary,
-    Snapshots, StatEntry, TemplateCatalog, TemplateId, Terminals, TimeoutAction,
+    Provider, ReadStream, SandboxHandle, SandboxId, SandboxPath, SandboxProvider, SandboxState,
+    SandboxSummary, Snapshots, StatEntry, TemplateCatalog, TemplateId, Terminals, TimeoutAction,
+    TreeLimits, TreeListing,
 };
 
 use crate::config::{DockerConfig, NetworkMode, PullPolicy};
@@ -365,18 +366,12 @@ impl DockerProvider {
 
     /// Runs an exec, retrying once when the container had stopped in between (an idle daemon
     /// restart, a host reboot): the handle is still good, the container just needs starting.
-    async fn exec_with_retry(&self, id: &str, request: ExecRequest) -> Result<ExecResult, Error> {
+    /// The engine refuses the exec before anything runs, so the same request (borrowed, stdin
+    /// and all) is simply run again.
+    async fn exec_with_retry(&self, id: &str, request: &ExecRequest) -> Result<ExecResult, Error> {
         let default_timeout = self.inner.config.default_exec_timeout;
         let max_output = self.inner.config.max_output_bytes;
-        match exec::run(
-            self.docker_ref(),
-            id,
-            request.clone(),
-            default_timeout,
-            max_output,
-        )
-        .await
-        {
+        match exec::run(self.docker_ref(), id, request, default_timeout, max_output).await {
             Err(e) if errors::is_not_running(&e) => {
                 self.ensure_running(Operation::EXEC, id).await?;
                 exec::run(self.docker_ref(), id, request, default_timeout, max_output).await
@@ -686,7 +681,7 @@ impl SandboxProvider for DockerProvider {
         sandbox: &SandboxHandle,
         request: ExecRequest,
     ) -> Result<ExecResult, Error> {
-        self.exec_with_retry(sandbox.id().as_str(), request).await
+        self.exec_with_retry(sandbox.id().as_str(), &request).await
     }
 
     async fn write_file(
@@ -704,6 +699,32 @@ impl SandboxProvider for DockerProvider {
         path: &SandboxPath,
     ) -> Result<Vec<u8>, Error> {
         files::read(self.docker_ref(), sandbox.id().as_str(), path).await
+    }
+
+    async fn read_file_stream(
+        &self,
+        sandbox: &SandboxHandle,
+        path: &SandboxPath,
+        max_bytes: u64,
+    ) -> Result<ReadStream, Error> {
+        let stream = files::read_stream(
+            self.docker_ref(),
+            sandbox.id().as_str(),
+            path,
+            max_bytes,
+            files::STREAM_TIMEOUT,
+        )
+        .await?;
+        Ok(Box::new(stream))
+    }
+
+    async fn list_tree(
+        &self,
+        sandbox: &SandboxHandle,
+        dir: &SandboxPath,
+        limits: TreeLimits,
+    ) -> Result<TreeListing, Error> {
+        files::tree(self.docker_ref(), sandbox.id().as_str(), dir, limits).await
     }
 
     async fn list_dir(
@@ -751,7 +772,7 @@ impl KeepAlive for DockerProvider {
         let result = self
             .exec_with_retry(
                 sandbox.id().as_str(),
-                ExecRequest::argv("true", Vec::<String>::new()),
+                &ExecRequest::argv("true", Vec::<String>::new()),
             )
             .await?;
         if result.exit_code != 0 {

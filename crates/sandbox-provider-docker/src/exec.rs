@@ -6,16 +6,36 @@
 //! process behind either, every exec carries a random marker in its environment
 //! (`SANDBOX_EXEC_ID`), inherited by everything it starts; when the call is dropped before the
 //! command ends, a background task kills every process carrying the marker.
+//!
+//! Output takes one of three shapes. A buffered exec keeps each stream up to a cap
+//! ([`DEFAULT_MAX_OUTPUT`]; the rest is dropped and the result says `truncated`): large output
+//! belongs to the streamed forms. An exec with an `on_output` hook hands every frame to the hook
+//! and keeps nothing. And [`start`] gives the adapter's own readers (file streams, tree
+//! listings) a [`Running`] exec whose frames are read from the engine's connection only when
+//! the reader asks for the next one, so a slow consumer slows the command instead of filling
+//! the service's memory. Stdin is written from the caller's bytes as they are, concurrently with
+//! reading output in the same task: nothing is copied for a writer task or for a retry.
+//!
+//! A container removed or killed while a command runs ends the command by SIGKILL (exit 137),
+//! or leaves no exit code at all. Such an ending is checked against the container: one that is
+//! gone answers `not_found` with code `sandbox_gone` instead of a result, so the caller learns
+//! that the sandbox, not the command, ended.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::future::Future;
+use std::pin::Pin;
 use std::time::{Duration, Instant};
 
 use bollard::Docker;
 use bollard::container::LogOutput;
 use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
-use futures_util::StreamExt;
-use sandbox_core::{Command, Error, ErrorKind, ExecRequest, ExecResult, Operation, OutputStream};
-use tokio::io::AsyncWriteExt;
+use bollard::models::ContainerStateStatusEnum;
+use bollard::query_parameters::InspectContainerOptions;
+use futures_util::{Stream, StreamExt};
+use sandbox_core::{
+    Command, Error, ErrorCode, ErrorKind, ExecRequest, ExecResult, Operation, OutputStream,
+    Provider,
+};
+use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use crate::errors::{self, provider_error};
 
@@ -25,9 +45,18 @@ pub const ACTIVITY_MARKER: &str = "/var/lib/sandbox-activity";
 pub const EXEC_MARKER_ENV: &str = "SANDBOX_EXEC_ID";
 /// Extra time the client waits beyond the in-container timeout before giving up on the engine.
 pub const CLIENT_GRACE: Duration = Duration::from_secs(10);
-/// The most output of one stream an exec keeps by default (the rest is dropped and the result
-/// says `truncated`).
-pub const DEFAULT_MAX_OUTPUT: usize = 64 * 1024 * 1024;
+/// The most output of one stream a buffered exec keeps by default (the rest is dropped and the
+/// result says `truncated`). Small on purpose: every concurrent exec may hold this much per
+/// stream, and output of any size streams through `on_output` without being kept.
+pub const DEFAULT_MAX_OUTPUT: usize = 4 * 1024 * 1024;
+
+/// The status of a process ended by SIGKILL: the timeout's kill, or the end of its container.
+const SIGKILL_STATUS: i32 = 137;
+/// How often, and how far apart, a command's SIGKILL is checked against its container. The
+/// engine may record the command's end a moment before the container's own, so a container that
+/// still looks alive is asked again before the 137 is believed.
+const GONE_CHECKS: u32 = 5;
+const GONE_CHECK_PAUSE: Duration = Duration::from_millis(100);
 
 /// The account commands run as when the request names none. Root: one session owns one
 /// sandbox, so the in-container account is not a tenant boundary.
@@ -147,17 +176,147 @@ impl Drop for KillOnDrop {
     }
 }
 
-/// Runs `request` in `container`.
-pub async fn run(
+/// Output frames as bollard hands them out.
+type Frames = Pin<Box<dyn Stream<Item = Result<LogOutput, bollard::errors::Error>> + Send>>;
+
+/// An exec that has started: its output, its stdin, and the kill that runs when it is dropped
+/// before [`Running::finish`] saw the command end.
+pub(crate) struct Running {
+    frames: Frames,
+    input: Pin<Box<dyn AsyncWrite + Send>>,
+    exec_id: String,
+    guard: KillOnDrop,
+    started: Instant,
+    /// The in-container budget.
+    timeout: Duration,
+}
+
+/// How a command ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Exit {
+    /// The exit status; -1 when the timeout killed the command.
+    pub(crate) code: i32,
+    /// The in-container timeout killed the command.
+    pub(crate) killed: bool,
+    pub(crate) duration: Duration,
+}
+
+impl Running {
+    /// The next output frame, read from the engine's connection now: nothing is read ahead, so
+    /// a reader that does not ask holds the command on a full pipe. `None` once the command
+    /// closed its output. A broken connection is checked against the container first.
+    pub(crate) async fn next_frame(&mut self) -> Option<Result<(OutputStream, Vec<u8>), Error>> {
+        loop {
+            let frame = match self.frames.next().await? {
+                Ok(frame) => frame,
+                Err(e) => return Some(Err(self.explain(errors::map(Operation::EXEC, e)).await)),
+            };
+            let (stream, message) = match frame {
+                LogOutput::StdOut { message } | LogOutput::Console { message } => {
+                    (OutputStream::Stdout, message)
+                }
+                LogOutput::StdErr { message } => (OutputStream::Stderr, message),
+                LogOutput::StdIn { .. } => continue,
+            };
+            return Some(Ok((stream, message.into())));
+        }
+    }
+
+    /// How the command ended, once its output is closed. A SIGKILL or a missing exit code is
+    /// checked against the container: a container that went away is an error, not a result.
+    pub(crate) async fn finish(mut self) -> Result<Exit, Error> {
+        let code = match exit_code_of(&self.guard.docker, &self.exec_id).await {
+            Ok(code) => code,
+            Err(e) => return Err(self.explain(e).await),
+        };
+        let duration = self.started.elapsed();
+        if (code == SIGKILL_STATUS || code < 0)
+            && let Some(gone) = vanished(&self.guard.docker, &self.guard.container).await
+        {
+            // Nothing is left to kill.
+            self.guard.armed = false;
+            return Err(gone);
+        }
+        self.guard.armed = false;
+        // timeout(1) with SIGKILL ends the command with 137, which a command can also produce
+        // by itself; only a 137 that arrives once the budget is spent is the timeout's kill.
+        let killed = code == SIGKILL_STATUS && duration >= self.timeout;
+        Ok(Exit {
+            code: if killed { -1 } else { code },
+            killed,
+            duration,
+        })
+    }
+
+    /// `err`, or the container's disappearance when that is what caused it. (`&mut`: the
+    /// output stream is `Send` but not `Sync`, so only a unique borrow may cross an await.)
+    async fn explain(&mut self, err: Error) -> Error {
+        vanished(&self.guard.docker, &self.guard.container)
+            .await
+            .unwrap_or(err)
+    }
+}
+
+/// Whether the container is what ended a command: `Some` with `sandbox_gone` (`not_found`)
+/// when it was removed, is being removed or is dead, and with `unavailable` when it stopped (a
+/// stopped container is started again by the next call, so its binding must not be replaced).
+/// `None` while it runs, and when the engine cannot say: only proof counts.
+async fn vanished(docker: &Docker, container: &str) -> Option<Error> {
+    for check in 0..GONE_CHECKS {
+        if check > 0 {
+            tokio::time::sleep(GONE_CHECK_PAUSE).await;
+        }
+        let status = match docker
+            .inspect_container(container, None::<InspectContainerOptions>)
+            .await
+        {
+            Ok(inspect) => inspect.state.and_then(|s| s.status),
+            Err(e) => {
+                let e = errors::map(Operation::EXEC, e);
+                return (e.http_status() == Some(404)).then(|| sandbox_gone(container));
+            }
+        };
+        match status {
+            Some(ContainerStateStatusEnum::REMOVING | ContainerStateStatusEnum::DEAD) => {
+                return Some(sandbox_gone(container));
+            }
+            Some(ContainerStateStatusEnum::EXITED | ContainerStateStatusEnum::CREATED) => {
+                return Some(provider_error(
+                    ErrorKind::Unavailable,
+                    Operation::EXEC,
+                    format!(
+                        "sandbox {container} stopped while the command ran; the next call starts it again"
+                    ),
+                ));
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// The error of a command whose sandbox went away under it.
+pub(crate) fn sandbox_gone(container: &str) -> Error {
+    Error::not_found(
+        Operation::EXEC,
+        format!("sandbox {container} disappeared while the command ran"),
+    )
+    .with_code(ErrorCode::SandboxGone)
+    .with_provider(Provider::Docker)
+}
+
+/// Creates and starts `request` in `container`, stdin attached when `attach_stdin`. The
+/// request's `stdin` and `on_output` are not used here: they are the caller's to serve.
+pub(crate) async fn start(
     docker: &Docker,
     container: &str,
-    request: ExecRequest,
+    request: &ExecRequest,
+    attach_stdin: bool,
     default_timeout: Duration,
-    max_output: usize,
-) -> Result<ExecResult, Error> {
+) -> Result<Running, Error> {
     request.validate().map_err(|e| {
         e.with_operation(Operation::EXEC)
-            .with_provider(sandbox_core::Provider::Docker)
+            .with_provider(Provider::Docker)
     })?;
     let timeout = request.timeout.map_or(default_timeout, |t| t.get());
     // Whole seconds for timeout(1), rounded up so a 1.5 s budget is never cut to 1 s.
@@ -174,7 +333,7 @@ pub async fn run(
         env: Some(env),
         working_dir: request.cwd.as_ref().map(|p| p.as_str().to_owned()),
         user: Some(engine_user(request.user.as_deref())),
-        attach_stdin: Some(request.stdin.is_some()),
+        attach_stdin: Some(attach_stdin),
         attach_stdout: Some(true),
         attach_stderr: Some(true),
         tty: Some(false),
@@ -184,7 +343,7 @@ pub async fn run(
         .create_exec(container, options)
         .await
         .map_err(|e| errors::map(Operation::EXEC, e))?;
-    let mut guard = KillOnDrop {
+    let guard = KillOnDrop {
         docker: docker.clone(),
         container: container.to_owned(),
         marker,
@@ -202,87 +361,138 @@ pub async fn run(
         )
         .await
         .map_err(|e| errors::map(Operation::EXEC, e))?;
-    let StartExecResults::Attached {
-        mut output,
-        mut input,
-    } = attached
-    else {
+    let StartExecResults::Attached { output, input } = attached else {
         return Err(provider_error(
             ErrorKind::Internal,
             Operation::EXEC,
             "exec started detached",
         ));
     };
-    // Stdin is written concurrently with reading output: a command that echoes a large stdin
-    // would otherwise fill its stdout pipe while we are still blocked writing.
-    let stdin = request.stdin.clone();
-    let writer = tokio::spawn(async move {
-        if let Some(data) = stdin {
-            let _ = input.write_all(&data).await;
-        }
-        // Always half-close, so a command reading stdin sees EOF.
-        let _ = input.shutdown().await;
-    });
-    let collected = Arc::new(Mutex::new(Collected::default()));
-    let sink = collected.clone();
-    let hook = request.on_output.clone();
-    let read = async move {
-        while let Some(frame) = output.next().await {
-            let frame = frame.map_err(|e| errors::map(Operation::EXEC, e))?;
-            let (stream, bytes) = match &frame {
-                LogOutput::StdOut { message } | LogOutput::Console { message } => {
-                    (OutputStream::Stdout, message)
-                }
-                LogOutput::StdErr { message } => (OutputStream::Stderr, message),
-                LogOutput::StdIn { .. } => continue,
-            };
-            if let Some(hook) = &hook {
-                hook.emit(stream, bytes);
+    Ok(Running {
+        frames: output,
+        input,
+        exec_id: created.id,
+        guard,
+        started,
+        timeout,
+    })
+}
+
+/// Runs `request` in `container`, with the request's own stdin.
+pub async fn run(
+    docker: &Docker,
+    container: &str,
+    request: &ExecRequest,
+    default_timeout: Duration,
+    max_output: usize,
+) -> Result<ExecResult, Error> {
+    let stdin = request.stdin.as_deref();
+    run_with_stdin(
+        docker,
+        container,
+        request,
+        stdin,
+        default_timeout,
+        max_output,
+    )
+    .await
+}
+
+/// Runs `request` with `stdin` (borrowed: an upload is written from the caller's buffer),
+/// keeping at most `max_output` bytes per stream, or nothing when the request has an output
+/// hook.
+pub(crate) async fn run_with_stdin(
+    docker: &Docker,
+    container: &str,
+    request: &ExecRequest,
+    stdin: Option<&[u8]>,
+    default_timeout: Duration,
+    max_output: usize,
+) -> Result<ExecResult, Error> {
+    let mut running = start(docker, container, request, stdin.is_some(), default_timeout).await?;
+    let budget = running.timeout + CLIENT_GRACE;
+    let hook = request.on_output.as_ref();
+    let mut kept = Collected::default();
+    let finished = {
+        let Running { frames, input, .. } = &mut running;
+        let write = async move {
+            if let Some(data) = stdin {
+                let _ = input.write_all(data).await;
             }
-            // Keep reading past the cap (a command blocked on a full pipe would only wait for its
-            // timeout), but stop keeping.
-            sink.lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .push(stream, bytes, max_output);
-        }
-        Ok::<(), Error>(())
+            // Always half-close, so a command reading stdin sees EOF.
+            let _ = input.shutdown().await;
+        };
+        let read = async {
+            while let Some(frame) = frames.next().await {
+                let frame = frame.map_err(|e| errors::map(Operation::EXEC, e))?;
+                let (stream, bytes) = match &frame {
+                    LogOutput::StdOut { message } | LogOutput::Console { message } => {
+                        (OutputStream::Stdout, message)
+                    }
+                    LogOutput::StdErr { message } => (OutputStream::Stderr, message),
+                    LogOutput::StdIn { .. } => continue,
+                };
+                match hook {
+                    // [exec.stream]: the hook has every byte, so nothing is kept.
+                    Some(hook) => hook.emit(stream, bytes),
+                    // Keep reading past the cap (a command blocked on a full pipe would only
+                    // wait for its timeout), but stop keeping.
+                    None => kept.push(stream, bytes, max_output),
+                }
+            }
+            Ok::<(), Error>(())
+        };
+        tokio::time::timeout(budget, read_while_writing(read, write)).await
     };
-    let finished = tokio::time::timeout(timeout + CLIENT_GRACE, read).await;
-    writer.abort();
     let Collected {
         stdout,
         stderr,
         truncated,
-    } = std::mem::take(&mut *collected.lock().unwrap_or_else(PoisonError::into_inner));
+    } = kept;
     match finished {
         Err(_) => {
             // The in-container timeout did not end the command (no timeout(1) in the image, or
-            // the engine stalled): the guard kills it; report what a timeout is.
+            // the engine stalled): dropping `running` kills it; report what a timeout is.
             return Ok(ExecResult {
                 stdout,
                 stderr,
                 exit_code: -1,
-                duration: started.elapsed(),
+                duration: running.started.elapsed(),
                 killed: true,
                 truncated,
             });
         }
-        Ok(result) => result?,
+        Ok(Err(e)) => return Err(running.explain(e).await),
+        Ok(Ok(())) => {}
     }
-    let exit_code = exit_code_of(docker, &created.id).await?;
-    guard.armed = false;
-    let duration = started.elapsed();
-    // timeout(1) with SIGKILL ends the command with 137, which a command can also produce by
-    // itself; only a 137 that arrives once the budget is spent is the timeout's kill.
-    let killed = exit_code == 137 && duration >= timeout;
+    let exit = running.finish().await?;
     Ok(ExecResult {
         stdout,
         stderr,
-        exit_code: if killed { -1 } else { exit_code },
-        duration,
-        killed,
+        exit_code: exit.code,
+        duration: exit.duration,
+        killed: exit.killed,
         truncated,
     })
+}
+
+/// Drives `read` to its end with `write` running alongside in the same task (a command that
+/// echoes a large stdin would otherwise fill its stdout pipe while the write waits). `write` is
+/// dropped once `read` ends: a command that exits without reading all of its stdin must not
+/// hold the call.
+async fn read_while_writing<R, W>(read: R, write: W) -> R::Output
+where
+    R: Future,
+    W: Future<Output = ()>,
+{
+    tokio::pin!(read, write);
+    let mut writing = true;
+    loop {
+        tokio::select! {
+            out = &mut read => return out,
+            () = &mut write, if writing => writing = false,
+        }
+    }
 }
 
 /// The output kept of one exec, each stream capped.
@@ -369,6 +579,21 @@ mod tests {
         let mut ok = Collected::default();
         ok.push(OutputStream::Stdout, b"abcd", 4);
         assert!(!ok.truncated, "exactly the cap is not truncation");
+    }
+
+    #[tokio::test]
+    async fn reading_ends_the_call_even_when_stdin_is_not_taken() {
+        // A command that exits without reading its stdin leaves the writer blocked for good.
+        let out = read_while_writing(async { 7 }, std::future::pending::<()>()).await;
+        assert_eq!(out, 7);
+        // A writer that finishes first does not end the read.
+        let (tx, rx) = tokio::sync::oneshot::channel::<u8>();
+        let read = async { rx.await.unwrap() };
+        let write = async move {
+            tokio::task::yield_now().await;
+            tx.send(3).unwrap();
+        };
+        assert_eq!(read_while_writing(read, write).await, 3);
     }
 
     #[test]

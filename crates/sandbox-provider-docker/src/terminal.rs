@@ -320,7 +320,7 @@ impl Terminals for DockerProvider {
                 let _ = exec::run(
                     &docker,
                     &refresh_container,
-                    touch,
+                    &touch,
                     Duration::from_secs(30),
                     4096,
                 )

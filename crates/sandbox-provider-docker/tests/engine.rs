@@ -534,3 +534,277 @@ async fn exec_output_is_capped_and_flagged() {
     assert!(!small.truncated);
     cleanup(&p).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Docker engine and the sandbox-busybox:test image: cargo xtask test runs it"]
+async fn a_container_removed_mid_exec_is_sandbox_gone() {
+    let ns = namespace("gone");
+    let p = Arc::new(provider(&ns).await);
+    let h = p.create(request()).await.unwrap();
+    // A command that dies of SIGKILL by itself, in a live container, is still a result.
+    let r = p.exec(&h, ExecRequest::shell("kill -9 $$")).await.unwrap();
+    assert_eq!((r.exit_code, r.killed), (137, false), "{r:?}");
+    let r = p.exec(&h, ExecRequest::shell("exit 137")).await.unwrap();
+    assert_eq!((r.exit_code, r.killed), (137, false), "{r:?}");
+
+    let (provider, handle) = (p.clone(), h.clone());
+    let running = tokio::spawn(async move {
+        let long = ExecRequest::argv("sleep", ["30"])
+            .timeout(ExecTimeout::new(Duration::from_secs(60)).unwrap());
+        provider.exec(&handle, long).await
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // What `docker rm -f` does.
+    p.docker()
+        .remove_container(
+            h.id().as_str(),
+            Some(RemoveContainerOptions {
+                force: true,
+                ..Default::default()
+            }),
+        )
+        .await
+        .unwrap();
+    let outcome = tokio::time::timeout(Duration::from_secs(20), running)
+        .await
+        .expect("the exec outlived its container by 20 s")
+        .unwrap();
+    let err = outcome.expect_err("an exec whose container was removed returned a result");
+    assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
+    assert_eq!(err.code(), Some(ErrorCode::SandboxGone), "{err}");
+    cleanup(&p).await;
+}
+
+/// The process's resident set, in bytes, as the kernel counts it.
+fn resident_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    let kib: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    kib * 1024
+}
+
+/// Waits (10 s at most) until no reading `cat` runs in the sandbox.
+async fn no_reader_left(p: &DockerProvider, h: &sandbox_core::SandboxHandle, when: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let n = count(p, h, "cat").await;
+        if n == 0 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{n} reading process(es) still run 10 s {when}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Docker engine and the sandbox-busybox:test image: cargo xtask test runs it"]
+async fn a_1000_mib_file_streams_through_a_few_chunks_of_memory() {
+    const SIZE: u64 = 1000 * 1024 * 1024;
+    let ns = namespace("big");
+    let p = provider(&ns).await;
+    let h = p.create(request()).await.unwrap();
+    // Sparse: a gigabyte to read, no gigabyte on disk.
+    let r = p
+        .exec(
+            &h,
+            ExecRequest::shell(format!("mkdir -p /w && truncate -s {SIZE} /w/big")),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.exit_code, 0, "{}", r.stderr_lossy());
+    let file = SandboxPath::new("/w/big").unwrap();
+    let baseline = resident_bytes();
+    let mut peak = baseline;
+    let mut stream = p.read_file_stream(&h, &file, SIZE).await.unwrap();
+    let (mut total, mut chunks, mut largest) = (0u64, 0u64, 0usize);
+    while let Some(chunk) = stream.next_chunk().await {
+        let chunk = chunk.unwrap();
+        assert!(
+            chunk.iter().all(|b| *b == 0),
+            "a sparse file reads as zeros"
+        );
+        total += chunk.len() as u64;
+        largest = largest.max(chunk.len());
+        chunks += 1;
+        if chunks % 256 == 0 {
+            peak = peak.max(resident_bytes());
+            // A slow consumer: whatever the adapter reads ahead would pile up now.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    peak = peak.max(resident_bytes());
+    assert_eq!(total, SIZE, "the whole file, and nothing more");
+    let growth = peak.saturating_sub(baseline);
+    println!(
+        "streamed {total} bytes in {chunks} chunks (largest {largest}); resident growth {} KiB",
+        growth / 1024
+    );
+    assert!(
+        growth < 64 * 1024 * 1024,
+        "streaming 1000 MiB grew the process by {} MiB: it was buffered, not streamed",
+        growth / (1024 * 1024)
+    );
+
+    // Past its cap the stream ends in file_too_large, and the reader is killed then: left
+    // alone, it would sit on a full pipe for the stream's whole timeout.
+    let cap = 10 * 1024 * 1024;
+    let mut stream = p.read_file_stream(&h, &file, cap).await.unwrap();
+    let mut got = 0u64;
+    let err = loop {
+        match stream
+            .next_chunk()
+            .await
+            .expect("the stream ended without an error")
+        {
+            Ok(chunk) => got += chunk.len() as u64,
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(err.code(), Some(ErrorCode::FileTooLarge), "{err}");
+    assert!(got <= cap, "{got} bytes handed out under a {cap}-byte cap");
+    assert!(
+        stream.next_chunk().await.is_none(),
+        "an error ends the stream"
+    );
+    no_reader_left(&p, &h, "past its cap").await;
+    // So is a reader whose stream is dropped half-way.
+    let mut stream = p.read_file_stream(&h, &file, SIZE).await.unwrap();
+    stream.next_chunk().await.unwrap().unwrap();
+    drop(stream);
+    no_reader_left(&p, &h, "after the stream was dropped").await;
+    cleanup(&p).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Docker engine and the sandbox-busybox:test image: cargo xtask test runs it"]
+async fn devices_and_fifos_behind_a_path_are_refused_at_once() {
+    let ns = namespace("odd");
+    let p = provider(&ns).await;
+    let h = p.create(request()).await.unwrap();
+    let r = p
+        .exec(
+            &h,
+            ExecRequest::shell(
+                "mkdir -p /w/d && mkfifo /w/fifo && ln -s /dev/zero /w/zero && ln -s /proc/1 /w/d/init",
+            ),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.exit_code, 0, "{}", r.stderr_lossy());
+    for (leaf, code) in [
+        ("/w/zero", ErrorCode::InvalidPath),
+        ("/w/d/init/environ", ErrorCode::InvalidPath),
+        ("/w/fifo", ErrorCode::NotARegularFile),
+        ("/w/d", ErrorCode::NotARegularFile),
+    ] {
+        let path = SandboxPath::new(leaf).unwrap();
+        let started = Instant::now();
+        let err = p.read_file(&h, &path).await.unwrap_err();
+        assert_eq!(
+            (err.kind(), err.code()),
+            (ErrorKind::InvalidRequest, Some(code)),
+            "{leaf}: {err}"
+        );
+        let err = p
+            .read_file_stream(&h, &path, u64::MAX)
+            .await
+            .map(drop)
+            .unwrap_err();
+        assert_eq!(
+            (err.kind(), err.code()),
+            (ErrorKind::InvalidRequest, Some(code)),
+            "{leaf}: {err}"
+        );
+        let took = started.elapsed();
+        assert!(
+            took < Duration::from_secs(2),
+            "{leaf}: two refusals took {took:?}: the read waited on the file"
+        );
+    }
+    // The buffered read keeps its cap, and says so by code.
+    let r = p
+        .exec(&h, ExecRequest::shell("head -c 5000 /dev/zero > /w/small"))
+        .await
+        .unwrap();
+    assert_eq!(r.exit_code, 0);
+    let small = SandboxPath::new("/w/small").unwrap();
+    let err = p
+        .read_file_stream(&h, &small, 4096)
+        .await
+        .unwrap()
+        .next_chunk()
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(err.code(), Some(ErrorCode::FileTooLarge), "{err}");
+    cleanup(&p).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Docker engine and the sandbox-busybox:test image: cargo xtask test runs it"]
+async fn a_tree_of_1000_directories_is_one_quick_walk() {
+    let ns = namespace("tree");
+    let p = provider(&ns).await;
+    let h = p.create(request()).await.unwrap();
+    let r = p
+        .exec(
+            &h,
+            ExecRequest::shell(
+                "mkdir -p /w/t && cd /w/t && i=0; while [ $i -lt 1000 ]; do mkdir d$i; i=$((i+1)); done; touch d7/leaf",
+            ),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.exit_code, 0, "{}", r.stderr_lossy());
+    let root = SandboxPath::new("/w/t").unwrap();
+    let started = Instant::now();
+    let all = p
+        .list_tree(&h, &root, sandbox_core::TreeLimits::depth(4))
+        .await
+        .unwrap();
+    let took = started.elapsed();
+    println!("listed {} entries in {took:?}", all.entries.len());
+    assert_eq!(all.entries.len(), 1001);
+    assert!(!all.truncated);
+    assert!(
+        all.entries.windows(2).all(|w| w[0].path < w[1].path),
+        "entries are sorted by path"
+    );
+    assert!(
+        all.entries
+            .iter()
+            .any(|e| e.path.as_str() == "/w/t/d7/leaf" && e.name == "leaf"),
+        "the second level is listed"
+    );
+    assert!(
+        took < Duration::from_secs(20),
+        "1,000 directories took {took:?} (one exec per directory took 49 s)"
+    );
+    // Depth 0 is the root's own entries, as the port's walking default has it.
+    let top = p
+        .list_tree(&h, &root, sandbox_core::TreeLimits::depth(0))
+        .await
+        .unwrap();
+    assert_eq!(top.entries.len(), 1000);
+    let mut capped = sandbox_core::TreeLimits::depth(4);
+    capped.max_entries = 10;
+    let cut = p.list_tree(&h, &root, capped).await.unwrap();
+    assert!(cut.truncated);
+    assert_eq!(cut.entries.len(), 10);
+    // A deadline stops the walk too, with what it had.
+    let mut hurried = sandbox_core::TreeLimits::depth(4);
+    hurried.deadline = Duration::from_millis(50);
+    let started = Instant::now();
+    let cut = p.list_tree(&h, &root, hurried).await.unwrap();
+    assert!(cut.truncated, "a 50 ms walk of 1,001 entries was complete");
+    assert!(cut.entries.len() < 1001);
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    cleanup(&p).await;
+}
