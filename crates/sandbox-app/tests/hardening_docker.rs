@@ -458,11 +458,14 @@ async fn downloads_stream_and_take_only_regular_files() {
             "download of {leaf}: {status} {v} in {:?}",
             started.elapsed()
         );
-        assert_eq!(
-            (status, code(&v)),
-            (400, "not_a_regular_file"),
-            "{leaf}: {v}"
-        );
+        // A symlink into /dev is refused for where it leads (`invalid_path`), a FIFO for what
+        // it is (`not_a_regular_file`): either way before a byte is read.
+        let expected = if leaf == "zero" {
+            "invalid_path"
+        } else {
+            "not_a_regular_file"
+        };
+        assert_eq!((status, code(&v)), (400, expected), "{leaf}: {v}");
         assert!(
             started.elapsed() < Duration::from_secs(5),
             "{leaf} waited on the file"
