@@ -723,7 +723,7 @@ async fn files_stream_round_trip(ctx: &Ctx) -> CaseResult {
         Err(e) => Some(e),
         Ok(stream) => {
             let (got, ended) = drain(stream).await?;
-            ensure(got.len() as u64 <= len - 1, || {
+            ensure((got.len() as u64) < len, || {
                 format!("a stream capped at {} bytes yielded {}", len - 1, got.len())
             })?;
             ended
