@@ -9,6 +9,7 @@ use async_trait::async_trait;
 use bollard::Docker;
 use bollard::models::{
     ContainerCreateBody, ContainerStateStatusEnum, ContainerSummaryStateEnum, HostConfig,
+    ImageInspect,
 };
 use bollard::query_parameters::{
     CreateContainerOptions, CreateImageOptions, InspectContainerOptions, ListContainersOptions,
@@ -19,7 +20,7 @@ use sandbox_core::{
     Capabilities, Capability, ConnectProbe, ConnectRequest, CreateRequest, DirEntry, Error,
     ErrorCode, ErrorKind, ExecRequest, ExecResult, IdleTimeout, KeepAlive, ListFilter, Operation,
     Provider, SandboxHandle, SandboxId, SandboxPath, SandboxProvider, SandboxState, SandboxSummary,
-    Snapshots, StatEntry, TemplateCatalog, TemplateId, Terminals, TimeoutAction,
+    Snapshots, StatEntry, TemplateCatalog, TemplateId, Terminals, TimeoutAction, owner_metadata,
 };
 
 use crate::config::{DockerConfig, NetworkMode, PullPolicy};
@@ -188,28 +189,33 @@ impl DockerProvider {
         Ok(inspect)
     }
 
-    /// Makes sure `image` is present, pulling it per the pull policy. Snapshot images are local
+    /// Makes sure `image` is present, pulling it per the pull policy, and returns what the
+    /// engine knows of it (its labels say whether it is a snapshot). Snapshot images are local
     /// commits and never pulled.
-    pub(crate) async fn ensure_image(&self, op: Operation, image: &str) -> Result<(), Error> {
+    pub(crate) async fn ensure_image(
+        &self,
+        op: Operation,
+        image: &str,
+    ) -> Result<ImageInspect, Error> {
         let present = match self.docker_ref().inspect_image(image).await {
-            Ok(_) => true,
+            Ok(inspect) => Some(inspect),
             Err(e) => {
                 let mapped = errors::map(op, e);
                 if mapped.http_status() != Some(404) {
                     return Err(mapped);
                 }
-                false
+                None
             }
         };
         let policy = self.inner.config.pull_policy;
         let must_pull = match policy {
             PullPolicy::Never => false,
-            PullPolicy::Missing => !present,
+            PullPolicy::Missing => present.is_none(),
             PullPolicy::Always => true,
         };
         if snapshots::is_snapshot_ref(image) || !must_pull {
-            if present {
-                return Ok(());
+            if let Some(inspect) = present {
+                return Ok(inspect);
             }
             let why = if snapshots::is_snapshot_ref(image) {
                 "snapshot images are local and never pulled".to_owned()
@@ -223,7 +229,11 @@ impl DockerProvider {
             .with_code(ErrorCode::ImageNotPresent)
             .with_provider(Provider::Docker));
         }
-        self.pull(op, image).await
+        self.pull(op, image).await?;
+        self.docker_ref()
+            .inspect_image(image)
+            .await
+            .map_err(|e| errors::map(op, e))
     }
 
     async fn pull(&self, op: Operation, image: &str) -> Result<(), Error> {
@@ -386,6 +396,31 @@ impl DockerProvider {
     }
 }
 
+impl DockerProvider {
+    /// Creates a container from `body` under a fresh name in this namespace.
+    async fn create_container_named(
+        &self,
+        op: Operation,
+        body: ContainerCreateBody,
+    ) -> Result<bollard::models::ContainerCreateResponse, Error> {
+        let name = format!(
+            "sbx-{}-{:012x}",
+            self.inner.config.namespace,
+            fastrand::u64(..) & 0xffff_ffff_ffff
+        );
+        self.docker_ref()
+            .create_container(
+                Some(CreateContainerOptions {
+                    name: Some(name),
+                    ..Default::default()
+                }),
+                body,
+            )
+            .await
+            .map_err(|e| errors::map(op, e))
+    }
+}
+
 fn state_of(status: Option<ContainerStateStatusEnum>) -> SandboxState {
     match status {
         Some(ContainerStateStatusEnum::RUNNING) => SandboxState::Running,
@@ -478,8 +513,23 @@ impl SandboxProvider for DockerProvider {
         container_labels.insert(labels::NAMESPACE.to_owned(), config.namespace.clone());
         container_labels.insert(labels::IDLE_TTL.to_owned(), ttl_secs.to_string());
 
-        let image = request.template.as_str();
-        self.ensure_image(op, image).await?;
+        // A restore, or any template in a snapshot repository, boots only this tenant's
+        // snapshot of this namespace ([create.snapshot_owner]); it is never pulled.
+        let restore =
+            request.from_snapshot || snapshots::is_snapshot_ref(request.template.as_str());
+        let image = if restore {
+            let tenant = request
+                .metadata
+                .get(owner_metadata::TENANT)
+                .map(String::as_str);
+            self.restorable_image(request.template.as_str(), tenant)
+                .await?
+        } else {
+            let image = request.template.as_str();
+            let inspect = self.ensure_image(op, image).await?;
+            Self::refuse_snapshot_image(inspect.config.as_ref().and_then(|c| c.labels.as_ref()))?;
+            image.to_owned()
+        };
 
         // No egress at all when the policy denies it by default (a Docker network cannot
         // allow-list destinations), else the adapter's own protected bridge — never docker0.
@@ -511,7 +561,7 @@ impl SandboxProvider for DockerProvider {
             .map(|(k, v)| format!("{k}={v}"))
             .collect();
         let body = ContainerCreateBody {
-            image: Some(image.to_owned()),
+            image: Some(image),
             user: Some("0".to_owned()),
             // The entrypoint replaces the image's, so any image becomes a sandbox: it creates the
             // activity marker (world-writable, so commands under other accounts still record
@@ -545,22 +595,14 @@ impl SandboxProvider for DockerProvider {
             }),
             ..Default::default()
         };
-        let name = format!(
-            "sbx-{}-{:012x}",
-            config.namespace,
-            fastrand::u64(..) & 0xffff_ffff_ffff
-        );
-        let created = self
-            .docker_ref()
-            .create_container(
-                Some(CreateContainerOptions {
-                    name: Some(name),
-                    ..Default::default()
-                }),
-                body,
-            )
-            .await
-            .map_err(|e| errors::map(op, e))?;
+        let created = self.create_container_named(op, body).await;
+        let created = match created {
+            // The checked image went away before the container could be made from it.
+            Err(e) if restore && e.http_status() == Some(404) => {
+                return Err(snapshots::snapshot_not_found());
+            }
+            other => other?,
+        };
         let id = created.id;
         let started = async {
             self.docker_ref()

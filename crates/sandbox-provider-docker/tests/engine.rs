@@ -534,3 +534,166 @@ async fn exec_output_is_capped_and_flagged() {
     assert!(!small.truncated);
     cleanup(&p).await;
 }
+
+/// The refusal every restore of something that is not this tenant's snapshot in this namespace
+/// must give: `not_found`, code `snapshot_not_found`, and a message naming nothing.
+fn assert_snapshot_not_found(
+    what: &str,
+    got: Result<sandbox_core::SandboxHandle, sandbox_core::Error>,
+) -> String {
+    let err = match got {
+        Ok(h) => panic!("restoring {what} created {}", h.id()),
+        Err(e) => e,
+    };
+    assert_eq!(
+        (err.kind(), err.code()),
+        (ErrorKind::NotFound, Some(ErrorCode::SnapshotNotFound)),
+        "restoring {what}: {err}"
+    );
+    err.message().to_owned()
+}
+
+/// A restore as tenant `tenant` (`None`: no ownership metadata) of `template`.
+fn restore_request(tenant: Option<&str>, template: &str) -> CreateRequest {
+    let mut r = request();
+    r.template = TemplateId::new(template).unwrap();
+    r.from_snapshot = true;
+    if let Some(t) = tenant {
+        r.metadata.insert(
+            sandbox_core::owner_metadata::TENANT.to_owned(),
+            t.to_owned(),
+        );
+    }
+    r
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Docker engine and the sandbox-busybox:test image: cargo xtask test runs it"]
+async fn restore_takes_only_this_tenants_snapshots_of_this_namespace() {
+    use sandbox_core::{Snapshots, owner_metadata};
+    let ns = namespace("rst");
+    let p = provider(&ns).await;
+    let other_ns = namespace("rso");
+    let other = provider(&other_ns).await;
+    let file = SandboxPath::new("/workspace/secret.txt").unwrap();
+
+    let mut source = request();
+    source
+        .metadata
+        .insert(owner_metadata::TENANT.to_owned(), "7".to_owned());
+    let src = p.create(source.clone()).await.unwrap();
+    p.write_file(&src, &file, b"tenant 7's file").await.unwrap();
+    let snap = p.create_snapshot(src.id(), Some("mine")).await.unwrap();
+    let listed = p.list_snapshots(Some(src.id())).await.unwrap();
+    assert_eq!(
+        listed
+            .iter()
+            .find(|s| s.id == snap.id)
+            .and_then(|s| s.tenant)
+            .map(|t| t.get()),
+        Some(7),
+        "the snapshot records its source's tenant: {listed:?}"
+    );
+    let tag = snap.id.as_str().rsplit_once('-').unwrap().1;
+    assert_eq!(tag.len(), 32, "128 random bits in hex: {}", snap.id);
+    // Another deployment's snapshot, of a sandbox of the same tenant number.
+    let theirs_src = other.create(source).await.unwrap();
+    let theirs = other
+        .create_snapshot(theirs_src.id(), Some("theirs"))
+        .await
+        .unwrap();
+    let image_id = p
+        .docker()
+        .inspect_image(snap.id.as_str())
+        .await
+        .unwrap()
+        .id
+        .unwrap();
+
+    let before = p.list(&ListFilter::default()).await.unwrap().len();
+    let missing = format!("sandbox-snapshot-{ns}:no-such-snapshot");
+    let mut messages = vec![
+        assert_snapshot_not_found(
+            "another tenant's snapshot",
+            p.create(restore_request(Some("8"), snap.id.as_str())).await,
+        ),
+        assert_snapshot_not_found(
+            "a tenant's snapshot without a tenant",
+            p.create(restore_request(None, snap.id.as_str())).await,
+        ),
+        assert_snapshot_not_found(
+            "another namespace's snapshot",
+            p.create(restore_request(Some("7"), theirs.id.as_str()))
+                .await,
+        ),
+        assert_snapshot_not_found(
+            "an image that is not a snapshot",
+            p.create(restore_request(Some("7"), IMAGE)).await,
+        ),
+        assert_snapshot_not_found(
+            "a missing snapshot",
+            p.create(restore_request(Some("7"), &missing)).await,
+        ),
+        assert_snapshot_not_found(
+            "a snapshot named by its image ID",
+            p.create(restore_request(Some("8"), &image_id)).await,
+        ),
+    ];
+    // Naming a snapshot as a plain template is no way around the check.
+    let mut plain = restore_request(Some("8"), &image_id);
+    plain.from_snapshot = false;
+    messages.push(assert_snapshot_not_found(
+        "a snapshot's image ID as a plain template",
+        p.create(plain).await,
+    ));
+    let mut plain = restore_request(Some("8"), snap.id.as_str());
+    plain.from_snapshot = false;
+    messages.push(assert_snapshot_not_found(
+        "a snapshot as a plain template",
+        p.create(plain).await,
+    ));
+    // Whatever the pull policy, a restore never asks a registry: a name on a registry that is
+    // not there is refused as a missing snapshot, not tried.
+    let mut pulling = config(&ns);
+    pulling.pull_policy = sandbox_provider_docker::PullPolicy::Always;
+    let pulling = DockerProvider::connect(pulling).await.unwrap();
+    messages.push(assert_snapshot_not_found(
+        "a registry image under pull policy always",
+        pulling
+            .create(restore_request(
+                Some("7"),
+                "127.0.0.1:9/sbx-pull-probe:latest",
+            ))
+            .await,
+    ));
+    assert!(
+        messages.windows(2).all(|w| w[0] == w[1]),
+        "the refusals differ, which tells a caller what exists: {messages:?}"
+    );
+    for m in &messages {
+        assert!(
+            !m.contains("sandbox-snapshot") && !m.contains("sha256") && !m.contains(IMAGE),
+            "the refusal names an image: {m}"
+        );
+    }
+    assert_eq!(
+        p.list(&ListFilter::default()).await.unwrap().len(),
+        before,
+        "a refused restore created a container"
+    );
+
+    // The owner restores it (also under pull policy always: snapshots are local).
+    let restored = pulling
+        .create(restore_request(Some("7"), snap.id.as_str()))
+        .await
+        .unwrap();
+    assert_eq!(
+        p.read_file(&restored, &file).await.unwrap(),
+        b"tenant 7's file"
+    );
+
+    cleanup(&p).await;
+    cleanup(&other).await;
+    p.delete_snapshot(&snap.id).await.unwrap();
+    other.delete_snapshot(&theirs.id).await.unwrap();
+}
