@@ -697,3 +697,57 @@ async fn restore_takes_only_this_tenants_snapshots_of_this_namespace() {
     p.delete_snapshot(&snap.id).await.unwrap();
     other.delete_snapshot(&theirs.id).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Docker engine and the sandbox-busybox:test image: cargo xtask test runs it"]
+async fn the_idle_sweeper_keeps_a_container_whose_command_still_runs() {
+    let ns = namespace("live");
+    let p = provider(&ns).await;
+    let mut short = request();
+    short.timeout = TimeoutPolicy {
+        idle: IdleTimeout::after_secs(2).unwrap(),
+        on_timeout: TimeoutAction::Kill,
+        auto_resume: false,
+    };
+    let busy = p.create(short.clone()).await.unwrap();
+    let idle = p.create(short).await.unwrap();
+    // A command that outlives the 2 s TTL.
+    let running = {
+        let (p, h) = (p.clone(), busy.clone());
+        tokio::spawn(async move {
+            p.exec(&h, ExecRequest::shell("sleep 6; echo finished"))
+                .await
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while count(&p, &busy, "sleep 6").await == 0 {
+        assert!(Instant::now() < deadline, "the command never started");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Judged by a clock ten seconds ahead: both markers are past the TTL.
+    let mut c = config(&ns);
+    let clock = ManualClock::new(time::OffsetDateTime::now_utc());
+    clock.advance(Duration::from_secs(10));
+    c.clock = Arc::new(clock);
+    let sweeping = DockerProvider::connect(c).await.unwrap();
+    let report = sweeper::sweep(&sweeping).await.unwrap();
+    assert!(report.failures.is_empty(), "{:?}", report.failures);
+    let reaped: Vec<_> = report.reaped.iter().map(|id| id.as_str()).collect();
+    assert_eq!(
+        reaped,
+        vec![idle.id().as_str()],
+        "only the idle container goes; the one running a command stays"
+    );
+    let r = running
+        .await
+        .unwrap()
+        .expect("the command survives the sweep");
+    assert_eq!((r.exit_code, r.stdout_lossy().as_str()), (0, "finished\n"));
+
+    // Its command done, the same container is idle like any other.
+    let report = sweeper::sweep(&sweeping).await.unwrap();
+    let reaped: Vec<_> = report.reaped.iter().map(|id| id.as_str()).collect();
+    assert_eq!(reaped, vec![busy.id().as_str()]);
+    cleanup(&p).await;
+}
