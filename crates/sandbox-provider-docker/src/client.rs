@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use bollard::Docker;
 use bollard::models::{
     ContainerCreateBody, ContainerStateStatusEnum, ContainerSummaryStateEnum, HostConfig,
-    ImageInspect,
+    HostConfigLogConfig, ImageInspect,
 };
 use bollard::query_parameters::{
     CreateContainerOptions, CreateImageOptions, InspectContainerOptions, ListContainersOptions,
@@ -28,7 +28,8 @@ use crate::egress::{EgressGuard, EgressPolicy};
 use crate::engine::{self, Dialing, Endpoint, EngineVersion};
 use crate::errors::{self, no_such_sandbox, provider_error};
 use crate::exec::{self, ACTIVITY_MARKER};
-use crate::{files, labels, snapshots};
+use crate::isolation::StorageState;
+use crate::{files, isolation, labels, snapshots};
 
 /// Capabilities linux containers on a Docker engine give: everything but `timeout_refresh` (the
 /// daemon has no TTL to refresh; idle reclamation is the adapter's own sweep), `volumes` (not
@@ -72,6 +73,8 @@ pub(crate) struct Inner {
     egress: Option<EgressGuard>,
     /// The resolved daemon endpoint, the key of the sweep throttle.
     pub(crate) endpoint: String,
+    /// Whether this engine enforces the writable-layer limit, once known.
+    pub(crate) storage: StorageState,
 }
 
 /// The Docker backend. Cheap to clone; safe for concurrent use (the engine client is, and the
@@ -139,6 +142,7 @@ impl DockerProvider {
                 engine: version,
                 egress,
                 endpoint: format!("{endpoint:?}"),
+                storage: StorageState::default(),
             }),
         })
     }
@@ -421,6 +425,30 @@ impl DockerProvider {
     }
 }
 
+/// The log a container keeps on the engine's disk: one json-file rotated at `max_bytes` (so
+/// it never holds more than that plus one message), or none at all for 0. Set on every
+/// container rather than left to the daemon's default, which keeps everything.
+pub(crate) fn log_config(max_bytes: u64) -> HostConfigLogConfig {
+    if max_bytes == 0 {
+        return HostConfigLogConfig {
+            typ: Some("none".to_owned()),
+            config: None,
+        };
+    }
+    HostConfigLogConfig {
+        typ: Some("json-file".to_owned()),
+        config: Some(HashMap::from([
+            ("max-size".to_owned(), max_bytes.to_string()),
+            ("max-file".to_owned(), "1".to_owned()),
+        ])),
+    }
+}
+
+/// The writable layer's size limit, as the engine's storage drivers spell it.
+fn storage_opt(bytes: u64) -> HashMap<String, String> {
+    HashMap::from([("size".to_owned(), bytes.to_string())])
+}
+
 fn state_of(status: Option<ContainerStateStatusEnum>) -> SandboxState {
     match status {
         Some(ContainerStateStatusEnum::RUNNING) => SandboxState::Running,
@@ -560,7 +588,8 @@ impl SandboxProvider for DockerProvider {
             .iter()
             .map(|(k, v)| format!("{k}={v}"))
             .collect();
-        let body = ContainerCreateBody {
+        let storage_limit = self.storage_limit_for_create().await;
+        let mut body = ContainerCreateBody {
             image: Some(image),
             user: Some("0".to_owned()),
             // The entrypoint replaces the image's, so any image becomes a sandbox: it creates the
@@ -591,11 +620,28 @@ impl SandboxProvider for DockerProvider {
                 init: Some(true),
                 runtime: config.runtime.clone(),
                 network_mode: Some(network_mode),
+                // Code in the sandbox can write to PID 1's stdout; without a bound the engine
+                // would copy all of it onto the host's disk.
+                log_config: Some(log_config(config.log_max_bytes)),
+                storage_opt: storage_limit.map(storage_opt),
                 ..Default::default()
             }),
             ..Default::default()
         };
-        let created = self.create_container_named(op, body).await;
+        let mut created = self.create_container_named(op, body.clone()).await;
+        if let (Some(_), Err(e)) = (storage_limit, &created)
+            && isolation::is_storage_refusal(e.message())
+        {
+            // This engine cannot hold a container to a size (overlay2 without xfs pquota, say):
+            // remembered, warned about once, and never a reason to fail the create.
+            self.storage_refused(e.message());
+            if let Some(host) = body.host_config.as_mut() {
+                host.storage_opt = None;
+            }
+            created = self.create_container_named(op, body).await;
+        } else if storage_limit.is_some() && created.is_ok() {
+            self.storage_accepted();
+        }
         let created = match created {
             // The checked image went away before the container could be made from it.
             Err(e) if restore && e.http_status() == Some(404) => {
@@ -833,6 +879,22 @@ mod tests {
             })
             .fold(Capabilities::NONE, |set, c| set.with(c, true));
         assert_eq!(docker_capabilities(), expected);
+    }
+
+    #[test]
+    fn logs_are_one_bounded_json_file_or_off() {
+        let bounded = log_config(1024 * 1024);
+        assert_eq!(bounded.typ.as_deref(), Some("json-file"));
+        let opts = bounded.config.unwrap();
+        assert_eq!(opts.get("max-size").map(String::as_str), Some("1048576"));
+        assert_eq!(opts.get("max-file").map(String::as_str), Some("1"));
+        let off = log_config(0);
+        assert_eq!((off.typ.as_deref(), off.config), (Some("none"), None));
+        assert_eq!(
+            storage_opt(10).get("size").map(String::as_str),
+            Some("10"),
+            "plain bytes: every driver parses them"
+        );
     }
 
     #[test]

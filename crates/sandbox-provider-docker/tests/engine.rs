@@ -751,3 +751,138 @@ async fn the_idle_sweeper_keeps_a_container_whose_command_still_runs() {
     assert_eq!(reaped, vec![busy.id().as_str()]);
     cleanup(&p).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Docker engine and the sandbox-busybox:test image: cargo xtask test runs it"]
+async fn a_flood_on_pid1_stdout_does_not_grow_the_log_past_its_bound() {
+    let ns = namespace("log");
+    let p = provider(&ns).await;
+    let h = p.create(request()).await.unwrap();
+    let inspect = p
+        .docker()
+        .inspect_container(h.id().as_str(), None::<InspectContainerOptions>)
+        .await
+        .unwrap();
+    let log = inspect.host_config.unwrap().log_config.unwrap();
+    assert_eq!(log.typ.as_deref(), Some("json-file"));
+    let max = sandbox_provider_docker::config::DEFAULT_LOG_MAX_BYTES;
+    assert_eq!(
+        log.config.unwrap().get("max-size"),
+        Some(&max.to_string()),
+        "one file, rotated at the configured size"
+    );
+    let log_path = std::path::PathBuf::from(inspect.log_path.expect("a json-file log"));
+    // 50 MB on the container's own stdout, which the engine logs (exec output is not logged),
+    // then a line to find afterwards: the log is live, only bounded.
+    let r = p
+        .exec(
+            &h,
+            ExecRequest::shell(
+                "head -c 50000000 /dev/zero | tr '\\0' a > /proc/1/fd/1; echo; echo end-of-flood > /proc/1/fd/1",
+            ),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.exit_code, 0, "{}", r.stderr_lossy());
+    // The engine copies the stream into the file on its own time: watch it for a while.
+    // One message is at most 16 KiB of output, a little more as a JSON line.
+    let bound = max + 64 * 1024;
+    let mut largest = 0;
+    let mut seen_end = false;
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < deadline {
+        let size = std::fs::metadata(&log_path).map(|m| m.len()).unwrap_or(0);
+        largest = largest.max(size);
+        seen_end |= std::fs::read(&log_path)
+            .map(|b| b.windows(12).any(|w| w == b"end-of-flood"))
+            .unwrap_or(false);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        largest <= bound,
+        "the log grew to {largest} bytes (bound {bound})"
+    );
+    assert!(
+        seen_end,
+        "the log stopped recording: the last line never arrived"
+    );
+    cleanup(&p).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Docker engine and the sandbox-busybox:test image: cargo xtask test runs it"]
+async fn the_disk_limit_is_reported_as_the_engine_enforces_it_and_never_fails_a_create() {
+    use sandbox_provider_docker::StorageLimit;
+    let ns = namespace("dsk");
+    let p = provider(&ns).await;
+    let report = p.isolation_report().await.unwrap();
+    let info = p.docker().info().await.unwrap();
+    let backing = sandbox_provider_docker::isolation::backing_filesystem(&info).map(str::to_owned);
+    let h = p.create(request()).await.unwrap();
+    let host = p
+        .docker()
+        .inspect_container(h.id().as_str(), None::<InspectContainerOptions>)
+        .await
+        .unwrap()
+        .host_config
+        .unwrap();
+    let size = host
+        .storage_opt
+        .as_ref()
+        .and_then(|o| o.get("size"))
+        .cloned();
+    let limit = sandbox_provider_docker::config::DEFAULT_STORAGE_LIMIT_BYTES;
+    match (info.driver.as_deref(), backing.as_deref()) {
+        // This engine (and any overlay2 on ext4): not enforceable, so not asked for.
+        (Some("overlay2"), Some("extfs")) => {
+            match &report.storage {
+                StorageLimit::NotEnforced(why) => {
+                    assert!(why.contains("overlay2 on extfs"), "{why}")
+                }
+                other => panic!("overlay2 on extfs reported as {other:?}"),
+            }
+            assert_eq!(
+                size, None,
+                "the create asked for a limit the engine refuses"
+            );
+        }
+        // Drivers that enforce it get it on every container.
+        (Some("btrfs" | "zfs" | "devicemapper"), _) => {
+            assert!(matches!(report.storage, StorageLimit::Enforced(_)));
+            assert_eq!(size, Some(limit.to_string()));
+        }
+        // Elsewhere the first create decided: whatever it learnt, the body agrees with it.
+        _ => {
+            let after = p.isolation_report().await.unwrap();
+            let enforced = matches!(after.storage, StorageLimit::Enforced(_));
+            assert_eq!(size.is_some(), enforced, "{:?}", after.storage);
+        }
+    }
+    assert_eq!(report.storage_limit_bytes, limit);
+    assert_eq!(
+        report.userns_remap,
+        info.security_options
+            .iter()
+            .flatten()
+            .any(|o| o.contains("name=userns"))
+    );
+    // Off means off: no limit asked for, whatever the engine.
+    let mut c = config(&namespace("dsk"));
+    c.storage_limit_bytes = 0;
+    let off = DockerProvider::connect(c).await.unwrap();
+    assert_eq!(
+        off.isolation_report().await.unwrap().storage,
+        StorageLimit::Off
+    );
+    let h = off.create(request()).await.unwrap();
+    let host = off
+        .docker()
+        .inspect_container(h.id().as_str(), None::<InspectContainerOptions>)
+        .await
+        .unwrap()
+        .host_config
+        .unwrap();
+    assert!(host.storage_opt.unwrap_or_default().is_empty());
+    cleanup(&off).await;
+    cleanup(&p).await;
+}
