@@ -49,6 +49,14 @@ pub struct DockerSection {
     pub build_missing_image: bool,
     /// The statically linked busybox the local image is built from (Debian's busybox-static).
     pub busybox_path: PathBuf,
+    /// Bound on each sandbox's container log on the engine's disk (0 = no container log).
+    pub log_max_bytes: u64,
+    /// Bound on each sandbox's writable layer, where the engine's storage enforces one (0 =
+    /// none); `sandbox doctor` says whether this engine does.
+    pub storage_limit_bytes: u64,
+    /// The OCI runtime sandboxes run under (e.g. `runsc` for gVisor); the engine's default when
+    /// unset.
+    pub runtime: Option<String>,
 }
 
 /// The Redis binding store (`store = "redis"`).
@@ -214,6 +222,9 @@ impl Default for DockerSection {
             idle_ttl_seconds: 30 * 60,
             build_missing_image: true,
             busybox_path: PathBuf::from("/bin/busybox"),
+            log_max_bytes: 1024 * 1024,
+            storage_limit_bytes: 10 * 1024 * 1024 * 1024,
+            runtime: None,
         }
     }
 }
@@ -295,7 +306,8 @@ impl ServiceConfig {
     /// `SANDBOX_REDIS_TLS_CLIENT_KEY_FILE`, `SANDBOX_DOCKER_ENABLED`, `SANDBOX_DOCKER_HOST`,
     /// `SANDBOX_DOCKER_IMAGE`,
     /// `SANDBOX_DOCKER_NAMESPACE`, `SANDBOX_DOCKER_NETWORK`, `SANDBOX_DOCKER_PULL_POLICY`,
-    /// `SANDBOX_DOCKER_BUILD_IMAGE`, `SANDBOX_DOCKER_BUSYBOX`,
+    /// `SANDBOX_DOCKER_BUILD_IMAGE`, `SANDBOX_DOCKER_BUSYBOX`, `SANDBOX_DOCKER_LOG_MAX_BYTES`,
+    /// `SANDBOX_DOCKER_STORAGE_LIMIT_BYTES`, `SANDBOX_DOCKER_RUNTIME`,
     /// `SANDBOX_UPLOAD_MAX_BYTES`, `SANDBOX_DOWNLOAD_MAX_BYTES`, `SANDBOX_INFLIGHT_MAX_BYTES`,
     /// `SANDBOX_DEV_TOKEN_FILE`, `SANDBOX_SERVER_HEADER_READ_TIMEOUT_SECONDS`,
     /// `SANDBOX_SERVER_BODY_IDLE_TIMEOUT_SECONDS`, `SANDBOX_SERVER_BODY_READ_TIMEOUT_SECONDS`,
@@ -387,6 +399,25 @@ impl ServiceConfig {
         }
         if let Some(v) = get("SANDBOX_DOCKER_PULL_POLICY") {
             self.docker.pull_policy = v;
+        }
+        for (name, field) in [
+            (
+                "SANDBOX_DOCKER_LOG_MAX_BYTES",
+                &mut self.docker.log_max_bytes,
+            ),
+            (
+                "SANDBOX_DOCKER_STORAGE_LIMIT_BYTES",
+                &mut self.docker.storage_limit_bytes,
+            ),
+        ] {
+            if let Some(v) = get(name) {
+                *field = v
+                    .parse()
+                    .map_err(|_| ConfigError(format!("{name}={v:?} is not a byte count")))?;
+            }
+        }
+        if let Some(v) = get("SANDBOX_DOCKER_RUNTIME") {
+            self.docker.runtime = Some(v);
         }
         if let Some(v) = get("SANDBOX_UPLOAD_MAX_BYTES") {
             self.limits.upload_max_bytes = v.parse().map_err(|_| {

@@ -1,5 +1,7 @@
 //! `sandbox doctor`: checks what the service needs, explains each fix, and fails (non-zero
-//! exit) when something is wrong.
+//! exit) when something is wrong. A warning is a weakness of a working setup (the engine cannot
+//! bound a sandbox's disk, root in a sandbox is not remapped): shown with its fix, it does not
+//! fail the exit code.
 
 use std::fmt::Write as _;
 
@@ -9,7 +11,10 @@ use crate::config::ServiceConfig;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Check {
     pub name: &'static str,
+    /// False for a failure, which makes the exit code non-zero.
     pub ok: bool,
+    /// A warning: the setup works, with a weakness the operator should know of.
+    pub warn: bool,
     /// What was found.
     pub detail: String,
     /// What to do about it (empty when fine).
@@ -21,6 +26,7 @@ impl Check {
         Check {
             name,
             ok: true,
+            warn: false,
             detail: detail.into(),
             fix: String::new(),
         }
@@ -29,6 +35,17 @@ impl Check {
         Check {
             name,
             ok: false,
+            warn: false,
+            detail: detail.into(),
+            fix: fix.into(),
+        }
+    }
+    #[cfg_attr(not(feature = "docker"), allow(dead_code))]
+    fn warn(name: &'static str, detail: impl Into<String>, fix: impl Into<String>) -> Self {
+        Check {
+            name,
+            ok: true,
+            warn: true,
             detail: detail.into(),
             fix: fix.into(),
         }
@@ -89,9 +106,10 @@ async fn backend(config: &ServiceConfig) -> Vec<Check> {
             "enable it with docker.enabled = true in the config file, or SANDBOX_DOCKER_ENABLED=true in the environment",
         )];
     }
+    use sandbox_core::SandboxProvider as _;
     let mut out = Vec::new();
     // The backend alone: doctor must not create token files or anything else `serve` sets up.
-    let provider = match crate::serve::backend(config).await {
+    let provider = match crate::serve::connect_docker(config).await {
         Ok(p) => p,
         Err(e) => {
             let fix = if e.contains("does not exist") || e.contains("socket") {
@@ -116,7 +134,7 @@ async fn backend(config: &ServiceConfig) -> Vec<Check> {
             return out;
         }
     }
-    match sandbox_core::narrow::template_catalog(&*provider) {
+    match sandbox_core::narrow::template_catalog(&provider) {
         Some(catalog) => match catalog.list_templates().await {
             Ok(list) if list.iter().any(|t| t.id == section.image) => out.push(Check::pass(
                 "image",
@@ -131,6 +149,93 @@ async fn backend(config: &ServiceConfig) -> Vec<Check> {
             "",
         )),
     }
+    match provider.isolation_report().await {
+        Ok(report) => out.extend(isolation(&report)),
+        Err(e) => out.push(Check::fail(
+            "docker isolation",
+            e.to_string(),
+            "check the engine",
+        )),
+    }
+    out
+}
+
+/// What the engine enforces for sandboxes: their log and disk bounds, the runtime, and whether
+/// root in a sandbox is anything less than root on the host's kernel.
+#[cfg(feature = "docker")]
+fn isolation(report: &sandbox_provider_docker::IsolationReport) -> Vec<Check> {
+    use sandbox_provider_docker::StorageLimit;
+    let mut out = Vec::new();
+    out.push(Check::pass(
+        "docker logs",
+        if report.log_max_bytes == 0 {
+            "sandbox containers keep no log (driver none)".to_owned()
+        } else {
+            format!(
+                "each sandbox's container log is capped at {} bytes (json-file, one file)",
+                report.log_max_bytes
+            )
+        },
+    ));
+    let limit = report.storage_limit_bytes;
+    let engine = match &report.backing_filesystem {
+        Some(fs) => format!("{} on {fs}", report.storage_driver),
+        None => report.storage_driver.clone(),
+    };
+    let storage_fix = "put the engine's data root on xfs mounted with pquota (overlay2), or use the btrfs or zfs storage driver; until then give the engine a disk of its own";
+    out.push(match &report.storage {
+        StorageLimit::Enforced(by) => Check::pass(
+            "docker disk",
+            format!("each sandbox's writable layer is limited to {limit} bytes ({by})"),
+        ),
+        StorageLimit::Untested(why) => Check::warn(
+            "docker disk",
+            format!("the {limit}-byte writable-layer limit may not be enforced on this engine ({engine}): {why}"),
+            format!("{storage_fix}; if the engine refuses the limit, the service log says so on the first create"),
+        ),
+        StorageLimit::NotEnforced(why) => Check::warn(
+            "docker disk",
+            format!("the {limit}-byte writable-layer limit is not enforced on this engine ({why}): code in a sandbox can fill the engine's disk"),
+            storage_fix,
+        ),
+        StorageLimit::Off => Check::warn(
+            "docker disk",
+            "no writable-layer limit is configured (docker.storage_limit_bytes = 0): code in a sandbox can fill the engine's disk",
+            "set docker.storage_limit_bytes (SANDBOX_DOCKER_STORAGE_LIMIT_BYTES) on an engine whose storage enforces it",
+        ),
+    });
+    if report.runtime_configured && !report.runtime_installed {
+        out.push(Check::fail(
+            "docker runtime",
+            format!(
+                "runtime {} is configured but the engine does not know it: every create fails",
+                report.runtime
+            ),
+            "install it and list it under \"runtimes\" in the engine's daemon.json, or unset docker.runtime (SANDBOX_DOCKER_RUNTIME)",
+        ));
+    }
+    let runsc = if report.runsc_available {
+        "runsc (gVisor) is installed but not used"
+    } else {
+        "runsc (gVisor) is not installed"
+    };
+    out.push(if report.user_isolation_active() {
+        let how = match (report.runsc_active, report.userns_remap, report.rootless) {
+            (true, _, _) => format!("sandboxes run under gVisor (runtime {})", report.runtime),
+            (_, true, _) => "the engine remaps users (userns-remap): root in a sandbox is not root on the host".to_owned(),
+            _ => "the engine runs rootless: root in a sandbox is not root on the host".to_owned(),
+        };
+        Check::pass("docker isolation", how)
+    } else {
+        Check::warn(
+            "docker isolation",
+            format!(
+                "root in a sandbox is root on the host's kernel, held only by dropped capabilities, seccomp and no-new-privileges: userns-remap is not active, runtime {} is not gVisor, and {runsc}",
+                report.runtime
+            ),
+            "for untrusted tenants, enable userns-remap in the engine's daemon.json (\"userns-remap\": \"default\"), or install gVisor and set docker.runtime = \"runsc\" (SANDBOX_DOCKER_RUNTIME)",
+        )
+    });
     out
 }
 
@@ -177,26 +282,128 @@ async fn backend(_config: &ServiceConfig) -> Vec<Check> {
 pub fn render(checks: &[Check]) -> String {
     let mut out = String::new();
     for c in checks {
-        let _ = writeln!(
-            out,
-            "[{}] {}: {}",
-            if c.ok { " ok " } else { "FAIL" },
-            c.name,
-            c.detail
-        );
-        if !c.ok && !c.fix.is_empty() {
+        let label = match (c.ok, c.warn) {
+            (false, _) => "FAIL",
+            (true, true) => "warn",
+            (true, false) => " ok ",
+        };
+        let _ = writeln!(out, "[{label}] {}: {}", c.name, c.detail);
+        if (!c.ok || c.warn) && !c.fix.is_empty() {
             let _ = writeln!(out, "       fix: {}", c.fix);
         }
     }
     let failed = checks.iter().filter(|c| !c.ok).count();
-    let _ = writeln!(
-        out,
-        "{}",
-        if failed == 0 {
-            "all checks passed".to_owned()
-        } else {
-            format!("{failed} check(s) failed")
-        }
-    );
+    let warned = checks.iter().filter(|c| c.ok && c.warn).count();
+    let summary = match (failed, warned) {
+        (0, 0) => "all checks passed".to_owned(),
+        (0, w) => format!("all checks passed, with {w} warning(s)"),
+        (f, _) => format!("{f} check(s) failed"),
+    };
+    let _ = writeln!(out, "{summary}");
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn warnings_show_their_fix_and_do_not_fail_the_report() {
+        let checks = [
+            Check::pass("engine", "answers"),
+            Check::warn("disk", "not enforced", "use xfs"),
+        ];
+        let text = render(&checks);
+        assert!(text.contains("[ ok ] engine: answers"), "{text}");
+        assert!(
+            text.contains("[warn] disk: not enforced\n       fix: use xfs"),
+            "{text}"
+        );
+        assert!(
+            text.ends_with("all checks passed, with 1 warning(s)\n"),
+            "{text}"
+        );
+        assert!(checks.iter().all(|c| c.ok), "a warning is not a failure");
+        let failing = [checks[1].clone(), Check::fail("store", "down", "start it")];
+        assert!(render(&failing).ends_with("1 check(s) failed\n"));
+    }
+
+    #[cfg(feature = "docker")]
+    mod docker {
+        use sandbox_provider_docker::{IsolationReport, StorageLimit};
+
+        use super::super::*;
+
+        fn report() -> IsolationReport {
+            IsolationReport {
+                storage_limit_bytes: 10,
+                storage: StorageLimit::NotEnforced("overlay2 on extfs: no pquota".to_owned()),
+                storage_driver: "overlay2".to_owned(),
+                backing_filesystem: Some("extfs".to_owned()),
+                log_max_bytes: 1024,
+                userns_remap: false,
+                rootless: false,
+                runtime: "runc".to_owned(),
+                runtime_configured: false,
+                runtime_installed: true,
+                runsc_available: false,
+                runsc_active: false,
+            }
+        }
+
+        fn find<'a>(checks: &'a [Check], name: &str) -> &'a Check {
+            checks.iter().find(|c| c.name == name).unwrap()
+        }
+
+        #[test]
+        fn an_unenforced_disk_limit_and_plain_root_are_warnings() {
+            let checks = isolation(&report());
+            let disk = find(&checks, "docker disk");
+            assert!(disk.ok && disk.warn, "{disk:?}");
+            assert!(disk.detail.contains("overlay2 on extfs"), "{disk:?}");
+            let iso = find(&checks, "docker isolation");
+            assert!(iso.ok && iso.warn, "{iso:?}");
+            assert!(
+                iso.detail.contains("userns-remap is not active")
+                    && iso.detail.contains("runsc (gVisor) is not installed"),
+                "{iso:?}"
+            );
+            assert!(iso.fix.contains("userns-remap") && iso.fix.contains("runsc"));
+            assert!(find(&checks, "docker logs").detail.contains("1024 bytes"));
+            assert!(checks.iter().all(|c| c.ok));
+        }
+
+        #[test]
+        fn enforced_limits_and_remapped_users_pass_and_a_missing_runtime_fails() {
+            let mut r = report();
+            r.storage = StorageLimit::Enforced("btrfs subvolume quotas".to_owned());
+            r.userns_remap = true;
+            let checks = isolation(&r);
+            assert!(checks.iter().all(|c| c.ok && !c.warn), "{checks:?}");
+            let mut r = report();
+            r.runsc_available = true;
+            let iso = isolation(&r);
+            assert!(
+                find(&iso, "docker isolation")
+                    .detail
+                    .contains("installed but not used")
+            );
+            r.runtime = "runsc".to_owned();
+            r.runtime_configured = true;
+            r.runtime_installed = false;
+            let checks = isolation(&r);
+            assert!(!find(&checks, "docker runtime").ok);
+            r.runtime_installed = true;
+            r.runsc_active = true;
+            let checks = isolation(&r);
+            let iso = find(&checks, "docker isolation");
+            assert!(
+                iso.ok && !iso.warn && iso.detail.contains("gVisor"),
+                "{iso:?}"
+            );
+            let mut r = report();
+            r.storage = StorageLimit::Off;
+            assert!(find(&isolation(&r), "docker disk").warn);
+        }
+    }
 }

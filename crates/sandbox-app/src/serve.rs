@@ -277,8 +277,9 @@ async fn serving_backend(
     Ok(Arc::new(provider))
 }
 
+/// The Docker provider the config describes, connected (what `doctor` also inspects).
 #[cfg(feature = "docker")]
-async fn connect_docker(
+pub(crate) async fn connect_docker(
     config: &ServiceConfig,
 ) -> Result<sandbox_provider_docker::DockerProvider, String> {
     use sandbox_provider_docker::{DockerConfig, DockerProvider, NetworkMode, PullPolicy};
@@ -291,6 +292,14 @@ async fn connect_docker(
     docker.network = NetworkMode::parse(&section.network).map_err(|e| e.to_string())?;
     docker.allow_private_endpoints = section.allow_private_endpoints;
     docker.idle_ttl = Duration::from_secs(section.idle_ttl_seconds.max(1));
+    docker.log_max_bytes = section.log_max_bytes;
+    docker.storage_limit_bytes = section.storage_limit_bytes;
+    docker.runtime = section
+        .runtime
+        .as_deref()
+        .map(str::trim)
+        .filter(|r| !r.is_empty())
+        .map(str::to_owned);
     DockerProvider::connect(docker)
         .await
         .map_err(|e| e.to_string())

@@ -48,3 +48,15 @@ fn a_bad_config_value_fails_with_the_variable_named() {
     assert_ne!(code, 0);
     assert!(out.contains("SANDBOX_LISTEN"), "{out}");
 }
+
+#[test]
+fn a_bad_disk_bound_fails_with_the_variable_named() {
+    for name in [
+        "SANDBOX_DOCKER_LOG_MAX_BYTES",
+        "SANDBOX_DOCKER_STORAGE_LIMIT_BYTES",
+    ] {
+        let (code, out) = doctor(&[(name, "10G")]);
+        assert_ne!(code, 0, "{out}");
+        assert!(out.contains(name) && out.contains("byte count"), "{out}");
+    }
+}

@@ -9,6 +9,7 @@ use async_trait::async_trait;
 use bollard::Docker;
 use bollard::models::{
     ContainerCreateBody, ContainerStateStatusEnum, ContainerSummaryStateEnum, HostConfig,
+    HostConfigLogConfig, ImageInspect,
 };
 use bollard::query_parameters::{
     CreateContainerOptions, CreateImageOptions, InspectContainerOptions, ListContainersOptions,
@@ -20,7 +21,7 @@ use sandbox_core::{
     ErrorCode, ErrorKind, ExecRequest, ExecResult, IdleTimeout, KeepAlive, ListFilter, Operation,
     Provider, ReadStream, SandboxHandle, SandboxId, SandboxPath, SandboxProvider, SandboxState,
     SandboxSummary, Snapshots, StatEntry, TemplateCatalog, TemplateId, Terminals, TimeoutAction,
-    TreeLimits, TreeListing,
+    TreeLimits, TreeListing, owner_metadata,
 };
 
 use crate::config::{DockerConfig, NetworkMode, PullPolicy};
@@ -28,7 +29,8 @@ use crate::egress::{EgressGuard, EgressPolicy};
 use crate::engine::{self, Dialing, Endpoint, EngineVersion};
 use crate::errors::{self, no_such_sandbox, provider_error};
 use crate::exec::{self, ACTIVITY_MARKER};
-use crate::{files, labels, snapshots};
+use crate::isolation::StorageState;
+use crate::{files, isolation, labels, snapshots};
 
 /// Capabilities linux containers on a Docker engine give: everything but `timeout_refresh` (the
 /// daemon has no TTL to refresh; idle reclamation is the adapter's own sweep), `volumes` (not
@@ -72,6 +74,8 @@ pub(crate) struct Inner {
     egress: Option<EgressGuard>,
     /// The resolved daemon endpoint, the key of the sweep throttle.
     pub(crate) endpoint: String,
+    /// Whether this engine enforces the writable-layer limit, once known.
+    pub(crate) storage: StorageState,
 }
 
 /// The Docker backend. Cheap to clone; safe for concurrent use (the engine client is, and the
@@ -139,6 +143,7 @@ impl DockerProvider {
                 engine: version,
                 egress,
                 endpoint: format!("{endpoint:?}"),
+                storage: StorageState::default(),
             }),
         })
     }
@@ -189,28 +194,33 @@ impl DockerProvider {
         Ok(inspect)
     }
 
-    /// Makes sure `image` is present, pulling it per the pull policy. Snapshot images are local
+    /// Makes sure `image` is present, pulling it per the pull policy, and returns what the
+    /// engine knows of it (its labels say whether it is a snapshot). Snapshot images are local
     /// commits and never pulled.
-    pub(crate) async fn ensure_image(&self, op: Operation, image: &str) -> Result<(), Error> {
+    pub(crate) async fn ensure_image(
+        &self,
+        op: Operation,
+        image: &str,
+    ) -> Result<ImageInspect, Error> {
         let present = match self.docker_ref().inspect_image(image).await {
-            Ok(_) => true,
+            Ok(inspect) => Some(inspect),
             Err(e) => {
                 let mapped = errors::map(op, e);
                 if mapped.http_status() != Some(404) {
                     return Err(mapped);
                 }
-                false
+                None
             }
         };
         let policy = self.inner.config.pull_policy;
         let must_pull = match policy {
             PullPolicy::Never => false,
-            PullPolicy::Missing => !present,
+            PullPolicy::Missing => present.is_none(),
             PullPolicy::Always => true,
         };
         if snapshots::is_snapshot_ref(image) || !must_pull {
-            if present {
-                return Ok(());
+            if let Some(inspect) = present {
+                return Ok(inspect);
             }
             let why = if snapshots::is_snapshot_ref(image) {
                 "snapshot images are local and never pulled".to_owned()
@@ -224,7 +234,11 @@ impl DockerProvider {
             .with_code(ErrorCode::ImageNotPresent)
             .with_provider(Provider::Docker));
         }
-        self.pull(op, image).await
+        self.pull(op, image).await?;
+        self.docker_ref()
+            .inspect_image(image)
+            .await
+            .map_err(|e| errors::map(op, e))
     }
 
     async fn pull(&self, op: Operation, image: &str) -> Result<(), Error> {
@@ -381,6 +395,55 @@ impl DockerProvider {
     }
 }
 
+impl DockerProvider {
+    /// Creates a container from `body` under a fresh name in this namespace.
+    async fn create_container_named(
+        &self,
+        op: Operation,
+        body: ContainerCreateBody,
+    ) -> Result<bollard::models::ContainerCreateResponse, Error> {
+        let name = format!(
+            "sbx-{}-{:012x}",
+            self.inner.config.namespace,
+            fastrand::u64(..) & 0xffff_ffff_ffff
+        );
+        self.docker_ref()
+            .create_container(
+                Some(CreateContainerOptions {
+                    name: Some(name),
+                    ..Default::default()
+                }),
+                body,
+            )
+            .await
+            .map_err(|e| errors::map(op, e))
+    }
+}
+
+/// The log a container keeps on the engine's disk: one json-file rotated at `max_bytes` (so
+/// it never holds more than that plus one message), or none at all for 0. Set on every
+/// container rather than left to the daemon's default, which keeps everything.
+pub(crate) fn log_config(max_bytes: u64) -> HostConfigLogConfig {
+    if max_bytes == 0 {
+        return HostConfigLogConfig {
+            typ: Some("none".to_owned()),
+            config: None,
+        };
+    }
+    HostConfigLogConfig {
+        typ: Some("json-file".to_owned()),
+        config: Some(HashMap::from([
+            ("max-size".to_owned(), max_bytes.to_string()),
+            ("max-file".to_owned(), "1".to_owned()),
+        ])),
+    }
+}
+
+/// The writable layer's size limit, as the engine's storage drivers spell it.
+fn storage_opt(bytes: u64) -> HashMap<String, String> {
+    HashMap::from([("size".to_owned(), bytes.to_string())])
+}
+
 fn state_of(status: Option<ContainerStateStatusEnum>) -> SandboxState {
     match status {
         Some(ContainerStateStatusEnum::RUNNING) => SandboxState::Running,
@@ -473,8 +536,23 @@ impl SandboxProvider for DockerProvider {
         container_labels.insert(labels::NAMESPACE.to_owned(), config.namespace.clone());
         container_labels.insert(labels::IDLE_TTL.to_owned(), ttl_secs.to_string());
 
-        let image = request.template.as_str();
-        self.ensure_image(op, image).await?;
+        // A restore, or any template in a snapshot repository, boots only this tenant's
+        // snapshot of this namespace ([create.snapshot_owner]); it is never pulled.
+        let restore =
+            request.from_snapshot || snapshots::is_snapshot_ref(request.template.as_str());
+        let image = if restore {
+            let tenant = request
+                .metadata
+                .get(owner_metadata::TENANT)
+                .map(String::as_str);
+            self.restorable_image(request.template.as_str(), tenant)
+                .await?
+        } else {
+            let image = request.template.as_str();
+            let inspect = self.ensure_image(op, image).await?;
+            Self::refuse_snapshot_image(inspect.config.as_ref().and_then(|c| c.labels.as_ref()))?;
+            image.to_owned()
+        };
 
         // No egress at all when the policy denies it by default (a Docker network cannot
         // allow-list destinations), else the adapter's own protected bridge — never docker0.
@@ -505,8 +583,9 @@ impl SandboxProvider for DockerProvider {
             .iter()
             .map(|(k, v)| format!("{k}={v}"))
             .collect();
-        let body = ContainerCreateBody {
-            image: Some(image.to_owned()),
+        let storage_limit = self.storage_limit_for_create().await;
+        let mut body = ContainerCreateBody {
+            image: Some(image),
             user: Some("0".to_owned()),
             // The entrypoint replaces the image's, so any image becomes a sandbox: it creates the
             // activity marker (world-writable, so commands under other accounts still record
@@ -536,26 +615,35 @@ impl SandboxProvider for DockerProvider {
                 init: Some(true),
                 runtime: config.runtime.clone(),
                 network_mode: Some(network_mode),
+                // Code in the sandbox can write to PID 1's stdout; without a bound the engine
+                // would copy all of it onto the host's disk.
+                log_config: Some(log_config(config.log_max_bytes)),
+                storage_opt: storage_limit.map(storage_opt),
                 ..Default::default()
             }),
             ..Default::default()
         };
-        let name = format!(
-            "sbx-{}-{:012x}",
-            config.namespace,
-            fastrand::u64(..) & 0xffff_ffff_ffff
-        );
-        let created = self
-            .docker_ref()
-            .create_container(
-                Some(CreateContainerOptions {
-                    name: Some(name),
-                    ..Default::default()
-                }),
-                body,
-            )
-            .await
-            .map_err(|e| errors::map(op, e))?;
+        let mut created = self.create_container_named(op, body.clone()).await;
+        if let (Some(_), Err(e)) = (storage_limit, &created)
+            && isolation::is_storage_refusal(e.message())
+        {
+            // This engine cannot hold a container to a size (overlay2 without xfs pquota, say):
+            // remembered, warned about once, and never a reason to fail the create.
+            self.storage_refused(e.message());
+            if let Some(host) = body.host_config.as_mut() {
+                host.storage_opt = None;
+            }
+            created = self.create_container_named(op, body).await;
+        } else if storage_limit.is_some() && created.is_ok() {
+            self.storage_accepted();
+        }
+        let created = match created {
+            // The checked image went away before the container could be made from it.
+            Err(e) if restore && e.http_status() == Some(404) => {
+                return Err(snapshots::snapshot_not_found());
+            }
+            other => other?,
+        };
         let id = created.id;
         let started = async {
             self.docker_ref()
@@ -812,6 +900,22 @@ mod tests {
             })
             .fold(Capabilities::NONE, |set, c| set.with(c, true));
         assert_eq!(docker_capabilities(), expected);
+    }
+
+    #[test]
+    fn logs_are_one_bounded_json_file_or_off() {
+        let bounded = log_config(1024 * 1024);
+        assert_eq!(bounded.typ.as_deref(), Some("json-file"));
+        let opts = bounded.config.unwrap();
+        assert_eq!(opts.get("max-size").map(String::as_str), Some("1048576"));
+        assert_eq!(opts.get("max-file").map(String::as_str), Some("1"));
+        let off = log_config(0);
+        assert_eq!((off.typ.as_deref(), off.config), (Some("none"), None));
+        assert_eq!(
+            storage_opt(10).get("size").map(String::as_str),
+            Some("10"),
+            "plain bytes: every driver parses them"
+        );
     }
 
     #[test]

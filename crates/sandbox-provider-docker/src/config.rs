@@ -24,6 +24,12 @@ pub const DEFAULT_IDLE_TTL: Duration = Duration::from_secs(30 * 60);
 pub const DEFAULT_RPC_TIMEOUT: Duration = Duration::from_secs(30);
 /// Exec timeout when a request names none.
 pub const DEFAULT_EXEC_TIMEOUT: Duration = Duration::from_secs(60);
+/// The most a container's log (what PID 1 and its children write to stdout and stderr) may
+/// take on the host's disk. Nothing reads it (exec output travels separately), so it only
+/// needs to be large enough to hold an entrypoint's last words.
+pub const DEFAULT_LOG_MAX_BYTES: u64 = 1024 * 1024;
+/// The most a container's writable layer may grow, where the engine's storage can enforce it.
+pub const DEFAULT_STORAGE_LIMIT_BYTES: u64 = 10 * 1024 * 1024 * 1024;
 
 /// When images are fetched from a registry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -106,6 +112,14 @@ pub struct DockerConfig {
     /// The most output of one stream an exec keeps (the rest is dropped; the result says
     /// `truncated`).
     pub max_output_bytes: usize,
+    /// Bound on each container's log file on the engine's disk (json-file, one file, rotated
+    /// at this size); 0 turns container logging off (driver `none`).
+    pub log_max_bytes: u64,
+    /// Bound on each container's writable layer (`storage_opt size=`); 0 = none. Only some
+    /// storage drivers honour it (overlay2 only on xfs mounted with `pquota`; btrfs, zfs,
+    /// devicemapper): elsewhere creates go ahead without it, with one warning in the log, and
+    /// [`crate::DockerProvider::isolation_report`] says it is not enforced.
+    pub storage_limit_bytes: u64,
     /// Extra labels on every container (tests mark theirs `sandbox.test=1`).
     pub extra_labels: BTreeMap<String, String>,
     /// Run the idle sweeper. Off for connectivity checks: a half-finished config an admin is
@@ -141,6 +155,8 @@ impl DockerConfig {
             rpc_timeout: DEFAULT_RPC_TIMEOUT,
             default_exec_timeout: DEFAULT_EXEC_TIMEOUT,
             max_output_bytes: crate::exec::DEFAULT_MAX_OUTPUT,
+            log_max_bytes: DEFAULT_LOG_MAX_BYTES,
+            storage_limit_bytes: DEFAULT_STORAGE_LIMIT_BYTES,
             extra_labels: BTreeMap::new(),
             idle_sweep: true,
             sweep_interval: Duration::from_secs(60),

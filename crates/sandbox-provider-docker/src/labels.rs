@@ -20,6 +20,11 @@ pub const META_PREFIX: &str = "sandbox.meta.";
 pub const SNAPSHOT: &str = "sandbox.snapshot";
 /// The container a snapshot image was committed from.
 pub const SNAPSHOT_SOURCE: &str = "sandbox.snapshot-source";
+/// On snapshot images: the tenant whose sandbox the snapshot was taken from, copied at commit
+/// from the source's ownership metadata (`sandbox.meta.sandbox_tenant_id`); empty when that
+/// named none. Written at every commit, so the value a restore is judged by never comes from a
+/// label the image inherited from its source container or its base image.
+pub const TENANT: &str = "sandbox.tenant";
 
 /// Label keys: 1–128 bytes, printable, no `=` (the filter syntax), no whitespace.
 pub fn validate_label_key(key: &str) -> Result<(), Error> {

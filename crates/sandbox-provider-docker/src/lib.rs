@@ -14,7 +14,8 @@
 //! Map: `config.rs` (settings, opt-in gate), `engine.rs` (endpoint, `tcp://` over mutual TLS
 //! through `sandbox-transport`'s guarded connector, API negotiation),
 //! `client.rs` (the provider: lifecycle), `errors.rs` (engine errors → core taxonomy),
-//! `labels.rs` (ownership and metadata labels).
+//! `labels.rs` (ownership and metadata labels), `isolation.rs` (what the engine enforces: the
+//! writable layer's size limit, user namespaces, the runtime).
 
 pub mod client;
 pub mod config;
@@ -24,6 +25,7 @@ pub mod errors;
 pub mod exec;
 pub mod files;
 pub mod image_build;
+pub mod isolation;
 pub mod labels;
 pub mod snapshots;
 pub mod sweeper;
@@ -31,3 +33,4 @@ pub mod terminal;
 
 pub use client::{DockerProvider, docker_capabilities};
 pub use config::{DockerConfig, NetworkMode, PullPolicy};
+pub use isolation::{IsolationReport, StorageLimit};

@@ -1,18 +1,29 @@
 //! The idle sweeper: Docker has no provider TTL, so the adapter reclaims containers nobody has
 //! used for their idle TTL.
 //!
-//! Activity is the mtime of [`ACTIVITY_MARKER`] inside the container, touched by every exec (and
-//! by open terminals). A marker dated more than [`CLOCK_SKEW`] into the future is not trusted —
-//! code inside the sandbox can set any mtime — and the container's creation time is used
-//! instead, so forging a date cannot keep a container alive past its TTL. Idleness is checked
-//! again right before each delete, because an exec may have arrived while the sweep ran. The
-//! sweep only ever lists containers labelled with this adapter's namespace.
+//! Activity is the mtime of [`ACTIVITY_MARKER`] inside the container, touched when an exec
+//! starts (and by open terminals). A marker dated more than [`CLOCK_SKEW`] into the future is
+//! not trusted — code inside the sandbox can set any mtime — and the container's creation time
+//! is used instead, so forging a date cannot keep a container alive past its TTL.
+//!
+//! The marker says when work last *started*, not whether it is still going, so the sweeper
+//! skips containers with running execs: a container idle by its marker is kept while the
+//! engine reports any of its execs `Running` (a command longer than the TTL keeps its
+//! sandbox). That signal is the engine's own: code inside the sandbox cannot create Docker
+//! execs, so unlike the marker's mtime it cannot be forged from inside. Execs end — every
+//! command carries its timeout — and terminals, which are execs too, have their own idle
+//! disconnect, so a running exec holds a container only as long as someone's work does.
+//!
+//! Idleness (marker and execs) is checked again right before each delete, because an exec may
+//! have arrived while the sweep ran. The sweep only ever lists containers labelled with this
+//! adapter's namespace.
 
 use std::sync::PoisonError;
 use std::time::{Duration, Instant};
 
 use bollard::query_parameters::{
-    ContainerArchiveInfoOptions, ListContainersOptions, RemoveContainerOptions,
+    ContainerArchiveInfoOptions, InspectContainerOptions, ListContainersOptions,
+    RemoveContainerOptions,
 };
 use sandbox_core::{Error, Operation, SandboxId};
 use time::OffsetDateTime;
@@ -138,7 +149,8 @@ pub async fn sweep(provider: &DockerProvider) -> Result<SweepReport, Error> {
             Ok(false) => report.kept += 1,
             Err(e) => report.failures.push((id, e)),
             Ok(true) => {
-                // Re-check right before deleting: an exec may have touched the marker since.
+                // Re-check right before deleting: an exec may have touched the marker, or
+                // started, since.
                 match idle_now(provider, &id, ttl, created).await {
                     Ok(true) => {}
                     Ok(false) => {
@@ -183,12 +195,51 @@ async fn idle_now(
     created: Option<OffsetDateTime>,
 ) -> Result<bool, Error> {
     let marker = marker_mtime(provider, id).await?;
-    Ok(is_idle(
-        provider.inner.config.clock.now(),
-        ttl,
-        marker,
-        created,
-    ))
+    let idle = is_idle(provider.inner.config.clock.now(), ttl, marker, created);
+    // Only a container idle by its marker is worth the exec inspections.
+    Ok(idle && !has_running_exec(provider, id).await?)
+}
+
+/// Whether any exec in the container is still running, by the engine's account. A container
+/// or exec that is gone is not running.
+async fn has_running_exec(provider: &DockerProvider, id: &str) -> Result<bool, Error> {
+    let inspect = match provider
+        .docker()
+        .inspect_container(id, None::<InspectContainerOptions>)
+        .await
+    {
+        Ok(inspect) => inspect,
+        Err(e) => {
+            let mapped = errors::map(OP, e);
+            return if mapped.http_status() == Some(404) {
+                Ok(false)
+            } else {
+                Err(mapped)
+            };
+        }
+    };
+    // A container that is not running runs no exec.
+    if !inspect
+        .state
+        .as_ref()
+        .and_then(|s| s.running)
+        .unwrap_or(false)
+    {
+        return Ok(false);
+    }
+    for exec_id in inspect.exec_ids.iter().flatten() {
+        match provider.docker().inspect_exec(exec_id).await {
+            Ok(exec) if exec.running == Some(true) => return Ok(true),
+            Ok(_) => {}
+            Err(e) => {
+                let mapped = errors::map(OP, e);
+                if mapped.http_status() != Some(404) {
+                    return Err(mapped);
+                }
+            }
+        }
+    }
+    Ok(false)
 }
 
 /// The marker's mtime through the archive-stat endpoint (works on stopped containers too, and

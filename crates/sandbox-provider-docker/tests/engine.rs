@@ -808,3 +808,355 @@ async fn a_tree_of_1000_directories_is_one_quick_walk() {
     );
     cleanup(&p).await;
 }
+
+/// The refusal every restore of something that is not this tenant's snapshot in this namespace
+/// must give: `not_found`, code `snapshot_not_found`, and a message naming nothing.
+fn assert_snapshot_not_found(
+    what: &str,
+    got: Result<sandbox_core::SandboxHandle, sandbox_core::Error>,
+) -> String {
+    let err = match got {
+        Ok(h) => panic!("restoring {what} created {}", h.id()),
+        Err(e) => e,
+    };
+    assert_eq!(
+        (err.kind(), err.code()),
+        (ErrorKind::NotFound, Some(ErrorCode::SnapshotNotFound)),
+        "restoring {what}: {err}"
+    );
+    err.message().to_owned()
+}
+
+/// A restore as tenant `tenant` (`None`: no ownership metadata) of `template`.
+fn restore_request(tenant: Option<&str>, template: &str) -> CreateRequest {
+    let mut r = request();
+    r.template = TemplateId::new(template).unwrap();
+    r.from_snapshot = true;
+    if let Some(t) = tenant {
+        r.metadata.insert(
+            sandbox_core::owner_metadata::TENANT.to_owned(),
+            t.to_owned(),
+        );
+    }
+    r
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Docker engine and the sandbox-busybox:test image: cargo xtask test runs it"]
+async fn restore_takes_only_this_tenants_snapshots_of_this_namespace() {
+    use sandbox_core::{Snapshots, owner_metadata};
+    let ns = namespace("rst");
+    let p = provider(&ns).await;
+    let other_ns = namespace("rso");
+    let other = provider(&other_ns).await;
+    let file = SandboxPath::new("/workspace/secret.txt").unwrap();
+
+    let mut source = request();
+    source
+        .metadata
+        .insert(owner_metadata::TENANT.to_owned(), "7".to_owned());
+    let src = p.create(source.clone()).await.unwrap();
+    p.write_file(&src, &file, b"tenant 7's file").await.unwrap();
+    let snap = p.create_snapshot(src.id(), Some("mine")).await.unwrap();
+    let listed = p.list_snapshots(Some(src.id())).await.unwrap();
+    assert_eq!(
+        listed
+            .iter()
+            .find(|s| s.id == snap.id)
+            .and_then(|s| s.tenant)
+            .map(|t| t.get()),
+        Some(7),
+        "the snapshot records its source's tenant: {listed:?}"
+    );
+    let tag = snap.id.as_str().rsplit_once('-').unwrap().1;
+    assert_eq!(tag.len(), 32, "128 random bits in hex: {}", snap.id);
+    // Another deployment's snapshot, of a sandbox of the same tenant number.
+    let theirs_src = other.create(source).await.unwrap();
+    let theirs = other
+        .create_snapshot(theirs_src.id(), Some("theirs"))
+        .await
+        .unwrap();
+    let image_id = p
+        .docker()
+        .inspect_image(snap.id.as_str())
+        .await
+        .unwrap()
+        .id
+        .unwrap();
+
+    let before = p.list(&ListFilter::default()).await.unwrap().len();
+    let missing = format!("sandbox-snapshot-{ns}:no-such-snapshot");
+    let mut messages = vec![
+        assert_snapshot_not_found(
+            "another tenant's snapshot",
+            p.create(restore_request(Some("8"), snap.id.as_str())).await,
+        ),
+        assert_snapshot_not_found(
+            "a tenant's snapshot without a tenant",
+            p.create(restore_request(None, snap.id.as_str())).await,
+        ),
+        assert_snapshot_not_found(
+            "another namespace's snapshot",
+            p.create(restore_request(Some("7"), theirs.id.as_str()))
+                .await,
+        ),
+        assert_snapshot_not_found(
+            "an image that is not a snapshot",
+            p.create(restore_request(Some("7"), IMAGE)).await,
+        ),
+        assert_snapshot_not_found(
+            "a missing snapshot",
+            p.create(restore_request(Some("7"), &missing)).await,
+        ),
+        assert_snapshot_not_found(
+            "a snapshot named by its image ID",
+            p.create(restore_request(Some("8"), &image_id)).await,
+        ),
+    ];
+    // Naming a snapshot as a plain template is no way around the check.
+    let mut plain = restore_request(Some("8"), &image_id);
+    plain.from_snapshot = false;
+    messages.push(assert_snapshot_not_found(
+        "a snapshot's image ID as a plain template",
+        p.create(plain).await,
+    ));
+    let mut plain = restore_request(Some("8"), snap.id.as_str());
+    plain.from_snapshot = false;
+    messages.push(assert_snapshot_not_found(
+        "a snapshot as a plain template",
+        p.create(plain).await,
+    ));
+    // Whatever the pull policy, a restore never asks a registry: a name on a registry that is
+    // not there is refused as a missing snapshot, not tried.
+    let mut pulling = config(&ns);
+    pulling.pull_policy = sandbox_provider_docker::PullPolicy::Always;
+    let pulling = DockerProvider::connect(pulling).await.unwrap();
+    messages.push(assert_snapshot_not_found(
+        "a registry image under pull policy always",
+        pulling
+            .create(restore_request(
+                Some("7"),
+                "127.0.0.1:9/sbx-pull-probe:latest",
+            ))
+            .await,
+    ));
+    assert!(
+        messages.windows(2).all(|w| w[0] == w[1]),
+        "the refusals differ, which tells a caller what exists: {messages:?}"
+    );
+    for m in &messages {
+        assert!(
+            !m.contains("sandbox-snapshot") && !m.contains("sha256") && !m.contains(IMAGE),
+            "the refusal names an image: {m}"
+        );
+    }
+    assert_eq!(
+        p.list(&ListFilter::default()).await.unwrap().len(),
+        before,
+        "a refused restore created a container"
+    );
+
+    // The owner restores it (also under pull policy always: snapshots are local).
+    let restored = pulling
+        .create(restore_request(Some("7"), snap.id.as_str()))
+        .await
+        .unwrap();
+    assert_eq!(
+        p.read_file(&restored, &file).await.unwrap(),
+        b"tenant 7's file"
+    );
+
+    cleanup(&p).await;
+    cleanup(&other).await;
+    p.delete_snapshot(&snap.id).await.unwrap();
+    other.delete_snapshot(&theirs.id).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Docker engine and the sandbox-busybox:test image: cargo xtask test runs it"]
+async fn the_idle_sweeper_keeps_a_container_whose_command_still_runs() {
+    let ns = namespace("live");
+    let p = provider(&ns).await;
+    let mut short = request();
+    short.timeout = TimeoutPolicy {
+        idle: IdleTimeout::after_secs(2).unwrap(),
+        on_timeout: TimeoutAction::Kill,
+        auto_resume: false,
+    };
+    let busy = p.create(short.clone()).await.unwrap();
+    let idle = p.create(short).await.unwrap();
+    // A command that outlives the 2 s TTL.
+    let running = {
+        let (p, h) = (p.clone(), busy.clone());
+        tokio::spawn(async move {
+            p.exec(&h, ExecRequest::shell("sleep 6; echo finished"))
+                .await
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while count(&p, &busy, "sleep 6").await == 0 {
+        assert!(Instant::now() < deadline, "the command never started");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Judged by a clock ten seconds ahead: both markers are past the TTL.
+    let mut c = config(&ns);
+    let clock = ManualClock::new(time::OffsetDateTime::now_utc());
+    clock.advance(Duration::from_secs(10));
+    c.clock = Arc::new(clock);
+    let sweeping = DockerProvider::connect(c).await.unwrap();
+    let report = sweeper::sweep(&sweeping).await.unwrap();
+    assert!(report.failures.is_empty(), "{:?}", report.failures);
+    let reaped: Vec<_> = report.reaped.iter().map(|id| id.as_str()).collect();
+    assert_eq!(
+        reaped,
+        vec![idle.id().as_str()],
+        "only the idle container goes; the one running a command stays"
+    );
+    let r = running
+        .await
+        .unwrap()
+        .expect("the command survives the sweep");
+    assert_eq!((r.exit_code, r.stdout_lossy().as_str()), (0, "finished\n"));
+
+    // Its command done, the same container is idle like any other.
+    let report = sweeper::sweep(&sweeping).await.unwrap();
+    let reaped: Vec<_> = report.reaped.iter().map(|id| id.as_str()).collect();
+    assert_eq!(reaped, vec![busy.id().as_str()]);
+    cleanup(&p).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Docker engine and the sandbox-busybox:test image: cargo xtask test runs it"]
+async fn a_flood_on_pid1_stdout_does_not_grow_the_log_past_its_bound() {
+    let ns = namespace("log");
+    let p = provider(&ns).await;
+    let h = p.create(request()).await.unwrap();
+    let inspect = p
+        .docker()
+        .inspect_container(h.id().as_str(), None::<InspectContainerOptions>)
+        .await
+        .unwrap();
+    let log = inspect.host_config.unwrap().log_config.unwrap();
+    assert_eq!(log.typ.as_deref(), Some("json-file"));
+    let max = sandbox_provider_docker::config::DEFAULT_LOG_MAX_BYTES;
+    assert_eq!(
+        log.config.unwrap().get("max-size"),
+        Some(&max.to_string()),
+        "one file, rotated at the configured size"
+    );
+    let log_path = std::path::PathBuf::from(inspect.log_path.expect("a json-file log"));
+    // 50 MB on the container's own stdout, which the engine logs (exec output is not logged),
+    // then a line to find afterwards: the log is live, only bounded.
+    let r = p
+        .exec(
+            &h,
+            ExecRequest::shell(
+                "head -c 50000000 /dev/zero | tr '\\0' a > /proc/1/fd/1; echo; echo end-of-flood > /proc/1/fd/1",
+            ),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.exit_code, 0, "{}", r.stderr_lossy());
+    // The engine copies the stream into the file on its own time: watch it for a while.
+    // One message is at most 16 KiB of output, a little more as a JSON line.
+    let bound = max + 64 * 1024;
+    let mut largest = 0;
+    let mut seen_end = false;
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < deadline {
+        let size = std::fs::metadata(&log_path).map(|m| m.len()).unwrap_or(0);
+        largest = largest.max(size);
+        seen_end |= std::fs::read(&log_path)
+            .map(|b| b.windows(12).any(|w| w == b"end-of-flood"))
+            .unwrap_or(false);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        largest <= bound,
+        "the log grew to {largest} bytes (bound {bound})"
+    );
+    assert!(
+        seen_end,
+        "the log stopped recording: the last line never arrived"
+    );
+    cleanup(&p).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Docker engine and the sandbox-busybox:test image: cargo xtask test runs it"]
+async fn the_disk_limit_is_reported_as_the_engine_enforces_it_and_never_fails_a_create() {
+    use sandbox_provider_docker::StorageLimit;
+    let ns = namespace("dsk");
+    let p = provider(&ns).await;
+    let report = p.isolation_report().await.unwrap();
+    let info = p.docker().info().await.unwrap();
+    let backing = sandbox_provider_docker::isolation::backing_filesystem(&info).map(str::to_owned);
+    let h = p.create(request()).await.unwrap();
+    let host = p
+        .docker()
+        .inspect_container(h.id().as_str(), None::<InspectContainerOptions>)
+        .await
+        .unwrap()
+        .host_config
+        .unwrap();
+    let size = host
+        .storage_opt
+        .as_ref()
+        .and_then(|o| o.get("size"))
+        .cloned();
+    let limit = sandbox_provider_docker::config::DEFAULT_STORAGE_LIMIT_BYTES;
+    match (info.driver.as_deref(), backing.as_deref()) {
+        // This engine (and any overlay2 on ext4): not enforceable, so not asked for.
+        (Some("overlay2"), Some("extfs")) => {
+            match &report.storage {
+                StorageLimit::NotEnforced(why) => {
+                    assert!(why.contains("overlay2 on extfs"), "{why}")
+                }
+                other => panic!("overlay2 on extfs reported as {other:?}"),
+            }
+            assert_eq!(
+                size, None,
+                "the create asked for a limit the engine refuses"
+            );
+        }
+        // Drivers that enforce it get it on every container.
+        (Some("btrfs" | "zfs" | "devicemapper"), _) => {
+            assert!(matches!(report.storage, StorageLimit::Enforced(_)));
+            assert_eq!(size, Some(limit.to_string()));
+        }
+        // Elsewhere the first create decided: whatever it learnt, the body agrees with it.
+        _ => {
+            let after = p.isolation_report().await.unwrap();
+            let enforced = matches!(after.storage, StorageLimit::Enforced(_));
+            assert_eq!(size.is_some(), enforced, "{:?}", after.storage);
+        }
+    }
+    assert_eq!(report.storage_limit_bytes, limit);
+    assert_eq!(
+        report.userns_remap,
+        info.security_options
+            .iter()
+            .flatten()
+            .any(|o| o.contains("name=userns"))
+    );
+    // Off means off: no limit asked for, whatever the engine.
+    let mut c = config(&namespace("dsk"));
+    c.storage_limit_bytes = 0;
+    let off = DockerProvider::connect(c).await.unwrap();
+    assert_eq!(
+        off.isolation_report().await.unwrap().storage,
+        StorageLimit::Off
+    );
+    let h = off.create(request()).await.unwrap();
+    let host = off
+        .docker()
+        .inspect_container(h.id().as_str(), None::<InspectContainerOptions>)
+        .await
+        .unwrap()
+        .host_config
+        .unwrap();
+    assert!(host.storage_opt.unwrap_or_default().is_empty());
+    cleanup(&off).await;
+    cleanup(&p).await;
+}
