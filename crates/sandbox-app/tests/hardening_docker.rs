@@ -170,13 +170,6 @@ fn docker(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
-fn remove_images(reference_prefix: &str) {
-    let listed = docker(&["images", "--format", "{{.Repository}}:{{.Tag}}"]);
-    for image in listed.lines().filter(|i| i.starts_with(reference_prefix)) {
-        docker(&["rmi", "-f", image]);
-    }
-}
-
 // ---- H1: restore ----------------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -277,8 +270,7 @@ async fn restore_takes_only_this_tenants_snapshots_of_this_namespace() {
         );
     };
     run.await;
-    remove_images(&format!("sandbox-snapshot-{}", s.namespace));
-    remove_images(&format!("sandbox-snapshot-{}", other.namespace));
+    // The snapshots go with each server's namespace when it drops (support::remove_namespace).
 }
 
 // ---- H2: connections --------------------------------------------------------------------------
@@ -851,7 +843,6 @@ async fn quotas_refuse_with_429_and_create_nothing() {
     assert_eq!(status, 201, "{v}");
     let (status, v) = s.call("POST", "/v1/sessions/q2/snapshots", "").await;
     assert_eq!((status, code(&v)), (429, "quota_exceeded"), "{v}");
-    remove_images(&format!("sandbox-snapshot-{}", s.namespace));
 }
 
 // ---- M3: metrics ----------------------------------------------------------------------------

@@ -179,8 +179,35 @@ impl Drop for Server {
     }
 }
 
-/// Force-removes every container labelled with `namespace` (blocking; for `Drop`).
+/// Force-removes every container and snapshot image labelled with `namespace` (blocking; for
+/// `Drop`): a test that panics between a snapshot and its own cleanup leaves nothing behind.
 pub(crate) fn remove_namespace(namespace: &str) {
+    remove_containers(namespace);
+    let images = std::process::Command::new("docker")
+        .args([
+            "images",
+            "-q",
+            "--filter",
+            &format!("label=sandbox.namespace={namespace}"),
+        ])
+        .env_remove("DOCKER_HOST")
+        .output();
+    if let Ok(images) = images {
+        let ids: Vec<String> = String::from_utf8_lossy(&images.stdout)
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect();
+        if !ids.is_empty() {
+            let _ = std::process::Command::new("docker")
+                .args(["rmi", "-f"])
+                .args(&ids)
+                .env_remove("DOCKER_HOST")
+                .output();
+        }
+    }
+}
+
+fn remove_containers(namespace: &str) {
     let listed = std::process::Command::new("docker")
         .args([
             "ps",
