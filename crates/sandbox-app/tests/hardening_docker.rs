@@ -128,8 +128,8 @@ fn shell(script: &str) -> String {
     json!({ "command": script, "shell": true }).to_string()
 }
 
-/// A request whose body is streamed, answered with its status and the answer's byte count (the
-/// answer is counted as it arrives, never held).
+/// A request whose body is streamed, answered with its status, the answer's byte count and its
+/// last 4 KiB (the answer is counted as it arrives, never held).
 async fn counted(
     base: &str,
     method: &str,
@@ -148,17 +148,17 @@ async fn counted(
         .unwrap();
     let mut resp = client.request(req).await.unwrap();
     let status = resp.status().as_u16();
-    let (mut total, mut head) = (0u64, Vec::new());
+    let (mut total, mut tail) = (0u64, Vec::new());
     while let Some(frame) = resp.body_mut().frame().await {
         let Ok(frame) = frame else { break };
         if let Ok(data) = frame.into_data() {
             total += data.len() as u64;
-            if head.len() < 4096 {
-                head.extend_from_slice(&data[..data.len().min(4096 - head.len())]);
-            }
+            tail.extend_from_slice(&data[data.len().saturating_sub(4096)..]);
+            let excess = tail.len().saturating_sub(4096);
+            tail.drain(..excess);
         }
     }
-    (status, total, Bytes::from(head))
+    (status, total, Bytes::from(tail))
 }
 
 fn docker(args: &[&str]) -> String {
@@ -486,7 +486,7 @@ async fn buffered_output_is_capped_and_streamed_output_is_not_repeated() {
 
     // 64 MiB of control bytes, buffered: a truncated result, and a small service.
     let baseline = reset_peak(pid);
-    let (status, total, head) = counted(
+    let (status, total, tail) = counted(
         &child.service.base,
         "POST",
         "/v1/sessions/out/exec",
@@ -499,9 +499,14 @@ async fn buffered_output_is_capped_and_streamed_output_is_not_repeated() {
         "64 MiB of \\x01, buffered: {status}, answer {} KiB, peak RSS growth {grown} MiB",
         total / 1024
     );
-    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&head));
+    let tail = String::from_utf8_lossy(&tail);
+    assert_eq!(status, 200, "{tail}");
     assert!(grown < 64, "the service grew by {grown} MiB");
     assert!(total < 64 * MIB, "the answer was {total} bytes");
+    assert!(
+        tail.contains(r#""truncated":true"#),
+        "not a truncated result: …{tail}"
+    );
 
     // 20 MB streamed: every byte once, and the last line carries no copy of it.
     let (status, total, _) = counted(

@@ -423,13 +423,20 @@ async fn connect_tcp(
     // No idle connections, as bollard's own transports: a connection the daemon closed while
     // idle would fail the next request (a create included) instead of a new one.
     builder.pool_max_idle_per_host(0);
-    let client = builder.build(https);
+    let client = builder.build(https.clone());
     let base = format!("https://{}", tcp.authority());
     let uri = format!("{base}/version")
         .parse::<Uri>()
         .map_err(|e| Error::invalid_request(OP, format!("docker host {base}: {e}")))?;
-    let request = get_version(uri, bollard::body_full(Bytes::new()))?;
-    let version = probe(&client, request, rpc_timeout).await.map_err(|e| {
+    let request = get_version(uri.clone(), bollard::body_full(Bytes::new()))?;
+    let probed = match probe(&client, request, rpc_timeout).await {
+        Err(e) if e.kind() == ErrorKind::Unavailable => match tls_refusal(https, uri).await {
+            Some(refused) => Err(refused),
+            None => Err(e),
+        },
+        other => other,
+    };
+    let version = probed.map_err(|e| {
         // The guard names the address it refused; the operator needs the endpoint too.
         if e.code() == Some(ErrorCode::UnsafeOutboundUrl) {
             let message = format!("docker host {}: {}", tcp.authority(), e.message());
@@ -453,6 +460,44 @@ async fn connect_tcp(
     )
     .map_err(|e| crate::errors::map(OP, e))?;
     Ok((docker, version))
+}
+
+/// How long the diagnosis of a failed TLS probe waits for the daemon's refusal.
+const TLS_DIAGNOSIS: Duration = Duration::from_secs(2);
+
+/// The daemon's refusal of the client certificate, when that is why the probe failed.
+///
+/// Under TLS 1.3 the client's side of the handshake is over before the daemon has judged the
+/// client's certificate, so a refusal arrives as an alert *after* the connection was handed to
+/// the HTTP client, which then reports nothing but a request canceled on a closed connection.
+/// Which of the two the client sees is a race. So a probe that failed on an unusable
+/// connection makes one more handshake and a single bounded read on it: a daemon that refuses
+/// the certificate answers with its alert at once, and one that accepts it sends nothing (it
+/// waits for a request) until the bound, which leaves the first error standing.
+async fn tls_refusal<C>(mut https: C, uri: Uri) -> Option<Error>
+where
+    C: tower_service::Service<Uri>,
+    C::Response: hyper::rt::Read + hyper::rt::Write + Unpin,
+    C::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    use tokio::io::AsyncReadExt as _;
+    let authentication = |e: Error| (e.kind() == ErrorKind::Authentication).then_some(e);
+    let connect = async {
+        std::future::poll_fn(|cx| https.poll_ready(cx)).await?;
+        https.call(uri).await
+    };
+    let stream = match tokio::time::timeout(TLS_DIAGNOSIS, connect).await {
+        Ok(Ok(stream)) => stream,
+        // An io::Error carries the boxed cause where `connection_failure` looks for TLS errors.
+        Ok(Err(e)) => return authentication(connection_failure(OP, std::io::Error::other(e))),
+        Err(_) => return None,
+    };
+    let mut io = hyper_util::rt::TokioIo::new(stream);
+    let mut byte = [0u8; 1];
+    match tokio::time::timeout(TLS_DIAGNOSIS, io.read(&mut byte)).await {
+        Ok(Err(e)) => authentication(connection_failure(OP, e)),
+        _ => None,
+    }
 }
 
 /// The client TLS settings from `dir`'s `ca.pem`, `cert.pem` and `key.pem`.
