@@ -430,10 +430,12 @@ async fn connect_tcp(
         .map_err(|e| Error::invalid_request(OP, format!("docker host {base}: {e}")))?;
     let request = get_version(uri.clone(), bollard::body_full(Bytes::new()))?;
     let probed = match probe(&client, request, rpc_timeout).await {
-        Err(e) if e.kind() == ErrorKind::Unavailable => match tls_refusal(https, uri).await {
-            Some(refused) => Err(refused),
-            None => Err(e),
-        },
+        Err(e) if e.kind() == ErrorKind::Unavailable && connected(&e) => {
+            match tls_refusal(https, uri).await {
+                Some(refused) => Err(refused),
+                None => Err(e),
+            }
+        }
         other => other,
     };
     let version = probed.map_err(|e| {
@@ -460,6 +462,16 @@ async fn connect_tcp(
     )
     .map_err(|e| crate::errors::map(OP, e))?;
     Ok((docker, version))
+}
+
+/// Whether a failed probe got as far as a connection (and its handshake): a refused or
+/// unreachable address is not worth a second dial.
+fn connected(error: &Error) -> bool {
+    use std::error::Error as _;
+    error
+        .source()
+        .and_then(|s| s.downcast_ref::<hyper_util::client::legacy::Error>())
+        .is_some_and(|e| !e.is_connect())
 }
 
 /// How long the diagnosis of a failed TLS probe waits for the daemon's refusal.
