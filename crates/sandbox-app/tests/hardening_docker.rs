@@ -161,6 +161,31 @@ async fn counted(
     (status, total, Bytes::from(tail))
 }
 
+/// A shell command of tenant A in `session`, running in the background: its status and answer.
+fn exec_in_background(
+    s: &support::Server,
+    session: &str,
+    script: &str,
+) -> tokio::task::JoinHandle<(u16, Value)> {
+    let (base, client) = (s.base.clone(), s.client.clone());
+    let (uri, body) = (format!("{base}/v1/sessions/{session}/exec"), shell(script));
+    tokio::spawn(async move {
+        let req = hyper::Request::builder()
+            .method("POST")
+            .uri(uri)
+            .header("authorization", format!("Bearer {TOKEN_A}"))
+            .body(support::full(body))
+            .unwrap();
+        let resp = client.request(req).await.unwrap();
+        let status = resp.status().as_u16();
+        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+        (
+            status,
+            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        )
+    })
+}
+
 fn docker(args: &[&str]) -> String {
     let out = std::process::Command::new("docker")
         .args(args)
@@ -650,20 +675,7 @@ async fn live_work_keeps_its_sandbox_and_a_vanished_one_says_so() {
         .await;
     assert_eq!(status, 200);
     // A command that runs for several idle TTLs, while the sweeper runs over and over.
-    let long = {
-        let (base, client) = (s.base.clone(), s.client.clone());
-        tokio::spawn(async move {
-            let req = hyper::Request::builder()
-                .method("POST")
-                .uri(format!("{base}/v1/sessions/live/exec"))
-                .header("authorization", format!("Bearer {TOKEN_A}"))
-                .body(support::full(shell("sleep 8; echo finished")))
-                .unwrap();
-            let resp = client.request(req).await.unwrap();
-            let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-            serde_json::from_slice::<Value>(&bytes).unwrap()
-        })
-    };
+    let long = exec_in_background(&s, "live", "sleep 8; echo finished");
     let mut config = sandbox_provider_docker::DockerConfig::new(
         sandbox_core::TemplateId::new(support::IMAGE).unwrap(),
         &s.namespace,
@@ -682,7 +694,7 @@ async fn live_work_keeps_its_sandbox_and_a_vanished_one_says_so() {
             .unwrap();
         reaped += report.reaped.len();
     }
-    let result = long.await.unwrap();
+    let (_, result) = long.await.unwrap();
     println!("a command past its idle TTL under 4 sweeps: {result}; reaped {reaped}");
     assert_eq!(
         reaped, 0,
@@ -698,21 +710,7 @@ async fn live_work_keeps_its_sandbox_and_a_vanished_one_says_so() {
     let (status, v) = s.call("GET", "/v1/sessions/live", "").await;
     assert_eq!(status, 200, "{v}");
     let first = v["sandbox_id"].as_str().unwrap().to_owned();
-    let pending = {
-        let (base, client) = (s.base.clone(), s.client.clone());
-        tokio::spawn(async move {
-            let req = hyper::Request::builder()
-                .method("POST")
-                .uri(format!("{base}/v1/sessions/live/exec"))
-                .header("authorization", format!("Bearer {TOKEN_A}"))
-                .body(support::full(shell("sleep 30")))
-                .unwrap();
-            let resp = client.request(req).await.unwrap();
-            let status = resp.status().as_u16();
-            let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-            (status, serde_json::from_slice::<Value>(&bytes).unwrap())
-        })
-    };
+    let pending = exec_in_background(&s, "live", "sleep 30");
     tokio::time::sleep(Duration::from_secs(2)).await;
     docker(&["rm", "-f", &first]);
     let (status, v) = tokio::time::timeout(Duration::from_secs(60), pending)
@@ -804,25 +802,14 @@ async fn quotas_refuse_with_429_and_create_nothing() {
     // Two commands running: a third waits for nobody, it is refused.
     let running: Vec<_> = ["q1", "q2"]
         .into_iter()
-        .map(|session| {
-            let (base, client) = (s.base.clone(), s.client.clone());
-            tokio::spawn(async move {
-                let req = hyper::Request::builder()
-                    .method("POST")
-                    .uri(format!("{base}/v1/sessions/{session}/exec"))
-                    .header("authorization", format!("Bearer {TOKEN_A}"))
-                    .body(support::full(shell("sleep 4")))
-                    .unwrap();
-                client.request(req).await.unwrap().status().as_u16()
-            })
-        })
+        .map(|session| exec_in_background(&s, session, "sleep 4"))
         .collect();
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let (status, v) = s.call("POST", "/v1/sessions/q1/exec", exec).await;
     println!("a third concurrent exec: {status} {v}");
     assert_eq!((status, code(&v)), (429, "quota_exceeded"), "{v}");
     for r in futures_util::future::join_all(running).await {
-        assert_eq!(r.unwrap(), 200);
+        assert_eq!(r.unwrap().0, 200);
     }
     let (status, _) = s.call("POST", "/v1/sessions/q1/exec", exec).await;
     assert_eq!(status, 200, "the slots came back");
