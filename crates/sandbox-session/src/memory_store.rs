@@ -26,8 +26,8 @@ use async_trait::async_trait;
 use sandbox_core::{
     ActivityRegistry, BackgroundActivity, Binding, BindingKey, BindingStore, Clock, ConfigId,
     Error, ErrorCode, ErrorKind, InvalidationReport, LifecycleLock, LockRelease, Operation,
-    OptimisticReads, OwnershipToken, Provider, ResolveSnapshot, RewindLock, RewindLocks, SandboxId,
-    Secret, SystemClock, TenantId, TurnLeases, TurnState, timefmt,
+    OptimisticReads, Origin, OwnershipToken, Provider, ResolveSnapshot, RewindLock, RewindLocks,
+    SandboxId, Secret, SystemClock, TenantId, TurnLeases, TurnState, timefmt,
 };
 use time::OffsetDateTime;
 
@@ -201,16 +201,24 @@ fn op(name: &'static str) -> Operation {
     Operation::new(name)
 }
 
+/// Every error this store returns is the store's, whoever built it (core's binding
+/// validation included): the service reports it as `store_*`.
+fn stored(error: Error) -> Error {
+    error.with_origin(Origin::Store)
+}
+
 fn invalid_binding(why: String) -> Error {
-    Error::invalid_request(Operation::VALIDATE, format!("invalid binding: {why}"))
-        .with_code(ErrorCode::InvalidBinding)
+    stored(
+        Error::invalid_request(Operation::VALIDATE, format!("invalid binding: {why}"))
+            .with_code(ErrorCode::InvalidBinding),
+    )
 }
 
 /// Refuses what a shared store could not store or read back: a binding for another key, or
 /// timestamps the wire schema cannot carry or reads as unset. Accepting them here would make
 /// the memory store the one place such a binding works.
 fn check_storable(key: &BindingKey, binding: &Binding) -> Result<(), Error> {
-    binding.validate(key)?;
+    binding.validate(key).map_err(stored)?;
     let created = binding.created_at;
     if created == OffsetDateTime::UNIX_EPOCH || (created.year() == 1 && created.ordinal() == 1) {
         return Err(invalid_binding("created_at must be set".to_owned()));
@@ -287,13 +295,13 @@ impl BindingStore for MemoryBindingStore {
             let Ok(held) = tokio::time::timeout(wait, self.inner.locks.acquire(&key)).await else {
                 report.failed.push((
                     key.session.clone(),
-                    Error::timeout(
+                    stored(Error::timeout(
                         op("store.invalidate_by_config"),
                         format!(
                             "the lifecycle lock of session {key} was still held after {} ms; its binding was not marked",
                             wait.as_millis()
                         ),
-                    ),
+                    )),
                 ));
                 continue;
             };
@@ -441,24 +449,24 @@ impl ActivityRegistry for MemoryBindingStore {
         kind_cap: usize,
     ) -> Result<(), Error> {
         if activity.id.trim().is_empty() || activity.kind.trim().is_empty() {
-            return Err(Error::invalid_request(
+            return Err(stored(Error::invalid_request(
                 op("store.activity_add"),
                 "a background activity needs an id and a kind",
-            ));
+            )));
         }
         let now = self.inner.now();
         self.inner
             .state()
             .add_activity(key, activity, lease, kind_cap, now, self.inner.ttls)
             .map_err(|live| {
-                Error::new(
+                stored(Error::new(
                     ErrorKind::Capacity,
                     op("store.activity_add"),
                     format!(
                         "session {key} already has {live} live {:?} activities (cap {kind_cap})",
                         activity.kind
                     ),
-                )
+                ))
             })
     }
 

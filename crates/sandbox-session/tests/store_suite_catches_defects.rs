@@ -11,8 +11,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use sandbox_core::{
     ActivityRegistry, BackgroundActivity, Binding, BindingKey, BindingStore, Clock, ConfigId,
-    Error, ErrorCode, InvalidationReport, LifecycleLock, LockRelease, ManualClock, Provider,
-    RewindLock, RewindLocks, SandboxId, Secret, SystemClock, TenantId, TurnLeases, TurnState,
+    Error, ErrorCode, InvalidationReport, LifecycleLock, LockRelease, ManualClock, Origin,
+    Provider, RewindLock, RewindLocks, SandboxId, Secret, SystemClock, TenantId, TurnLeases,
+    TurnState,
 };
 use sandbox_session::memory_store::MemoryBindingStore;
 use sandbox_testkit::conformance::store::{
@@ -31,6 +32,9 @@ enum Defect {
     RewindNotExclusive,
     InvalidateMarksOtherConfigs,
     GlobalLifecycleLock,
+    /// Refusals that do not say they are the store's (`[errors.origin]`): the service would
+    /// report a store outage as the provider's.
+    ErrorsWithoutOrigin,
 }
 
 /// The memory store with one defect. Clones share the inner store and the decorator's own
@@ -98,7 +102,9 @@ impl BindingStore for Broken {
     }
 
     async fn create(&self, key: &BindingKey, binding: &Binding) -> Result<bool, Error> {
-        binding.validate(key)?;
+        binding
+            .validate(key)
+            .map_err(|e| e.with_origin(Origin::Store))?;
         self.created.lock().unwrap().push(key.clone());
         if self.defect == Defect::CreateOverwrites {
             self.overwrite(key, binding).await?;
@@ -237,6 +243,9 @@ impl RewindLocks for Broken {
             {
                 Ok(RewindLock::new(Box::new(NoRelease)))
             }
+            Err(e) if self.defect == Defect::ErrorsWithoutOrigin => {
+                Err(e.with_origin(Origin::Unspecified))
+            }
             other => other,
         }
     }
@@ -325,6 +334,10 @@ async fn every_planted_defect_is_caught_by_its_case() {
         (
             Defect::GlobalLifecycleLock,
             "store_lock_different_keys_in_parallel",
+        ),
+        (
+            Defect::ErrorsWithoutOrigin,
+            "store_rewind_lock_is_exclusive",
         ),
     ];
     for (defect, case) in table {

@@ -8,6 +8,8 @@ use std::time::Duration;
 use fred::prelude::{Builder, Client, Config, ReconnectPolicy, ServerConfig};
 use sandbox_core::{Error, ErrorCode, Operation};
 
+use crate::stored;
+
 /// Where Redis is.
 #[derive(Clone, PartialEq, Eq)]
 pub enum Topology {
@@ -127,7 +129,8 @@ impl RedisStoreConfig {
     }
 
     fn invalid(message: String) -> Error {
-        Error::invalid_request(Operation::VALIDATE, message).with_code(ErrorCode::ConfigIncomplete)
+        stored(Error::invalid_request(Operation::VALIDATE, message))
+            .with_code(ErrorCode::ConfigIncomplete)
     }
 
     /// A fred client for this config (not yet connected).

@@ -15,6 +15,8 @@
 
 use sandbox_core::{BindingKey, Error, ErrorCode, Operation, SessionId, TenantId};
 
+use crate::stored;
+
 const ROOT: &str = "sandbox:session:";
 
 /// A validated key namespace.
@@ -33,13 +35,13 @@ impl Namespace {
                 .chars()
                 .any(|c| matches!(c, '{' | '}' | ':') || c.is_control() || c.is_whitespace());
         if bad {
-            return Err(Error::invalid_request(
+            return Err(stored(Error::invalid_request(
                 Operation::VALIDATE,
                 format!(
                     "redis namespace {:?} must be 1-64 characters without braces, colons, whitespace or control characters",
                     ns.chars().take(64).collect::<String>()
                 ),
-            )
+            ))
             .with_code(ErrorCode::ConfigIncomplete));
         }
         Ok(Namespace(ns.to_owned()))

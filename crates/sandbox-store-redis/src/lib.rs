@@ -11,8 +11,11 @@
 //! - The lifecycle lock is a random token under `SET NX PX`, renewed at a third of its lease;
 //!   a failed or refused renewal trips the lock's [`OwnershipToken`]. Release is compare-and-
 //!   delete.
-//! - **Fail closed**: every Redis error is returned (kind `unavailable`/`timeout` with a
-//!   `store.*` operation); nothing reads as "unbound" and no lock is granted without Redis.
+//! - **Fail closed**: every Redis error is returned (kind `unavailable`/`timeout`, origin
+//!   [`Origin::Store`]); nothing reads as "unbound" and no lock is granted without Redis.
+//! - Every error this crate returns is the store's (`[errors.origin]`): each one is made
+//!   through [`stored`], core's binding validation included, so the service answers
+//!   `store_unavailable` for an outage whatever the operation is called.
 
 pub mod config;
 #[cfg(feature = "failpoints")]
@@ -33,9 +36,9 @@ use fred::types::{Expiration, SetOptions};
 use futures_util::StreamExt as _;
 use sandbox_core::{
     ActivityRegistry, BackgroundActivity, Binding, BindingKey, BindingStore, ConfigId, Error,
-    ErrorCode, ErrorKind, InvalidationReport, LifecycleLock, Operation, OptimisticReads, Provider,
-    ResolveSnapshot, RewindLock, RewindLocks, SandboxId, Secret, TenantId, TurnLeases, TurnState,
-    timefmt,
+    ErrorCode, ErrorKind, InvalidationReport, LifecycleLock, Operation, OptimisticReads, Origin,
+    Provider, ResolveSnapshot, RewindLock, RewindLocks, SandboxId, Secret, TenantId, TurnLeases,
+    TurnState, timefmt,
 };
 use time::OffsetDateTime;
 
@@ -50,16 +53,22 @@ fn op(name: &'static str) -> Operation {
     Operation::new(name)
 }
 
+/// Says that `error` is the store's (`[errors.origin]`). Every error this crate makes goes
+/// through here, and so does an error of core's it passes on (binding validation).
+pub(crate) fn stored(error: Error) -> Error {
+    error.with_origin(Origin::Store)
+}
+
 /// Maps a fred error raised by `operation` on `client` onto the core taxonomy, once, here. A
 /// command that timed out while the client had no connection (it was reconnecting) is
 /// `unavailable`: Redis is down, not slow.
 pub(crate) fn fail(client: &Client, operation: Operation, e: &fred::error::Error) -> Error {
     let mapped = map_err(operation, e);
     if mapped.kind() == ErrorKind::Timeout && !client.is_connected() {
-        return Error::unavailable(
+        return stored(Error::unavailable(
             operation,
             format!("redis is unreachable (reconnecting): {}", e.details()),
-        );
+        ));
     }
     mapped
 }
@@ -69,14 +78,14 @@ fn map_err(operation: Operation, e: &fred::error::Error) -> Error {
     // rustls reports an untrusted or mismatched server certificate as an I/O error; it is a
     // trust problem to fix in the config, not an outage to wait out.
     if e.details().contains("InvalidCertificate") {
-        return Error::new(
+        return stored(Error::new(
             ErrorKind::Authentication,
             operation,
             format!(
                 "redis: TLS: the server's certificate is not trusted ({}); check the CA file and the server name",
                 e.details()
             ),
-        );
+        ));
     }
     let kind = match e.kind() {
         K::Timeout => ErrorKind::Timeout,
@@ -87,12 +96,19 @@ fn map_err(operation: Operation, e: &fred::error::Error) -> Error {
         K::Config | K::Url => ErrorKind::InvalidRequest,
         _ => ErrorKind::Internal,
     };
-    Error::new(kind, operation, format!("redis: {}", e.details()))
+    stored(Error::new(
+        kind,
+        operation,
+        format!("redis: {}", e.details()),
+    ))
 }
 
 fn invalid_binding(why: String) -> Error {
-    Error::internal(op("store.get"), format!("stored binding is invalid: {why}"))
-        .with_code(ErrorCode::InvalidBinding)
+    stored(Error::internal(
+        op("store.get"),
+        format!("stored binding is invalid: {why}"),
+    ))
+    .with_code(ErrorCode::InvalidBinding)
 }
 
 /// The Redis binding store. Cheap to clone; clones share the client.
@@ -134,13 +150,13 @@ impl RedisBindingStore {
         tokio::time::timeout(config.connect_timeout, connect)
             .await
             .map_err(|_| {
-                Error::unavailable(
+                stored(Error::unavailable(
                     op("store.connect"),
                     format!(
                         "redis did not answer within {} ms",
                         config.connect_timeout.as_millis()
                     ),
-                )
+                ))
             })??;
         let scripts = Scripts::new();
         let store = RedisBindingStore {
@@ -234,10 +250,10 @@ impl RedisBindingStore {
                 return Ok(true);
             }
         }
-        Err(Error::conflict(
+        Err(stored(Error::conflict(
             operation,
             format!("the binding of {key} kept changing during {CAS_ATTEMPTS} attempts"),
-        ))
+        )))
     }
 
     /// Marks the binding stale if it is still of `config` and not yet stale.
@@ -298,28 +314,31 @@ fn decode(key: &BindingKey, raw: &[u8]) -> Result<Binding, Error> {
 
 fn encode(binding: &Binding) -> Result<Vec<u8>, Error> {
     serde_json::to_vec(binding).map_err(|e| {
-        Error::invalid_request(Operation::VALIDATE, format!("invalid binding: {e}"))
-            .with_code(ErrorCode::InvalidBinding)
+        stored(Error::invalid_request(
+            Operation::VALIDATE,
+            format!("invalid binding: {e}"),
+        ))
+        .with_code(ErrorCode::InvalidBinding)
     })
 }
 
 /// Refuses what could not be stored or read back (the memory store refuses the same).
 fn check_storable(key: &BindingKey, binding: &Binding) -> Result<Vec<u8>, Error> {
-    binding.validate(key)?;
+    binding.validate(key).map_err(stored)?;
     let created = binding.created_at;
     if created == OffsetDateTime::UNIX_EPOCH || (created.year() == 1 && created.ordinal() == 1) {
-        return Err(Error::invalid_request(
+        return Err(stored(Error::invalid_request(
             Operation::VALIDATE,
             "invalid binding: created_at must be set",
-        )
+        ))
         .with_code(ErrorCode::InvalidBinding));
     }
     for at in [Some(created), binding.stale_at].into_iter().flatten() {
         timefmt::format(at).map_err(|e| {
-            Error::invalid_request(
+            stored(Error::invalid_request(
                 Operation::VALIDATE,
                 format!("invalid binding: {}", e.message()),
-            )
+            ))
             .with_code(ErrorCode::InvalidBinding)
         })?;
     }
@@ -375,10 +394,10 @@ impl BindingStore for RedisBindingStore {
                 return Ok(true);
             }
         }
-        Err(Error::conflict(
+        Err(stored(Error::conflict(
             operation,
             format!("the binding of {key} kept changing during {CAS_ATTEMPTS} attempts"),
-        ))
+        )))
     }
 
     async fn replace_traffic_token_if_match(
@@ -464,13 +483,13 @@ impl BindingStore for RedisBindingStore {
                 Err(_) => {
                     report.failed.push((
                         key.session.clone(),
-                        Error::timeout(
+                        stored(Error::timeout(
                             operation,
                             format!(
                                 "the lifecycle lock of session {key} was still held after {} ms; its binding was not marked",
                                 wait.as_millis()
                             ),
-                        ),
+                        )),
                     ));
                     continue;
                 }
@@ -481,10 +500,10 @@ impl BindingStore for RedisBindingStore {
             )
             .await
             .unwrap_or_else(|_| {
-                Err(Error::timeout(
+                Err(stored(Error::timeout(
                     operation,
                     format!("marking session {key} stale did not finish in time"),
-                ))
+                )))
             });
             let released = lock.release().await;
             match (marked, released) {
@@ -540,7 +559,7 @@ impl OptimisticReads for RedisBindingStore {
 }
 
 fn refusal(operation: Operation, key: &BindingKey, code: ErrorCode, why: &str) -> Error {
-    Error::conflict(operation, format!("{why} session {key}")).with_code(code)
+    stored(Error::conflict(operation, format!("{why} session {key}"))).with_code(code)
 }
 
 #[async_trait]
@@ -593,10 +612,10 @@ impl TurnLeases for RedisBindingStore {
             )
             .await?;
         let [turn, rebuild, live_work] = state[..] else {
-            return Err(Error::internal(
+            return Err(stored(Error::internal(
                 op("store.turn_state"),
                 format!("unexpected script answer {state:?}"),
-            ));
+            )));
         };
         Ok(TurnState {
             active: turn == 1 || live_work == 1,
@@ -646,13 +665,13 @@ impl ActivityRegistry for RedisBindingStore {
     ) -> Result<(), Error> {
         let operation = op("store.activity_add");
         if activity.id.trim().is_empty() || activity.kind.trim().is_empty() {
-            return Err(Error::invalid_request(
+            return Err(stored(Error::invalid_request(
                 operation,
                 "a background activity needs an id and a kind",
-            ));
+            )));
         }
         let started = timefmt::format(activity.started_at)
-            .map_err(|e| Error::invalid_request(operation, e.message().to_owned()))?;
+            .map_err(|e| stored(Error::invalid_request(operation, e.message().to_owned())))?;
         let answer: Vec<i64> = self
             .inner
             .eval(
@@ -670,18 +689,18 @@ impl ActivityRegistry for RedisBindingStore {
             .await?;
         match answer[..] {
             [1, _] => Ok(()),
-            [_, live] => Err(Error::new(
+            [_, live] => Err(stored(Error::new(
                 ErrorKind::Capacity,
                 operation,
                 format!(
                     "session {key} already has {live} live {:?} activities (cap {kind_cap})",
                     activity.kind
                 ),
-            )),
-            _ => Err(Error::internal(
+            ))),
+            _ => Err(stored(Error::internal(
                 operation,
                 format!("unexpected script answer {answer:?}"),
-            )),
+            ))),
         }
     }
 
@@ -723,10 +742,16 @@ impl ActivityRegistry for RedisBindingStore {
         let mut out = Vec::with_capacity(flat.len() / 3);
         for item in flat.chunks(3) {
             let [id, kind, started] = item else {
-                return Err(Error::internal(operation, "truncated activity list"));
+                return Err(stored(Error::internal(
+                    operation,
+                    "truncated activity list",
+                )));
             };
             let started_at = timefmt::parse(started).map_err(|e| {
-                Error::internal(operation, format!("activity {id}: {}", e.message()))
+                stored(Error::internal(
+                    operation,
+                    format!("activity {id}: {}", e.message()),
+                ))
             })?;
             out.push(BackgroundActivity {
                 id: id.clone(),

@@ -12,7 +12,7 @@ use sandbox_core::{
 use tokio::task::JoinHandle;
 
 use crate::keys::SessionKeys;
-use crate::{Inner, millis, set_nx_px};
+use crate::{Inner, millis, set_nx_px, stored};
 
 /// The acquire loop's sleep between attempts: 25–74 ms, jittered so waiting replicas do not
 /// retry in lockstep.
@@ -26,10 +26,10 @@ const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
 fn token() -> Result<String, Error> {
     let mut raw = [0u8; 16];
     getrandom::fill(&mut raw).map_err(|e| {
-        Error::internal(
+        stored(Error::internal(
             Operation::new("store.lock_lifecycle"),
             format!("no randomness for a lock token: {e}"),
-        )
+        ))
     })?;
     Ok(raw.iter().map(|b| format!("{b:02x}")).collect())
 }
@@ -134,10 +134,10 @@ impl Held {
         )
         .await
         .unwrap_or_else(|_| {
-            Err(Error::timeout(
+            Err(stored(Error::timeout(
                 operation,
                 "releasing the lock did not finish in time",
-            ))
+            )))
         })?;
         Ok(released == 1)
     }
@@ -208,7 +208,7 @@ pub(crate) async fn lock_rewind(
         )
         .await?;
     let refused = |code: ErrorCode, why: &str| {
-        Err(Error::conflict(operation, format!("{why} session {key}")).with_code(code))
+        Err(stored(Error::conflict(operation, format!("{why} session {key}"))).with_code(code))
     };
     match taken {
         1 => {}

@@ -8,6 +8,10 @@
 //! Every call first counts itself and consults the fault table; an injected error is returned
 //! *without* touching the inner store, so a test can assert that a failed call had no effect.
 //! Everything else is delegated unchanged.
+//!
+//! An injected error is a store error whatever the test built: the wrapper sets its origin to
+//! [`Origin::Store`] (`[errors.origin]`), as do the errors the wrapper makes itself (a served
+//! malformed or foreign binding). Delegated errors keep the origin the inner store gave them.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
@@ -21,7 +25,9 @@ use sandbox_core::ports::store::{
     ActivityRegistry, BackgroundActivity, BindingStore, InvalidationReport, LifecycleLock,
     LockRelease, RewindLock, RewindLocks, TurnLeases, TurnState,
 };
-use sandbox_core::{Binding, BindingKey, Error, Operation, OwnershipSource, Provider, Secret};
+use sandbox_core::{
+    Binding, BindingKey, Error, Operation, Origin, OwnershipSource, Provider, Secret,
+};
 
 /// The reason a forced ownership loss reports.
 const FORCED_REASON: &str = "forced by test";
@@ -111,10 +117,10 @@ impl Faults {
             if queue.is_empty() {
                 self.once.remove(&op);
             }
-            return Err(err);
+            return Err(stored(err));
         }
         match self.always.get(&op) {
-            Some(err) => Err(err.clone()),
+            Some(err) => Err(stored(err.clone())),
             None => Ok(()),
         }
     }
@@ -264,19 +270,26 @@ impl FaultyStore {
     }
 }
 
+/// The wrapper stands for a store, so what it fails with is the store's error.
+fn stored(error: Error) -> Error {
+    error.with_origin(Origin::Store)
+}
+
 fn unsupported(op: &'static str, what: &str) -> Error {
-    Error::unsupported(
+    stored(Error::unsupported(
         Operation::new(op),
         format!("the wrapped store has no {what}"),
-    )
+    ))
 }
 
 fn malformed(key: &BindingKey) -> Error {
-    Error::internal(
-        Operation::new("store.get"),
-        format!("malformed binding stored for {key} (injected by FaultyStore)"),
+    stored(
+        Error::internal(
+            Operation::new("store.get"),
+            format!("malformed binding stored for {key} (injected by FaultyStore)"),
+        )
+        .with_code(ErrorCode::InvalidBinding),
     )
-    .with_code(ErrorCode::InvalidBinding)
 }
 
 impl fmt::Debug for FaultyStore {
@@ -326,7 +339,7 @@ impl BindingStore for FaultyStore {
             None => self.inner.get(key).await,
             Some(Served::Malformed) => Err(malformed(key)),
             Some(Served::Binding(binding)) => {
-                binding.validate(key)?;
+                binding.validate(key).map_err(stored)?;
                 Ok(Some(binding))
             }
         }
@@ -439,10 +452,10 @@ impl sandbox_core::OptimisticReads for FaultyStore {
         self.enter(StoreOp::Get)?;
         match self.inner.optimistic_reads() {
             Some(reads) => reads.read_for_resolve(key).await,
-            None => Err(Error::unsupported(
+            None => Err(stored(Error::unsupported(
                 sandbox_core::Operation::new("store.read_for_resolve"),
                 "the wrapped store has no optimistic reads",
-            )),
+            ))),
         }
     }
 }
@@ -755,6 +768,9 @@ mod tests {
         store.fail_next(StoreOp::Create, down());
         let err = store.create(&k, &b).await.unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Unavailable);
+        // The test built an error without an origin; the wrapper injects it as the store's.
+        assert_eq!(down().origin(), Origin::Unspecified);
+        assert_eq!(err.origin(), Origin::Store);
         assert_eq!(inner.get(&k).await.unwrap(), None, "failed create leaked");
         assert!(store.create(&k, &b).await.unwrap());
         assert!(!store.create(&k, &b).await.unwrap());
@@ -827,6 +843,11 @@ mod tests {
         assert_eq!(e.message(), "first");
         let e = store.invalidate_by_config(t, &cfg).await.unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Unavailable);
+        assert_eq!(
+            e.origin(),
+            Origin::Store,
+            "a standing fault is the store's too"
+        );
         store.clear_all();
         assert_eq!(store.invalidate_by_config(t, &cfg).await.unwrap().marked, 0);
         assert_eq!(store.calls(StoreOp::InvalidateByConfig), 3);
@@ -842,6 +863,7 @@ mod tests {
         let err = store.get(&k).await.unwrap_err();
         assert_eq!(err.code(), Some(ErrorCode::InvalidBinding));
         assert_eq!(err.kind(), ErrorKind::Internal);
+        assert_eq!(err.origin(), Origin::Store);
         assert!(err.message().contains("malformed binding"), "{err}");
         assert_eq!(inner.gets.load(Ordering::SeqCst), 0);
         // Other keys are untouched.
@@ -859,6 +881,8 @@ mod tests {
         store.serve_binding(&k, binding(&other, "sbx-x"));
         let err = store.get(&k).await.unwrap_err();
         assert_eq!(err.code(), Some(ErrorCode::InvalidBinding));
+        // Core's validation says no origin; served by a store, it is the store's.
+        assert_eq!(err.origin(), Origin::Store);
 
         let own = binding(&k, "sbx-1");
         store.serve_binding(&k, own.clone());

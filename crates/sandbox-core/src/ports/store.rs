@@ -5,6 +5,11 @@
 //! store that cannot be reached); nothing ever degrades to "unbound", because an unbound
 //! session gets a new sandbox, and a second sandbox for a session is exactly the bug this
 //! component exists to prevent.
+//!
+//! - `[errors.origin]` Every error a store returns, from any method of these traits or of a
+//!   lock it handed out, has origin [`Origin::Store`](crate::error::Origin::Store), whoever
+//!   built it (core's binding validation included). That origin, not the operation's name, is
+//!   what makes the service answer `store_unavailable` and count a store error.
 
 use std::fmt;
 use std::time::Duration;

@@ -10,8 +10,8 @@ use std::sync::Weak;
 use std::time::Duration;
 
 use sandbox_core::{
-    BackgroundActivity, Binding, BindingKey, ConfigId, Error, ErrorCode, Operation, Provider,
-    SandboxId, Secret, SessionId, TenantId, TurnState,
+    BackgroundActivity, Binding, BindingKey, ConfigId, Error, ErrorCode, Operation, Origin,
+    Provider, SandboxId, Secret, SessionId, TenantId, TurnState,
 };
 use time::{OffsetDateTime, PrimitiveDateTime};
 
@@ -71,7 +71,9 @@ impl Refusal {
             Refusal::TurnActive => (ErrorCode::SessionTurnActive, "a chat turn holds"),
             Refusal::WorkActive => (ErrorCode::SessionWorkActive, "background work is live in"),
         };
-        Error::conflict(operation, format!("{why} session {key}")).with_code(code)
+        Error::conflict(operation, format!("{why} session {key}"))
+            .with_code(code)
+            .with_origin(Origin::Store)
     }
 }
 

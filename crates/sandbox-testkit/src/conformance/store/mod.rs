@@ -30,8 +30,8 @@ use std::time::Duration;
 
 use sandbox_core::{
     ActivityRegistry, BackgroundActivity, Binding, BindingKey, BindingStore, ConfigId, Error,
-    ErrorCode, Provider, RewindLocks, SandboxId, Secret, SessionId, TemplateId, TenantId,
-    TurnLeases,
+    ErrorCode, ErrorKind, Origin, Provider, RewindLocks, SandboxId, Secret, SessionId, TemplateId,
+    TenantId, TurnLeases,
 };
 use time::OffsetDateTime;
 
@@ -643,22 +643,51 @@ impl StoreCtx {
 /// How long one store call may take before a case fails with its name.
 pub const OP_LIMIT: Duration = Duration::from_secs(30);
 
-/// Asserts that `result` failed with `code`.
+/// `[errors.origin]`: asserts that `result` failed with an error the store says is its own,
+/// and returns that error.
+pub fn expect_store_error<T: fmt::Debug>(
+    what: &str,
+    result: Result<T, Error>,
+) -> Result<Error, Failure> {
+    match result {
+        Err(e) if e.origin() == Origin::Store => Ok(e),
+        Err(e) => Err(Failure(format!(
+            "{what}: the error's origin is {:?}, not the store: {e} (errors.origin)",
+            e.origin()
+        ))),
+        Ok(v) => Err(Failure(format!(
+            "{what}: expected an error, got success: {v:?}"
+        ))),
+    }
+}
+
+/// Asserts that `result` failed with a store error (`[errors.origin]`) with `code`.
 pub fn expect_code<T: fmt::Debug>(
     what: &str,
     result: Result<T, Error>,
     code: ErrorCode,
 ) -> CaseResult {
-    match result {
-        Err(e) if e.code() == Some(code) => Ok(()),
-        Err(e) => Err(Failure(format!(
-            "{what}: expected an error with code {code}, got {e} (code {:?})",
-            e.code()
-        ))),
-        Ok(v) => Err(Failure(format!(
-            "{what}: expected an error with code {code}, got success: {v:?}"
-        ))),
+    let e = expect_store_error(what, result)?;
+    if e.code() == Some(code) {
+        return Ok(());
     }
+    Err(Failure(format!(
+        "{what}: expected an error with code {code}, got {e} (code {:?})",
+        e.code()
+    )))
+}
+
+/// Asserts that `result` failed with a store error (`[errors.origin]`) of `kind`.
+pub fn expect_kind<T: fmt::Debug>(
+    what: &str,
+    result: Result<T, Error>,
+    kind: ErrorKind,
+) -> CaseResult {
+    let e = expect_store_error(what, result)?;
+    if e.kind() == kind {
+        return Ok(());
+    }
+    Err(Failure(format!("{what}: expected a {kind} error, got {e}")))
 }
 
 /// The describe document `cargo xtask` reads: which store cases apply to `declared`. Same

@@ -4,7 +4,7 @@
 
 use sandbox_core::{BindingKey, ErrorCode};
 
-use super::super::{OP_LIMIT, StoreCtx, expect_code};
+use super::super::{OP_LIMIT, StoreCtx, expect_code, expect_store_error};
 use crate::conformance::{CaseResult, Failure, ensure, ensure_eq, within};
 
 /// Plants a valid binding of `key` and reads it back, proving the hook writes where `get`
@@ -63,9 +63,7 @@ pub(super) async fn malformed_value_is_an_error(ctx: &StoreCtx) -> CaseResult {
     for (what, bytes) in junk {
         ctx.plant_raw(&key, bytes).await?;
         let got = within(OP_LIMIT, "get", ctx.store().get(&key)).await?;
-        ensure(got.is_err(), || {
-            format!("get of a stored value with {what}: expected an error, got {got:?}")
-        })?;
+        expect_store_error(&format!("get of a stored value with {what}"), got)?;
         let replacement = ctx.binding(&key)?;
         let created = within(OP_LIMIT, "create", ctx.store().create(&key, &replacement)).await?;
         ensure(!matches!(created, Ok(true)), || {
@@ -103,7 +101,8 @@ pub(super) async fn foreign_value_is_an_error(ctx: &StoreCtx) -> CaseResult {
 
 /// `[lock.fail_closed]`, invariant 7: with the backing down, get, create, delete, the token
 /// patch and the lifecycle lock all fail (no lock is granted, nothing reads as unbound), as do
-/// the optional parts; after it comes back nothing has changed.
+/// the optional parts, each with a store error (`[errors.origin]`: an outage is what
+/// `store_unavailable` is for); after it comes back nothing has changed.
 pub(super) async fn outage_fails_closed(ctx: &StoreCtx) -> CaseResult {
     let key = ctx.key()?;
     let b = ctx.binding(&key)?;
@@ -135,55 +134,41 @@ async fn during_outage(
 ) -> CaseResult {
     let s = ctx.store();
     let get = within(OP_LIMIT, "get", s.get(key)).await?;
-    ensure(get.is_err(), || format!("get while down: {get:?}"))?;
+    expect_store_error("get while down", get)?;
     let create = within(OP_LIMIT, "create", s.create(fresh, fresh_binding)).await?;
     if matches!(create, Ok(true)) {
         ctx.track(fresh.clone());
     }
-    ensure(create.is_err(), || format!("create while down: {create:?}"))?;
+    expect_store_error("create while down", create)?;
     let delete = within(
         OP_LIMIT,
         "delete_if_match",
         s.delete_if_match(key, b.provider, &b.sandbox_id),
     )
     .await?;
-    ensure(delete.is_err(), || {
-        format!("delete_if_match while down: {delete:?}")
-    })?;
+    expect_store_error("delete_if_match while down", delete)?;
     let patch = within(
         OP_LIMIT,
         "replace_traffic_token_if_match",
         s.replace_traffic_token_if_match(key, b, &ctx.secret()),
     )
     .await?;
-    ensure(patch.is_err(), || {
-        format!("token patch while down: {patch:?}")
-    })?;
+    expect_store_error("token patch while down", patch)?;
     let lock = within(OP_LIMIT, "lock_lifecycle", s.lock_lifecycle(key)).await?;
-    ensure(lock.is_err(), || {
-        "lock_lifecycle granted a lock while down".to_owned()
-    })?;
+    expect_store_error("lock_lifecycle while down", lock.map(drop))?;
     if let Some(turns) = s.turn_leases() {
         let begin = within(OP_LIMIT, "begin_turn", turns.begin_turn(key)).await?;
-        ensure(begin.is_err(), || {
-            "begin_turn succeeded while down".to_owned()
-        })?;
+        expect_store_error("begin_turn while down", begin)?;
         let state = within(OP_LIMIT, "turn_state", turns.turn_state(key)).await?;
-        ensure(state.is_err(), || {
-            format!("turn_state while down: {state:?}")
-        })?;
+        expect_store_error("turn_state while down", state)?;
     }
     if let Some(rewinds) = s.rewind_locks() {
         let rewind = within(OP_LIMIT, "try_lock_rewind", rewinds.try_lock_rewind(key)).await?;
-        ensure(rewind.is_err(), || {
-            "try_lock_rewind granted a lock while down".to_owned()
-        })?;
+        expect_store_error("try_lock_rewind while down", rewind.map(drop))?;
     }
     if let Some(activities) = s.activities() {
         let list = within(OP_LIMIT, "list", activities.list(key)).await?;
-        ensure(list.is_err(), || {
-            format!("activity list while down: {list:?}")
-        })?;
+        expect_store_error("activity list while down", list)?;
     }
     Ok(())
 }

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use sandbox_core::{Binding, ConfigId, ErrorCode, ErrorKind, Secret};
 
-use super::super::{OP_LIMIT, StoreCtx, expect_code};
-use crate::conformance::{CaseResult, ensure_eq, expect_kind, within};
+use super::super::{OP_LIMIT, StoreCtx, expect_code, expect_kind};
+use crate::conformance::{CaseResult, ensure_eq, within};
 
 /// `[create.absent]`, invariant 3: the first create stores, a second one (even of another
 /// sandbox, even from another instance) returns `false` and changes nothing, and the binding

@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use sandbox_core::{Binding, BindingKey, ConfigId, InvalidationReport, TenantId};
 
-use super::super::{OP_LIMIT, StoreCtx};
+use super::super::{OP_LIMIT, StoreCtx, expect_store_error};
 use crate::conformance::{CaseResult, Failure, ensure, ensure_eq, within};
 
 async fn invalidate(
@@ -192,6 +192,12 @@ pub(super) async fn invalidate_reports_a_locked_session(ctx: &StoreCtx) -> CaseR
     })?;
     let failed: Vec<String> = report.failed.iter().map(|(s, _)| s.to_string()).collect();
     ensure_eq("failed sessions", failed, vec![locked.session.to_string()])?;
+    for (session, e) in &report.failed {
+        expect_store_error(
+            &format!("the failure reported for session {session}"),
+            Err::<(), _>(e.clone()),
+        )?;
+    }
     ensure_eq("bindings marked besides the locked one", report.marked, 1)?;
     ensure_eq(
         "stale mark of the locked session",

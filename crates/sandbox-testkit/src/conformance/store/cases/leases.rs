@@ -7,8 +7,8 @@ use sandbox_core::{
     BindingKey, ErrorCode, ErrorKind, RewindLock, RewindLocks, TurnLeases, TurnState,
 };
 
-use super::super::{OP_LIMIT, StoreCtx, expect_code};
-use crate::conformance::{CaseResult, Failure, ensure, ensure_eq, expect_kind, within};
+use super::super::{OP_LIMIT, StoreCtx, expect_code, expect_kind};
+use crate::conformance::{CaseResult, Failure, ensure, ensure_eq, within};
 
 const IDLE: TurnState = TurnState {
     active: false,

@@ -38,7 +38,7 @@ pub fn all_store_cases() -> Vec<StoreCase> {
         case!(
             bindings::create_refuses_foreign_identity,
             [],
-            ["create.validate", "invariant.2"]
+            ["create.validate", "errors.origin", "invariant.2"]
         ),
         case!(bindings::binding_round_trips, [], ["invariant.2"]),
         case!(
@@ -61,17 +61,17 @@ pub fn all_store_cases() -> Vec<StoreCase> {
         case!(
             backing::malformed_value_is_an_error,
             [RawValues],
-            ["get.malformed", "invariant.6"]
+            ["get.malformed", "errors.origin", "invariant.6"]
         ),
         case!(
             backing::foreign_value_is_an_error,
             [RawValues],
-            ["get.malformed", "invariant.6"]
+            ["get.malformed", "errors.origin", "invariant.6"]
         ),
         case!(
             backing::outage_fails_closed,
             [Outage],
-            ["lock.fail_closed", "invariant.7"]
+            ["lock.fail_closed", "errors.origin", "invariant.7"]
         ),
         // The lifecycle lock.
         case!(
@@ -119,12 +119,17 @@ pub fn all_store_cases() -> Vec<StoreCase> {
         case!(
             leases::rewind_lock_is_exclusive,
             [RewindLock],
-            ["rewind_locks", "invariant.11"]
+            ["rewind_locks", "errors.origin", "invariant.11"]
         ),
         case!(
             leases::rewind_lock_blocks_begin_turn,
             [RewindLock, TurnLeases],
-            ["rewind_locks", "turn_leases", "invariant.11"]
+            [
+                "rewind_locks",
+                "turn_leases",
+                "errors.origin",
+                "invariant.11"
+            ]
         ),
         case!(
             leases::rewind_refused_while_turn_active,
@@ -145,7 +150,7 @@ pub fn all_store_cases() -> Vec<StoreCase> {
         case!(
             leases::activity_cap_per_kind,
             [Activities],
-            ["activities.add"]
+            ["activities.add", "errors.origin"]
         ),
         case!(
             leases::activity_renew_and_remove,
@@ -176,7 +181,7 @@ pub fn all_store_cases() -> Vec<StoreCase> {
         case!(
             invalidate::invalidate_reports_a_locked_session,
             [],
-            ["invalidate_by_config", "invariant.12"]
+            ["invalidate_by_config", "errors.origin", "invariant.12"]
         ),
         case!(
             invalidate::invalidate_waits_for_a_briefly_held_lock,
