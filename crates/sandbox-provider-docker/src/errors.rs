@@ -241,13 +241,15 @@ mod tests {
         let tls = |e: rustls::Error| std::io::Error::new(std::io::ErrorKind::InvalidData, e);
         // The guard's refusal travels inside an io::Error, whose `source` skips it.
         let refusal = sandbox_transport::policy::refused("address 169.254.169.254 is metadata");
+        assert_eq!(refusal.origin(), sandbox_core::Origin::Transport);
         let e = check(
             std::io::Error::other(refusal),
             ErrorKind::InvalidRequest,
             "169.254.169.254",
         );
         assert_eq!(e.code(), Some(sandbox_core::ErrorCode::UnsafeOutboundUrl));
-        assert_eq!(e.provider(), Some(Provider::Docker));
+        // The adapter dialled its own daemon: it claims the transport's refusal.
+        assert_eq!(e.origin(), sandbox_core::Origin::Provider(Provider::Docker));
         check(
             tls(rustls::Error::InvalidCertificate(
                 rustls::CertificateError::UnknownIssuer,

@@ -23,6 +23,7 @@ use tokio::net::TcpStream;
 
 use crate::connector::{BoxError, GuardedConnector};
 use crate::gateway::{Gateway, GatewayTarget, Plane};
+use crate::transported;
 
 const OP_REQUEST: Operation = Operation::new("outbound.request");
 
@@ -137,7 +138,7 @@ pub fn tls_client_auth_config(
 }
 
 fn bad_tls(why: String) -> Error {
-    Error::invalid_request(OP_REQUEST, format!("tls: {why}"))
+    transported(Error::invalid_request(OP_REQUEST, format!("tls: {why}")))
 }
 
 /// Adds every certificate of `pem` to `roots`; a file without one is an error.
@@ -271,7 +272,10 @@ pub(crate) fn outbound_error(op: Operation, e: &(dyn std::error::Error + 'static
         }
         source = s.source();
     }
-    Error::unavailable(op, format!("request failed: {}", chain(e)))
+    transported(Error::unavailable(
+        op,
+        format!("request failed: {}", chain(e)),
+    ))
 }
 
 /// An error and its sources on one line: hyper's own message ("client error (Connect)") says

@@ -23,6 +23,7 @@ use tokio::net::TcpStream;
 use url::Host;
 
 use crate::policy::{HostCheck, OutboundPolicy, Resolve, SystemResolver, refused, unmap};
+use crate::transported;
 
 const OP_CONNECT: Operation = Operation::new("outbound.connect");
 
@@ -138,10 +139,10 @@ impl GuardedConnector {
             }
         }
         if let Some((ip, e)) = last_io {
-            return Err(Error::unavailable(
+            return Err(transported(Error::unavailable(
                 OP_CONNECT,
                 format!("cannot connect to {ip}:{port}: {e}"),
-            ));
+            )));
         }
         Err(last_refusal.unwrap_or_else(|| refused(format!("host {host} resolves to no address"))))
     }

@@ -15,6 +15,8 @@ use hyper::header::{HOST, HeaderName, HeaderValue};
 use hyper::{Request, Uri};
 use sandbox_core::{Error, Operation, Secret};
 
+use crate::transported;
+
 const OP_ROUTE: Operation = Operation::new("gateway.route");
 
 /// The header that carries a sandbox's inbound traffic token.
@@ -24,7 +26,7 @@ pub const TRAFFIC_TOKEN_HEADER: &str = "e2b-traffic-access-token";
 const MAX_LABEL: usize = 63;
 
 fn invalid(message: String) -> Error {
-    Error::invalid_request(OP_ROUTE, message)
+    transported(Error::invalid_request(OP_ROUTE, message))
 }
 
 /// Where a gateway listens.

@@ -9,6 +9,13 @@
 //! WebSocket dialer on the same routing and guard ([`ws`]), the envd client ([`envd`]):
 //! Connect-RPC and `/files` over HTTP/1.1 or h2c on any connector, and a connector over byte
 //! streams the caller opens ([`relay`]).
+//!
+//! Errors: everything this crate builds has origin [`Origin::Transport`] (a refused endpoint
+//! with `unsafe_outbound_url`, a failed dial, TLS, a cut connection), made through
+//! [`transported`]. The transport carries a provider's traffic without knowing whose it is,
+//! so a provider adapter claims what it passes on with `Error::with_provider` at its boundary
+//! (the Docker adapter does so for its `tcp://` daemon). The envd client claims its own errors
+//! for the provider its config names ([`envd`]).
 
 pub mod client;
 pub mod connector;
@@ -29,3 +36,11 @@ pub use policy::{OutboundPolicy, Resolve, SystemResolver, Whitelist, validate_ur
 pub use pool::GatewayPool;
 pub use relay::RelayConnector;
 pub use ws::WsDialer;
+
+use sandbox_core::{Error, Origin};
+
+/// Says that `error` is the transport's. Every error this crate makes goes through here, and
+/// so does an envd answer it maps (whose provider, if any, claims it afterwards).
+pub(crate) fn transported(error: Error) -> Error {
+    error.with_origin(Origin::Transport)
+}

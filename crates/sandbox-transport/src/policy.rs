@@ -18,13 +18,17 @@ use sandbox_core::{Error, ErrorCode, Operation};
 use url::{Host, Url};
 
 use crate::ip_class::{IpClass, classify};
+use crate::transported;
 
 const OP_VALIDATE: Operation = Operation::new("outbound.validate");
 
 /// A refusal: an `invalid_request` with code `unsafe_outbound_url`.
 pub fn refused(what: impl fmt::Display) -> Error {
-    Error::invalid_request(OP_VALIDATE, format!("outbound endpoint refused: {what}"))
-        .with_code(ErrorCode::UnsafeOutboundUrl)
+    transported(Error::invalid_request(
+        OP_VALIDATE,
+        format!("outbound endpoint refused: {what}"),
+    ))
+    .with_code(ErrorCode::UnsafeOutboundUrl)
 }
 
 /// Hosts an operator allows in whitelist-only mode: names match by exact name
@@ -59,12 +63,12 @@ impl Whitelist {
                 list.names
                     .insert(entry.trim_end_matches('.').to_ascii_lowercase());
             } else {
-                return Err(Error::invalid_request(
+                return Err(transported(Error::invalid_request(
                     OP_VALIDATE,
                     format!(
                         "whitelist entry {entry:?} is neither a host name nor an address or CIDR"
                     ),
-                )
+                ))
                 .with_code(ErrorCode::ConfigIncomplete));
             }
         }

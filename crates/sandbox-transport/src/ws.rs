@@ -17,6 +17,7 @@ use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 
 use crate::connector::GuardedConnector;
 use crate::gateway::{Gateway, GatewayTarget, Plane};
+use crate::transported;
 
 const OP_WS: Operation = Operation::new("outbound.websocket");
 
@@ -35,7 +36,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send + std::fmt::Debug> Io for T {}
 pub type Socket = WebSocketStream<Box<dyn Io>>;
 
 fn failed(message: String) -> Error {
-    Error::unavailable(OP_WS, message)
+    transported(Error::unavailable(OP_WS, message))
 }
 
 /// Dials WebSockets for one pool.
@@ -65,9 +66,12 @@ impl WsDialer {
     /// Opens `url` (`ws://` or `wss://`) with the caller's `headers` (they win over anything
     /// the dialer would add, except the subprotocol, which is always `binary`).
     pub async fn dial(&self, url: &str, headers: &HeaderMap) -> Result<Socket, Error> {
-        let mut request = url
-            .into_client_request()
-            .map_err(|e| Error::invalid_request(OP_WS, format!("websocket URL {url:?}: {e}")))?;
+        let mut request = url.into_client_request().map_err(|e| {
+            transported(Error::invalid_request(
+                OP_WS,
+                format!("websocket URL {url:?}: {e}"),
+            ))
+        })?;
         for (name, value) in headers {
             request.headers_mut().insert(name, value.clone());
         }
@@ -80,7 +84,10 @@ impl WsDialer {
             .uri()
             .host()
             .ok_or_else(|| {
-                Error::invalid_request(OP_WS, format!("websocket URL {url:?} has no host"))
+                transported(Error::invalid_request(
+                    OP_WS,
+                    format!("websocket URL {url:?} has no host"),
+                ))
             })?
             .to_owned();
         let port = request
@@ -93,7 +100,12 @@ impl WsDialer {
         let probe = Request::builder()
             .uri(request.uri().to_string().replacen("ws", "http", 1).as_str())
             .body(())
-            .map_err(|e| Error::invalid_request(OP_WS, format!("websocket URL {url:?}: {e}")))?;
+            .map_err(|e| {
+                transported(Error::invalid_request(
+                    OP_WS,
+                    format!("websocket URL {url:?}: {e}"),
+                ))
+            })?;
         let mut probe_with_headers = probe;
         *probe_with_headers.headers_mut() = request.headers().clone();
         let routed = self.gateway.route(&probe_with_headers)?;
@@ -109,10 +121,14 @@ impl WsDialer {
 
         let tcp = self.guard.connect(&dial_host, dial_port).await?;
         let stream: Box<dyn Io> = if tls {
-            let name = rustls::pki_types::ServerName::try_from(
-                host.trim_matches(['[', ']']).to_owned(),
-            )
-            .map_err(|e| Error::invalid_request(OP_WS, format!("server name {host:?}: {e}")))?;
+            let name =
+                rustls::pki_types::ServerName::try_from(host.trim_matches(['[', ']']).to_owned())
+                    .map_err(|e| {
+                    transported(Error::invalid_request(
+                        OP_WS,
+                        format!("server name {host:?}: {e}"),
+                    ))
+                })?;
             let tls = tokio_rustls::TlsConnector::from(self.tls.clone())
                 .connect(name, tcp)
                 .await

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use envd_server::{Server, TOKEN};
 use hyper::Version;
-use sandbox_core::{ErrorCode, ErrorKind, Secret};
+use sandbox_core::{ErrorCode, ErrorKind, Origin, Provider, Secret};
 use sandbox_envd::filesystem as fs;
 use sandbox_envd::process::{self as ps, ProcessSelector, process_event::Event};
 use sandbox_transport::envd::{
@@ -579,6 +579,66 @@ async fn errors_map_to_core_kinds() {
         let after = server.state.seen("/files");
         assert_eq!(after.len(), seen.len() + 1);
         assert!(after.last().unwrap().query.contains("username=nobody"));
+    }
+}
+
+/// An envd client configured with a provider is that provider's data plane: its answers, a
+/// refused endpoint and a failed dial are all the provider's errors. Without a provider they
+/// are the transport's.
+#[tokio::test]
+async fn errors_say_whose_they_are() {
+    let server = Server::start().await;
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap()
+    };
+    for (provider, want) in [
+        (None, Origin::Transport),
+        (Some(Provider::E2b), Origin::Provider(Provider::E2b)),
+    ] {
+        let claimed = |c: EnvdConfig| match provider {
+            Some(p) => c.with_provider(p),
+            None => c,
+        };
+        let client = client_with(claimed(config(&server, HttpVersion::Http1)));
+        // envd's own answer, unary and at a stream's end.
+        let e = client.stat("/nope", CallOptions::new()).await.unwrap_err();
+        assert_eq!((e.kind(), e.origin()), (ErrorKind::NotFound, want), "{e}");
+        let stranger = client_with(claimed(
+            config(&server, HttpVersion::Http1)
+                .with_user("nobody")
+                .unwrap(),
+        ));
+        let mut stream = stranger
+            .start(&start_request("echo", &[]), CallOptions::new())
+            .await
+            .unwrap();
+        let e = stream.message().await.unwrap_err();
+        assert_eq!(e.origin(), want, "{e}");
+        let e = stranger
+            .read_file("/x", 10, CallOptions::new())
+            .await
+            .unwrap_err();
+        assert_eq!(e.origin(), want, "{e}");
+        // The guard's refusal keeps its code, and is claimed like the rest.
+        let metadata = claimed(EnvdConfig::new("http://169.254.169.254:49983").unwrap());
+        let e = client_with(metadata)
+            .stat("/", CallOptions::new())
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Some(ErrorCode::UnsafeOutboundUrl), "{e}");
+        assert_eq!(e.origin(), want, "{e}");
+        // Nothing listens: a dial that fails.
+        let refused = claimed(EnvdConfig::new(&format!("http://{closed}")).unwrap());
+        let e = client_with(refused)
+            .list(CallOptions::new())
+            .await
+            .unwrap_err();
+        assert_eq!(
+            (e.kind(), e.origin()),
+            (ErrorKind::Unavailable, want),
+            "{e}"
+        );
     }
 }
 

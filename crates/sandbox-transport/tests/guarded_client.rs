@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use http_body_util::Empty;
 use hyper::Request;
 use hyper::body::Bytes;
-use sandbox_core::{ErrorCode, Secret};
+use sandbox_core::{ErrorCode, Origin, Secret};
 use sandbox_transport::gateway::{Gateway, GatewayTarget, InboundTokens, TRAFFIC_TOKEN_HEADER};
 use sandbox_transport::{
     GuardedClient, GuardedConnector, OutboundPolicy, Resolve, TcpDialer, tls_config,
@@ -136,6 +136,8 @@ async fn planes_reach_the_right_place_and_the_guard_has_the_last_word() {
     ] {
         let e = denied.request(&get(&uri)).await.unwrap_err();
         assert_eq!(e.code(), Some(ErrorCode::UnsafeOutboundUrl), "{uri}: {e}");
+        // No provider claimed it here: the refusal is the transport's.
+        assert_eq!(e.origin(), Origin::Transport, "{uri}: {e}");
     }
     assert_eq!(heads.lock().unwrap().len(), 3, "nothing reached the server");
 }

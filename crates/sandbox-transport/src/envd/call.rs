@@ -27,6 +27,7 @@ use super::config::{ENVD_PORT, EnvdConfig, HttpVersion};
 use super::stream::ServerStream;
 use crate::client::outbound_error;
 use crate::connector::BoxError;
+use crate::transported;
 
 /// A request body: a whole buffer, or the channel a client stream writes into.
 pub(crate) type Body = UnsyncBoxBody<Bytes, BoxError>;
@@ -108,7 +109,10 @@ impl Deadline {
 
     pub(crate) fn exceeded(self, op: Operation) -> Error {
         let ms = self.budget.map_or(0, |b| b.as_millis());
-        Error::timeout(op, format!("the call's deadline of {ms} ms passed"))
+        transported(Error::timeout(
+            op,
+            format!("the call's deadline of {ms} ms passed"),
+        ))
     }
 
     /// Runs `work`, failing with a timeout if the deadline passes first.
@@ -163,9 +167,14 @@ where
     /// guarded connector, or TLS around it, for any tenant-supplied envd).
     pub fn new(connector: C, config: EnvdConfig) -> Result<Self, Error> {
         let op = Operation::new("envd.config");
+        let provider = config.provider;
         let header = |what: &str, value: &str| {
             HeaderValue::from_str(value).map_err(|_| {
-                Error::invalid_request(op, format!("the {what} cannot be sent in a header"))
+                let refused = transported(Error::invalid_request(
+                    op,
+                    format!("the {what} cannot be sent in a header"),
+                ));
+                super::claim(provider, refused)
             })
         };
         let mut token = config
@@ -218,12 +227,9 @@ where
         &self.inner.config
     }
 
-    /// Tags `error` with the configured provider.
+    /// Hands `error` to the configured provider, if any ([`super::claim`]).
     pub(crate) fn tag(&self, error: Error) -> Error {
-        match self.inner.config.provider {
-            Some(p) if error.provider().is_none() => error.with_provider(p),
-            _ => error,
-        }
+        super::claim(self.inner.config.provider, error)
     }
 
     /// A request to `path_and_query` on envd with the headers every request carries.
@@ -240,12 +246,12 @@ where
             .authority(base.authority().map_or("", |a| a.as_str()))
             .path_and_query(path_and_query)
             .build()
-            .map_err(|e| Error::invalid_request(op, format!("request path: {e}")))?;
+            .map_err(|e| transported(Error::invalid_request(op, format!("request path: {e}"))))?;
         let mut request = Request::builder()
             .method(method)
             .uri(uri)
             .body(body)
-            .map_err(|e| Error::internal(op, format!("building the request: {e}")))?;
+            .map_err(|e| transported(Error::internal(op, format!("building the request: {e}"))))?;
         let headers = request.headers_mut();
         headers.insert(header::USER_AGENT, HeaderValue::from_static(USER_AGENT));
         if let Some(token) = &self.inner.token {
@@ -315,18 +321,22 @@ where
         let method = R::METHOD;
         let op = Operation::new(method.path);
         if method.is_enveloped() {
-            return Err(wrong_shape(op, "unary"));
+            return Err(self.tag(wrong_shape(op, "unary")));
         }
         let deadline = Deadline::start(options.budget(self.inner.config.unary_timeout));
-        let body = serde_json::to_vec(request).map_err(|e| encode_error(op, &e))?;
+        let body = serde_json::to_vec(request).map_err(|e| self.tag(encode_error(op, &e)))?;
         let call = async {
             let request = self.rpc_request(method, full(body), deadline)?;
             let response = self.send(op, request).await?;
             let response = ok_response(op, response, CONTENT_TYPE_JSON, false).await?;
             let limit = self.inner.config.max_message_size;
             let body = read_limited(op, response.into_body(), limit).await?;
-            serde_json::from_slice(&body)
-                .map_err(|e| Error::internal(op, format!("envd answered a malformed message: {e}")))
+            serde_json::from_slice(&body).map_err(|e| {
+                transported(Error::internal(
+                    op,
+                    format!("envd answered a malformed message: {e}"),
+                ))
+            })
         };
         deadline.bound(op, call).await.map_err(|e| self.tag(e))
     }
@@ -342,10 +352,10 @@ where
         let method = R::METHOD;
         let op = Operation::new(method.path);
         if !method.server_streams() {
-            return Err(wrong_shape(op, "server-streaming"));
+            return Err(self.tag(wrong_shape(op, "server-streaming")));
         }
         let deadline = Deadline::start(options.budget(None));
-        let envelope = envelope_bytes(op, request)?;
+        let envelope = envelope_bytes(op, request).map_err(|e| self.tag(e))?;
         let open = async {
             let request = self.rpc_request(method, full(envelope), deadline)?;
             let response = self.send(op, request).await?;
@@ -369,12 +379,14 @@ where
         let method = R::METHOD;
         let op = Operation::new(method.path);
         if !method.client_streams() {
-            return Err(wrong_shape(op, "client-streaming"));
+            return Err(self.tag(wrong_shape(op, "client-streaming")));
         }
         let deadline = Deadline::start(options.budget(None));
         // A small buffer: a sender that outruns envd waits instead of queueing without bound.
         let (sender, body) = http_body_util::channel::Channel::<Bytes, BoxError>::new(4);
-        let request = self.rpc_request(method, body.boxed_unsync(), deadline)?;
+        let request = self
+            .rpc_request(method, body.boxed_unsync(), deadline)
+            .map_err(|e| self.tag(e))?;
         let http = self.inner.http.clone();
         // The request runs on its own task: on HTTP/1.1 the answer's head may only come once
         // the whole request body is sent, which is after `finish` ends it.
@@ -427,30 +439,29 @@ impl<R: Rpc> std::fmt::Debug for ClientStream<R> {
 
 impl<R: Rpc> ClientStream<R> {
     fn tag(&self, error: Error) -> Error {
-        match self.provider {
-            Some(p) if error.provider().is_none() => error.with_provider(p),
-            _ => error,
-        }
+        super::claim(self.provider, error)
     }
 
     /// Sends one message. If envd has already ended the call (an error answer), that error
     /// is returned.
     pub async fn send(&mut self, message: &R::Request) -> Result<(), Error> {
         let op = self.op;
-        let bytes = envelope_bytes(op, message)?;
+        let bytes = envelope_bytes(op, message).map_err(|e| self.tag(e))?;
         let Some(sender) = self.sender.as_mut() else {
-            return Err(Error::invalid_request(
+            return Err(self.tag(transported(Error::invalid_request(
                 op,
                 "the input stream is already closed",
-            ));
+            ))));
         };
         let deadline = self.deadline;
         let sent = deadline
             .bound(op, async {
-                sender
-                    .send_data(bytes)
-                    .await
-                    .map_err(|_| Error::unavailable(op, "envd stopped reading the input stream"))
+                sender.send_data(bytes).await.map_err(|_| {
+                    transported(Error::unavailable(
+                        op,
+                        "envd stopped reading the input stream",
+                    ))
+                })
             })
             .await;
         match sent {
@@ -477,31 +488,31 @@ impl<R: Rpc> ClientStream<R> {
     async fn answer(&mut self) -> Result<R::Response, Error> {
         let op = self.op;
         let Some(task) = self.response.take() else {
-            return Err(Error::invalid_request(
+            return Err(self.tag(transported(Error::invalid_request(
                 op,
                 "the call's answer was already read",
-            ));
+            ))));
         };
         let deadline = self.deadline;
         let config = self.config.clone();
         let read = async move {
-            let response = task
-                .await
-                .map_err(|e| Error::internal(op, format!("the request task failed: {e}")))??;
+            let response = task.await.map_err(|e| {
+                transported(Error::internal(op, format!("the request task failed: {e}")))
+            })??;
             let response = ok_response(op, response, CONTENT_TYPE_CONNECT_JSON, false).await?;
             let mut stream =
                 ServerStream::<R::Response>::new(op, response.into_body(), deadline, &config);
             let Some(answer) = stream.message().await? else {
-                return Err(Error::internal(
+                return Err(transported(Error::internal(
                     op,
                     "envd ended a client-streaming call without its answer",
-                ));
+                )));
             };
             if stream.message().await?.is_some() {
-                return Err(Error::internal(
+                return Err(transported(Error::internal(
                     op,
                     "envd answered a client-streaming call with more than one message",
-                ));
+                )));
             }
             Ok(answer)
         };
@@ -531,11 +542,14 @@ fn envelope_bytes<T: serde::Serialize>(op: Operation, message: &T) -> Result<Byt
 }
 
 fn encode_error(op: Operation, e: &dyn std::error::Error) -> Error {
-    Error::internal(op, format!("encoding the request: {e}"))
+    transported(Error::internal(op, format!("encoding the request: {e}")))
 }
 
 fn wrong_shape(op: Operation, shape: &str) -> Error {
-    Error::invalid_request(op, format!("{} is not a {shape} method", op.as_str()))
+    transported(Error::invalid_request(
+        op,
+        format!("{} is not a {shape} method", op.as_str()),
+    ))
 }
 
 /// Reads at most `limit` bytes of `body`.
@@ -546,14 +560,14 @@ pub(crate) async fn read_limited(
 ) -> Result<Bytes, Error> {
     match Limited::new(body, limit).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(Error::internal(
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(transported(Error::internal(
             op,
             format!("envd's answer is larger than {limit} bytes"),
-        )),
-        Err(e) => Err(Error::unavailable(
+        ))),
+        Err(e) => Err(transported(Error::unavailable(
             op,
             format!("reading envd's answer: {}", crate::client::chain(&*e)),
-        )),
+        ))),
     }
 }
 
@@ -571,10 +585,10 @@ pub(crate) async fn ok_response(
     }
     let got = media_type(response.headers());
     if !got.eq_ignore_ascii_case(content_type) {
-        return Err(Error::internal(
+        return Err(transported(Error::internal(
             op,
             format!("envd answered with content type {got:?}, expected {content_type:?}"),
-        ));
+        )));
     }
     Ok(response)
 }
@@ -600,10 +614,10 @@ pub(crate) async fn error_answer(
         && envd.code == status
     {
         let kind = ErrorKind::from_http_status(op, status);
-        return Error::new(kind, op, envd.message).with_http_status(status);
+        return transported(Error::new(kind, op, envd.message)).with_http_status(status);
     }
     let error = ConnectError::from_unary_response(status, &body);
-    error.to_core_error(op).with_http_status(status)
+    transported(error.to_core_error(op)).with_http_status(status)
 }
 
 /// The media type of a `Content-Type` header, without parameters (`charset=utf-8`).

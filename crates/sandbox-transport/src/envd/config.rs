@@ -6,6 +6,8 @@ use std::time::Duration;
 use hyper::Uri;
 use sandbox_core::{Error, Operation, Provider, Secret};
 
+use crate::transported;
+
 const OP_CONFIG: Operation = Operation::new("envd.config");
 
 /// envd's port inside a sandbox (protocol.md §3.1), sent in the edge routing header.
@@ -65,8 +67,12 @@ impl EnvdConfig {
     /// 50 s (what the SDK asks for), a stream declared dead after 2.5 ping intervals of
     /// silence, messages up to 4 MiB.
     pub fn new(base: &str) -> Result<Self, Error> {
-        let bad =
-            |why: &str| Error::invalid_request(OP_CONFIG, format!("envd base url {base:?}: {why}"));
+        let bad = |why: &str| {
+            transported(Error::invalid_request(
+                OP_CONFIG,
+                format!("envd base url {base:?}: {why}"),
+            ))
+        };
         let uri: Uri = base.parse().map_err(|_| bad("not a URL"))?;
         match uri.scheme_str() {
             Some("http" | "https") => {}
@@ -114,10 +120,10 @@ impl EnvdConfig {
         // The user goes into a header and a query parameter; a colon would end the Basic
         // credentials' user part early, control characters would corrupt the header.
         if user.is_empty() || user.contains(':') || user.chars().any(char::is_control) {
-            return Err(Error::invalid_request(
+            return Err(transported(Error::invalid_request(
                 OP_CONFIG,
                 format!("envd user {user:?}: must be a non-empty name without ':' or controls"),
-            ));
+            )));
         }
         self.user = Some(user);
         Ok(self)
@@ -129,10 +135,10 @@ impl EnvdConfig {
         let id = id.into();
         let ok = !id.is_empty() && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
         if !ok {
-            return Err(Error::invalid_request(
+            return Err(transported(Error::invalid_request(
                 OP_CONFIG,
                 format!("sandbox id {id:?}: letters, digits and '-' only"),
-            ));
+            )));
         }
         self.sandbox_id = Some(id);
         Ok(self)

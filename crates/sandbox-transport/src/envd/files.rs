@@ -6,12 +6,13 @@ use hyper::body::Incoming;
 use hyper::header::{self, HeaderValue};
 use hyper::{Response, StatusCode};
 use hyper_util::client::legacy::connect::Connect;
-use sandbox_core::{Error, Operation};
+use sandbox_core::{Error, Operation, Provider};
 use sandbox_envd::files::{self, WriteInfo};
 
 use super::call::{
     CallOptions, Deadline, EnvdClient, error_answer, full, ok_response, read_limited,
 };
+use crate::transported;
 
 const OP_UPLOAD: Operation = Operation::new("envd.files.upload");
 const OP_DOWNLOAD: Operation = Operation::new("envd.files.download");
@@ -49,6 +50,8 @@ pub struct Download {
     length: Option<u64>,
     deadline: Deadline,
     received: u64,
+    /// Who claims the download's errors ([`super::claim`]).
+    provider: Option<Provider>,
 }
 
 impl Download {
@@ -60,19 +63,26 @@ impl Download {
     /// The next chunk; `Ok(None)` at the end. A connection cut before the announced length
     /// is an error, never a short file.
     pub async fn chunk(&mut self) -> Result<Option<Bytes>, Error> {
+        let provider = self.provider;
+        self.next_chunk()
+            .await
+            .map_err(|e| super::claim(provider, e))
+    }
+
+    async fn next_chunk(&mut self) -> Result<Option<Bytes>, Error> {
         let op = OP_DOWNLOAD;
         let deadline = self.deadline;
         loop {
             let frame = deadline.bound(op, async {
                 self.body.frame().await.transpose().map_err(|e| {
-                    Error::unavailable(
+                    transported(Error::unavailable(
                         op,
                         format!(
                             "the download broke after {} bytes: {}",
                             self.received,
                             crate::client::chain(&e)
                         ),
-                    )
+                    ))
                 })
             });
             match frame.await? {
@@ -88,10 +98,10 @@ impl Download {
                     if let Some(length) = self.length
                         && length != self.received
                     {
-                        return Err(Error::unavailable(
+                        return Err(transported(Error::unavailable(
                             op,
                             format!("the download ended at {} of {length} bytes", self.received),
-                        ));
+                        )));
                     }
                     return Ok(None);
                 }
@@ -101,11 +111,13 @@ impl Download {
 
     /// The whole file, refusing one longer than `limit` bytes.
     pub async fn bytes(mut self, limit: u64) -> Result<Bytes, Error> {
+        let provider = self.provider;
         let too_long = |size: u64| {
-            Error::invalid_request(
+            let refused = transported(Error::invalid_request(
                 OP_DOWNLOAD,
                 format!("the file is {size} bytes or more, over the limit of {limit}"),
-            )
+            ));
+            super::claim(provider, refused)
         };
         if let Some(length) = self.length
             && length > limit
@@ -153,10 +165,10 @@ where
     ) -> Result<Vec<WriteInfo>, Error> {
         let op = OP_UPLOAD;
         let [first, rest @ ..] = files else {
-            return Err(Error::invalid_request(
+            return Err(self.tag(transported(Error::invalid_request(
                 op,
                 "an upload needs at least one file",
-            ));
+            ))));
         };
         // One file names its target in the query; several name theirs in each part's filename.
         let query = if rest.is_empty() {
@@ -164,7 +176,7 @@ where
         } else {
             self.files_query(None)
         };
-        let (content_type, body) = multipart(files)?;
+        let (content_type, body) = multipart(files).map_err(|e| self.tag(e))?;
         let deadline = Deadline::start(options.budget(self.inner.config.unary_timeout));
         let call = async {
             let mut request = self.request(op, hyper::Method::POST, &query, full(body))?;
@@ -175,10 +187,10 @@ where
             let response = ok_response(op, response, "application/json", true).await?;
             let body = read_limited(op, response.into_body(), UPLOAD_ANSWER_LIMIT).await?;
             serde_json::from_slice::<Vec<WriteInfo>>(&body).map_err(|e| {
-                Error::internal(
+                transported(Error::internal(
                     op,
                     format!("envd answered the upload with malformed JSON: {e}"),
-                )
+                ))
             })
         };
         deadline.bound(op, call).await.map_err(|e| self.tag(e))
@@ -192,10 +204,12 @@ where
         options: CallOptions,
     ) -> Result<WriteInfo, Error> {
         let written = self.upload(&[UploadFile::new(path, data)], options).await?;
-        written
-            .into_iter()
-            .next()
-            .ok_or_else(|| self.tag(Error::internal(OP_UPLOAD, "envd reported no file written")))
+        written.into_iter().next().ok_or_else(|| {
+            self.tag(transported(Error::internal(
+                OP_UPLOAD,
+                "envd reported no file written",
+            )))
+        })
     }
 
     /// Opens a download of `path`. The deadline covers reading the whole file.
@@ -222,6 +236,7 @@ where
             length,
             deadline,
             received: 0,
+            provider: self.inner.config.provider,
         })
     }
 
@@ -269,13 +284,13 @@ fn multipart(files: &[UploadFile]) -> Result<(HeaderValue, Bytes), Error> {
     let mut body = BytesMut::with_capacity(size + boundary.len() + 8);
     for file in files {
         if file.path.is_empty() || file.path.chars().any(char::is_control) {
-            return Err(Error::invalid_request(
+            return Err(transported(Error::invalid_request(
                 OP_UPLOAD,
                 format!(
                     "upload path {:?}: empty or with control characters",
                     file.path
                 ),
-            ));
+            )));
         }
         // A quoted-string: backslash and quote are escaped (Go's mime parser unescapes them).
         let filename = file.path.replace('\\', "\\\\").replace('"', "\\\"");
@@ -293,6 +308,6 @@ fn multipart(files: &[UploadFile]) -> Result<(HeaderValue, Bytes), Error> {
     body.put_slice(boundary.as_bytes());
     body.put_slice(b"--\r\n");
     let content_type = HeaderValue::from_str(&format!("multipart/form-data; boundary={boundary}"))
-        .map_err(|_| Error::internal(OP_UPLOAD, "multipart boundary"))?;
+        .map_err(|_| transported(Error::internal(OP_UPLOAD, "multipart boundary")))?;
     Ok((content_type, body.freeze()))
 }

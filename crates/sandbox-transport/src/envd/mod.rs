@@ -11,6 +11,12 @@
 //!   connection or a malformed envelope all come back as [`sandbox_core::Error`] classified by
 //!   kind (Connect `not_found` ⇒ `not_found`, `unauthenticated` ⇒ `authentication`, a stream
 //!   cut inside an envelope ⇒ `unavailable`, a malformed message ⇒ `internal`).
+//! - **Whose errors.** envd runs inside a provider's sandbox: it is that provider's data plane.
+//!   With a provider in the config ([`EnvdConfig::with_provider`]) every error the client
+//!   returns is the provider's ([`Origin::Provider`]) — an envd that cannot be reached, or that
+//!   answers `unavailable`, is the provider's sandbox failing, which the service reports as
+//!   `provider_unavailable`, not as a fault of the transport it travelled on. Without one they
+//!   stay [`Origin::Transport`]. A caller's or a store's error passing through keeps its origin.
 //! - **Deadlines.** A call's deadline is sent as `Connect-Timeout-Ms` and enforced here too, for
 //!   the whole call including every message of a stream (for `Start`, envd also kills the
 //!   process at that deadline).
@@ -33,3 +39,40 @@ pub use config::{ENVD_PORT, EnvdConfig, HttpVersion};
 pub use files::{Download, UploadFile};
 pub use services::InputStream;
 pub use stream::ServerStream;
+
+use sandbox_core::{Error, Origin, Provider};
+
+/// The provider this envd belongs to claims `error` (see "Whose errors" above): what the
+/// transport built, or what nobody attributed. A caller's or a store's error is left alone.
+pub(crate) fn claim(provider: Option<Provider>, error: Error) -> Error {
+    match (provider, error.origin()) {
+        (Some(p), Origin::Transport | Origin::Unspecified) => error.with_provider(p),
+        _ => error,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sandbox_core::Operation;
+
+    #[test]
+    fn the_configured_provider_claims_what_nobody_else_owns() {
+        let check = |provider: Option<Provider>, origin: Origin, want: Origin| {
+            let e = Error::unavailable(Operation::EXEC, "x").with_origin(origin);
+            assert_eq!(claim(provider, e).origin(), want, "{provider:?} {origin:?}");
+        };
+        let e2b = Some(Provider::E2b);
+        check(e2b, Origin::Transport, Origin::Provider(Provider::E2b));
+        check(e2b, Origin::Unspecified, Origin::Provider(Provider::E2b));
+        // A caller's or a store's error stays theirs; a provider's stays that provider's.
+        check(e2b, Origin::Caller, Origin::Caller);
+        check(e2b, Origin::Store, Origin::Store);
+        check(
+            e2b,
+            Origin::Provider(Provider::Cube),
+            Origin::Provider(Provider::Cube),
+        );
+        check(None, Origin::Transport, Origin::Transport);
+    }
+}

@@ -7,6 +7,7 @@ use sandbox_envd::process::{self as ps, rpc as ps_rpc};
 
 use super::call::{CallOptions, ClientStream, EnvdClient};
 use super::stream::ServerStream;
+use crate::transported;
 
 impl<C> EnvdClient<C>
 where
@@ -241,10 +242,10 @@ where
         method: sandbox_envd::Method,
     ) -> Result<fs::EntryInfo, Error> {
         entry.ok_or_else(|| {
-            self.tag(Error::internal(
+            self.tag(transported(Error::internal(
                 sandbox_core::Operation::new(method.path),
                 "envd answered without the entry",
-            ))
+            )))
         })
     }
 }

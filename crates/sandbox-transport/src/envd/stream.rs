@@ -14,6 +14,7 @@ use tokio::time::Instant;
 
 use super::call::Deadline;
 use super::config::EnvdConfig;
+use crate::transported;
 
 /// How long the body may take to end after the end-of-stream message.
 const DRAIN_LIMIT: Duration = Duration::from_secs(1);
@@ -94,10 +95,7 @@ impl<T: DeserializeOwned> ServerStream<T> {
         match self.advance().await {
             Ok(next) => Ok(next),
             Err(e) => {
-                let e = match self.provider {
-                    Some(p) if e.provider().is_none() => e.with_provider(p),
-                    _ => e,
-                };
+                let e = super::claim(self.provider, e);
                 self.state = State::Failed(e.clone());
                 Err(e)
             }
@@ -140,15 +138,23 @@ impl<T: DeserializeOwned> ServerStream<T> {
             if let Some(envelope) = self.decoder.decode().map_err(|e| malformed(op, &e))? {
                 if envelope.end_stream {
                     let end = envelope.parse_end_stream().map_err(|e| {
-                        Error::internal(op, format!("envd sent a malformed end of stream: {e}"))
+                        transported(Error::internal(
+                            op,
+                            format!("envd sent a malformed end of stream: {e}"),
+                        ))
                     })?;
-                    let trailers = end.into_result().map_err(|e| e.to_core_error(op))?;
+                    let trailers = end
+                        .into_result()
+                        .map_err(|e| transported(e.to_core_error(op)))?;
                     self.read_to_end().await?;
                     self.state = State::Ended(trailers);
                     return Ok(None);
                 }
                 let message = envelope.parse_message::<T>().map_err(|e| {
-                    Error::internal(op, format!("envd sent a malformed message: {e}"))
+                    transported(Error::internal(
+                        op,
+                        format!("envd sent a malformed message: {e}"),
+                    ))
                 })?;
                 self.messages += 1;
                 return Ok(Some(message));
@@ -192,13 +198,13 @@ impl<T: DeserializeOwned> ServerStream<T> {
                 if self.decoder.buffered() > 0 {
                     return Ok(());
                 }
-                Err(Error::unavailable(
+                Err(transported(Error::unavailable(
                     self.op,
                     format!(
                         "the stream ended after {} messages without envd's end-of-stream message",
                         self.messages
                     ),
-                ))
+                )))
             }
         }
     }
@@ -218,10 +224,10 @@ impl<T: DeserializeOwned> ServerStream<T> {
                     return Err(if is_deadline {
                         self.deadline.exceeded(op)
                     } else {
-                        Error::unavailable(op, format!(
+                        transported(Error::unavailable(op, format!(
                             "envd sent nothing, not even a keepalive, for {} ms",
                             self.idle_timeout.as_millis()
-                        ))
+                        )))
                     });
                 }
             };
@@ -234,14 +240,14 @@ impl<T: DeserializeOwned> ServerStream<T> {
                     }
                 }
                 Some(Err(e)) => {
-                    return Err(Error::unavailable(
+                    return Err(transported(Error::unavailable(
                         op,
                         format!(
                             "the stream broke after {} messages: {}",
                             self.messages,
                             crate::client::chain(&e)
                         ),
-                    ));
+                    )));
                 }
                 None => return Ok(None),
             }
@@ -254,8 +260,11 @@ impl<T: DeserializeOwned> ServerStream<T> {
 fn malformed(op: Operation, e: &EnvelopeError) -> Error {
     match e {
         EnvelopeError::Truncated { .. } => {
-            Error::unavailable(op, format!("the stream was cut: {e}"))
+            transported(Error::unavailable(op, format!("the stream was cut: {e}")))
         }
-        _ => Error::internal(op, format!("envd sent a malformed stream: {e}")),
+        _ => transported(Error::internal(
+            op,
+            format!("envd sent a malformed stream: {e}"),
+        )),
     }
 }
