@@ -4,6 +4,10 @@
 //! and replicas of the service disagree in ways no test reproduces, so clock, IDs, randomness
 //! and registries are passed in instead (ARCHITECTURE.md). A line-based scan is enough: the
 //! forms it looks for are the only ways to declare such state.
+//!
+//! Rule 10, an error's origin is data: which component failed is `Error::origin`, so no code
+//! reads an error's operation name (`.operation().as_str()`) to decide it, as the HTTP layer
+//! once did with a `store.` prefix.
 
 use std::path::{Path, PathBuf};
 
@@ -49,6 +53,15 @@ pub fn check_source(path: &str, text: &str) -> Vec<Violation> {
                 ),
             });
         }
+        if code.contains(".operation().as_str()") {
+            out.push(Violation {
+                rule: "origin-from-operation",
+                detail: format!(
+                    "{path}:{}: `{code}` — an error's origin is `Error::origin`, not its operation's name",
+                    n + 1
+                ),
+            });
+        }
     }
     out
 }
@@ -74,7 +87,7 @@ pub fn rust_files(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-/// Runs rule 9 over the `src/` trees of the crates under `crates_dir`.
+/// Runs rules 9 and 10 over the `src/` trees of the crates under `crates_dir`.
 pub fn check_crates(crates_dir: &Path) -> Result<Vec<Violation>, String> {
     let mut out = Vec::new();
     let entries = std::fs::read_dir(crates_dir)
@@ -108,6 +121,25 @@ mod tests {
             assert_eq!(v.len(), 1, "{bad}");
             assert_eq!(v[0].rule, "global-mutable-state");
             assert!(v[0].to_string().contains("a.rs:1"), "{}", v[0]);
+        }
+    }
+
+    #[test]
+    fn deciding_by_an_operation_name_is_refused() {
+        for bad in [
+            r#"let from_store = err.operation().as_str().starts_with("store.");"#,
+            r#"if error.operation().as_str() == "get" {"#,
+        ] {
+            let v = check_source("a.rs", bad);
+            assert_eq!(v.len(), 1, "{bad}");
+            assert_eq!(v[0].rule, "origin-from-operation");
+        }
+        for ok in [
+            "let from_store = err.origin() == Origin::Store;",
+            "let op = err.operation();",
+            "// err.operation().as_str() (a comment)",
+        ] {
+            assert!(check_source("a.rs", ok).is_empty(), "{ok}");
         }
     }
 

@@ -4,7 +4,7 @@
 use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use sandbox_core::{Error, ErrorCode, ErrorKind};
+use sandbox_core::{Error, ErrorCode, ErrorKind, Origin};
 use serde_json::json;
 
 /// An API error.
@@ -48,8 +48,20 @@ impl ApiError {
     }
 }
 
-/// The status and code of a core error. Specific codes first, then the kind; the operation
-/// tells a store failure from a provider failure.
+/// Whether an error is reported as the binding store's (`store_*`, the store metric family) or
+/// as the backend's (`provider_*`). Only the error's origin decides, never its operation's
+/// name. Everything that is not the store's is the backend's: a transport failure is the way
+/// to a provider failing, a caller's input is refused before it reaches either (and has its
+/// own codes), and an error nobody attributed is reported as the backend's, as it always was.
+pub(crate) fn from_store(err: &Error) -> bool {
+    match err.origin() {
+        Origin::Store => true,
+        Origin::Provider(_) | Origin::Transport | Origin::Caller | Origin::Unspecified => false,
+    }
+}
+
+/// The status and code of a core error. Specific codes first, then the kind; the origin tells
+/// a store failure from a provider failure ([`from_store`]).
 pub fn classify(err: &Error) -> (StatusCode, &'static str) {
     if let Some(code) = err.code() {
         let status = match code {
@@ -85,7 +97,7 @@ pub fn classify(err: &Error) -> (StatusCode, &'static str) {
         };
         return (status, code.as_str());
     }
-    let from_store = err.operation().as_str().starts_with("store.");
+    let from_store = from_store(err);
     match err.kind() {
         ErrorKind::NotFound => (StatusCode::NOT_FOUND, "not_found"),
         ErrorKind::Terminal => (StatusCode::NOT_FOUND, "sandbox_gone"),
@@ -154,7 +166,7 @@ impl IntoResponse for ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sandbox_core::Operation;
+    use sandbox_core::{Operation, Provider};
 
     #[test]
     fn an_unread_body_closes_the_connection() {
@@ -194,9 +206,24 @@ mod tests {
             "provider_unavailable",
         );
         check(
-            Error::unavailable(Operation::new("store.get"), "down"),
+            Error::unavailable(Operation::GET, "down").with_origin(Origin::Store),
             StatusCode::SERVICE_UNAVAILABLE,
             "store_unavailable",
+        );
+        check(
+            Error::timeout(Operation::new("lock_lifecycle"), "slow").with_origin(Origin::Store),
+            StatusCode::GATEWAY_TIMEOUT,
+            "store_timeout",
+        );
+        check(
+            Error::timeout(Operation::EXEC, "slow").with_provider(Provider::Docker),
+            StatusCode::GATEWAY_TIMEOUT,
+            "provider_timeout",
+        );
+        check(
+            Error::unavailable(Operation::new("dial"), "refused").with_origin(Origin::Transport),
+            StatusCode::SERVICE_UNAVAILABLE,
+            "provider_unavailable",
         );
         check(
             Error::unsupported(Operation::VALIDATE, "x").with_code(ErrorCode::BackendDisabled),
@@ -213,5 +240,42 @@ mod tests {
             StatusCode::BAD_GATEWAY,
             "provider_authentication",
         );
+    }
+
+    /// The origin decides store or provider; the operation's name does not, whatever it says.
+    #[test]
+    fn the_origin_decides_not_the_operation_name() {
+        // The form the old rule read ("store." prefix). The operation scheme keeps it out of
+        // the code (tidy checks `Operation::new` literals); this test needs it on purpose.
+        const STORE_PREFIXED: &str = "store.get";
+        let store_named = Operation::new(STORE_PREFIXED);
+        let cases = [
+            // A store error whose operation does not look like a store's.
+            (
+                Error::unavailable(Operation::EXEC, "redis down").with_origin(Origin::Store),
+                "store_unavailable",
+            ),
+            (
+                Error::timeout(Operation::CREATE, "redis slow").with_origin(Origin::Store),
+                "store_timeout",
+            ),
+            // A provider error whose operation is named like a store's.
+            (
+                Error::unavailable(store_named, "engine down").with_provider(Provider::Docker),
+                "provider_unavailable",
+            ),
+            (
+                Error::timeout(store_named, "engine slow").with_provider(Provider::E2b),
+                "provider_timeout",
+            ),
+            // Nobody said: the backend's, as before.
+            (
+                Error::unavailable(store_named, "down"),
+                "provider_unavailable",
+            ),
+        ];
+        for (err, code) in cases {
+            assert_eq!(classify(&err).1, code, "{err}");
+        }
     }
 }
