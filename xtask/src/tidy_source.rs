@@ -7,7 +7,11 @@
 //!
 //! Rule 10, an error's origin is data: which component failed is `Error::origin`, so no code
 //! reads an error's operation name (`.operation().as_str()`) to decide it, as the HTTP layer
-//! once did with a `store.` prefix.
+//! once did with a `store.` prefix. Rule 11, operation names follow the one scheme of
+//! `sandbox_core::error` (`[a-z][a-z0-9_]*`, no component prefix): every
+//! `Operation::new("...")` literal is checked, so a dotted `store.get` cannot come back as a
+//! second way of saying where an error came from. (xtask depends on no workspace crate, so
+//! [`follows_operation_scheme`] restates `Operation::follows_scheme`.)
 
 use std::path::{Path, PathBuf};
 
@@ -53,6 +57,21 @@ pub fn check_source(path: &str, text: &str) -> Vec<Violation> {
                 ),
             });
         }
+        let mut rest = code;
+        while let Some(at) = rest.find("Operation::new(\"") {
+            let name_and_more = &rest[at + "Operation::new(\"".len()..];
+            let name = name_and_more.split('"').next().unwrap_or("");
+            if !follows_operation_scheme(name) {
+                out.push(Violation {
+                    rule: "operation-name",
+                    detail: format!(
+                        "{path}:{}: operation {name:?} — names are snake_case with no component prefix (see sandbox_core::error)",
+                        n + 1
+                    ),
+                });
+            }
+            rest = name_and_more;
+        }
         if code.contains(".operation().as_str()") {
             out.push(Violation {
                 rule: "origin-from-operation",
@@ -64,6 +83,13 @@ pub fn check_source(path: &str, text: &str) -> Vec<Violation> {
         }
     }
     out
+}
+
+/// `[a-z][a-z0-9_]*`, the form of an operation name.
+pub fn follows_operation_scheme(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars.next().is_some_and(|c| c.is_ascii_lowercase())
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
 }
 
 /// Every `.rs` file under `dir`, recursively.
@@ -87,7 +113,7 @@ pub fn rust_files(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-/// Runs rules 9 and 10 over the `src/` trees of the crates under `crates_dir`.
+/// Runs rules 9 to 11 over the `src/` trees of the crates under `crates_dir`.
 pub fn check_crates(crates_dir: &Path) -> Result<Vec<Violation>, String> {
     let mut out = Vec::new();
     let entries = std::fs::read_dir(crates_dir)
@@ -138,6 +164,27 @@ mod tests {
             "let from_store = err.origin() == Origin::Store;",
             "let op = err.operation();",
             "// err.operation().as_str() (a comment)",
+        ] {
+            assert!(check_source("a.rs", ok).is_empty(), "{ok}");
+        }
+    }
+
+    #[test]
+    fn operation_names_outside_the_scheme_are_refused() {
+        for bad in [
+            r#"const OP: Operation = Operation::new("store.get");"#,
+            r#"let op = Operation::new("envd.files.upload");"#,
+            r#"Error::internal(Operation::new("ok"), "x").with(Operation::new("Bad"))"#,
+            r#"Operation::new("")"#,
+        ] {
+            let v = check_source("a.rs", bad);
+            assert_eq!(v.len(), 1, "{bad}");
+            assert_eq!(v[0].rule, "operation-name");
+        }
+        for ok in [
+            r#"const OP: Operation = Operation::new("lock_lifecycle");"#,
+            r#"let op = Operation::new(method_name);"#,
+            r#"// Operation::new("store.get") in a comment"#,
         ] {
             assert!(check_source("a.rs", ok).is_empty(), "{ok}");
         }

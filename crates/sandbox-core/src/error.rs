@@ -36,6 +36,17 @@
 //!
 //! A later builder replaces an earlier origin, like [`Error::with_operation`]: the last layer
 //! that handled the error knows most about whose it is.
+//!
+//! # Operation names
+//!
+//! An [`Operation`] names the step that failed: the port method's name when a port method
+//! failed (`create`, `read_file`, `lock_lifecycle`, `begin_turn`), else a verb phrase for the
+//! step (`validate`, `dial`, `resolve`, `sweep_idle`, `renew_lifecycle_lock`). Names are
+//! snake_case — ASCII lowercase letters, digits and `_`, starting with a letter
+//! ([`Operation::follows_scheme`]) — and carry no component prefix: which component failed is
+//! the [`Origin`], so the same name may appear with different origins (a store's `get` and a
+//! provider's `get`). An envd RPC is named after its method (`start_process`, `list_dir`), not
+//! its path. `cargo xtask tidy` checks every `Operation::new("...")` literal against the form.
 
 use std::fmt;
 use std::sync::Arc;
@@ -265,7 +276,9 @@ impl fmt::Display for ErrorCode {
     }
 }
 
-/// The name of the operation that failed (`create`, `exec`, `store.get`, ...).
+/// The name of the operation that failed (`create`, `exec`, `lock_lifecycle`, ...), following
+/// the scheme in the [module docs](self#operation-names): the port method's name or a
+/// snake_case verb phrase, with no component prefix (that is the error's [`Origin`]).
 ///
 /// A newtype over a static string rather than an enum so stores, transports and later layers can
 /// name their own operations without editing this crate.
@@ -273,9 +286,29 @@ impl fmt::Display for ErrorCode {
 pub struct Operation(&'static str);
 
 impl Operation {
-    /// Names an operation. Use a short snake_case verb phrase.
+    /// Names an operation: the port method's name or a snake_case verb phrase, see the module
+    /// docs. Not checked here (a name is a label, and a malformed one must not take a service
+    /// down); `cargo xtask tidy` checks the literals and [`Operation::follows_scheme`] is the
+    /// rule.
     pub const fn new(name: &'static str) -> Self {
         Operation(name)
+    }
+
+    /// Whether `name` has the form of an operation name: `[a-z][a-z0-9_]*`.
+    pub const fn follows_scheme(name: &str) -> bool {
+        let bytes = name.as_bytes();
+        if bytes.is_empty() || !bytes[0].is_ascii_lowercase() {
+            return false;
+        }
+        let mut i = 1;
+        while i < bytes.len() {
+            let b = bytes[i];
+            if !(b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_') {
+                return false;
+            }
+            i += 1;
+        }
+        true
     }
     /// The operation's name.
     pub const fn as_str(self) -> &'static str {
@@ -749,6 +782,60 @@ mod tests {
         }
         let config = crate::provider::SandboxType::parse("nope").unwrap_err();
         assert_eq!(config.origin(), Origin::Unspecified, "{config}");
+    }
+
+    #[test]
+    fn operation_names_are_snake_case() {
+        for ok in [
+            "get",
+            "read_file",
+            "lock_lifecycle",
+            "sweep_idle",
+            "list_dir2",
+        ] {
+            assert!(Operation::follows_scheme(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "store.get",
+            "envd.files.upload",
+            "/process.Process/Start",
+            "ReadFile",
+            "read-file",
+            "_get",
+            "2get",
+            "get file",
+        ] {
+            assert!(!Operation::follows_scheme(bad), "{bad:?}");
+        }
+        for op in [
+            Operation::HEALTH,
+            Operation::CREATE,
+            Operation::CONNECT,
+            Operation::CONNECT_SESSION,
+            Operation::GET,
+            Operation::LIST,
+            Operation::DELETE,
+            Operation::EXEC,
+            Operation::WRITE_FILE,
+            Operation::READ_FILE,
+            Operation::LIST_DIR,
+            Operation::MAKE_DIR,
+            Operation::REMOVE,
+            Operation::STAT,
+            Operation::CREATE_SNAPSHOT,
+            Operation::DELETE_SNAPSHOT,
+            Operation::LIST_SNAPSHOTS,
+            Operation::LIST_TEMPLATES,
+            Operation::ENSURE_TEMPLATE,
+            Operation::OPEN_TERMINAL,
+            Operation::TERMINAL_IO,
+            Operation::DIAL_DESKTOP,
+            Operation::KEEP_ALIVE,
+            Operation::VALIDATE,
+        ] {
+            assert!(Operation::follows_scheme(op.as_str()), "{op}");
+        }
     }
 
     #[test]

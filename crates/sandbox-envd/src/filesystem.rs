@@ -14,23 +14,23 @@ use crate::service::service;
 service! {
     "filesystem.Filesystem";
     /// Describes one path. Unary.
-    STAT / Stat = "Stat": Unary(StatRequest) -> StatResponse;
+    STAT / Stat = "Stat" as "stat": Unary(StatRequest) -> StatResponse;
     /// Creates a directory and its parents. Unary.
-    MAKE_DIR / MakeDir = "MakeDir": Unary(MakeDirRequest) -> MakeDirResponse;
+    MAKE_DIR / MakeDir = "MakeDir" as "make_dir": Unary(MakeDirRequest) -> MakeDirResponse;
     /// Renames a path. Unary.
-    MOVE / Move = "Move": Unary(MoveRequest) -> MoveResponse;
+    MOVE / Move = "Move" as "move": Unary(MoveRequest) -> MoveResponse;
     /// Lists a directory's descendants up to a depth. Unary.
-    LIST_DIR / ListDir = "ListDir": Unary(ListDirRequest) -> ListDirResponse;
+    LIST_DIR / ListDir = "ListDir" as "list_dir": Unary(ListDirRequest) -> ListDirResponse;
     /// Removes a path recursively. Unary.
-    REMOVE / Remove = "Remove": Unary(RemoveRequest) -> RemoveResponse;
+    REMOVE / Remove = "Remove" as "remove": Unary(RemoveRequest) -> RemoveResponse;
     /// Streams a directory's change events. Server streaming.
-    WATCH_DIR / WatchDir = "WatchDir": ServerStreaming(WatchDirRequest) -> WatchDirResponse;
+    WATCH_DIR / WatchDir = "WatchDir" as "watch_dir": ServerStreaming(WatchDirRequest) -> WatchDirResponse;
     /// Starts a polled watcher. Unary.
-    CREATE_WATCHER / CreateWatcher = "CreateWatcher": Unary(CreateWatcherRequest) -> CreateWatcherResponse;
+    CREATE_WATCHER / CreateWatcher = "CreateWatcher" as "create_watcher": Unary(CreateWatcherRequest) -> CreateWatcherResponse;
     /// Drains a polled watcher's events. Unary.
-    GET_WATCHER_EVENTS / GetWatcherEvents = "GetWatcherEvents": Unary(GetWatcherEventsRequest) -> GetWatcherEventsResponse;
+    GET_WATCHER_EVENTS / GetWatcherEvents = "GetWatcherEvents" as "get_watcher_events": Unary(GetWatcherEventsRequest) -> GetWatcherEventsResponse;
     /// Stops a polled watcher. Unary.
-    REMOVE_WATCHER / RemoveWatcher = "RemoveWatcher": Unary(RemoveWatcherRequest) -> RemoveWatcherResponse;
+    REMOVE_WATCHER / RemoveWatcher = "RemoveWatcher" as "remove_watcher": Unary(RemoveWatcherRequest) -> RemoveWatcherResponse;
 }
 
 json::message! {

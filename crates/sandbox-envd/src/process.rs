@@ -18,21 +18,21 @@ use crate::service::service;
 service! {
     "process.Process";
     /// Lists the running processes. Unary.
-    LIST / List = "List": Unary(ListRequest) -> ListResponse;
+    LIST / List = "List" as "list_processes": Unary(ListRequest) -> ListResponse;
     /// Attaches to a running process's events (no replay of earlier output). Server streaming.
-    CONNECT / Connect = "Connect": ServerStreaming(ConnectRequest) -> ConnectResponse;
+    CONNECT / Connect = "Connect" as "connect_process": ServerStreaming(ConnectRequest) -> ConnectResponse;
     /// Starts a process and streams its events. Server streaming.
-    START / Start = "Start": ServerStreaming(StartRequest) -> StartResponse;
+    START / Start = "Start" as "start_process": ServerStreaming(StartRequest) -> StartResponse;
     /// Resizes a process's PTY. Unary.
-    UPDATE / Update = "Update": Unary(UpdateRequest) -> UpdateResponse;
+    UPDATE / Update = "Update" as "update_process": Unary(UpdateRequest) -> UpdateResponse;
     /// Feeds a process's input in order: `start`, then `data`. Client streaming.
-    STREAM_INPUT / StreamInput = "StreamInput": ClientStreaming(StreamInputRequest) -> StreamInputResponse;
+    STREAM_INPUT / StreamInput = "StreamInput" as "stream_input": ClientStreaming(StreamInputRequest) -> StreamInputResponse;
     /// Sends one chunk of input. Unary.
-    SEND_INPUT / SendInput = "SendInput": Unary(SendInputRequest) -> SendInputResponse;
+    SEND_INPUT / SendInput = "SendInput" as "send_input": Unary(SendInputRequest) -> SendInputResponse;
     /// Sends SIGTERM or SIGKILL. Unary.
-    SEND_SIGNAL / SendSignal = "SendSignal": Unary(SendSignalRequest) -> SendSignalResponse;
+    SEND_SIGNAL / SendSignal = "SendSignal" as "send_signal": Unary(SendSignalRequest) -> SendSignalResponse;
     /// Closes a non-PTY process's stdin (EOF). Unary.
-    CLOSE_STDIN / CloseStdin = "CloseStdin": Unary(CloseStdinRequest) -> CloseStdinResponse;
+    CLOSE_STDIN / CloseStdin = "CloseStdin" as "close_stdin": Unary(CloseStdinRequest) -> CloseStdinResponse;
 }
 
 json::message! {

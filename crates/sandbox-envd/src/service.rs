@@ -47,6 +47,10 @@ pub struct Method {
     pub name: &'static str,
     /// HTTP path (`/process.Process/Start`); every call is a `POST` to it.
     pub path: &'static str,
+    /// What an error of this call names as its operation (`start_process`): a snake_case
+    /// verb phrase like every operation name (`sandbox_core::error`), not the path, which
+    /// is not one.
+    pub operation: sandbox_core::Operation,
     /// Streaming shape.
     pub kind: MethodKind,
 }
@@ -108,7 +112,7 @@ macro_rules! service {
         $service:literal;
         $(
             $(#[$doc:meta])*
-            $konst:ident / $marker:ident = $name:literal: $kind:ident($request:ty) -> $response:ty;
+            $konst:ident / $marker:ident = $name:literal as $operation:literal: $kind:ident($request:ty) -> $response:ty;
         )+
     ) => {
         /// The fully qualified service name.
@@ -122,6 +126,7 @@ macro_rules! service {
                     service: $service,
                     name: $name,
                     path: concat!("/", $service, "/", $name),
+                    operation: sandbox_core::Operation::new($operation),
                     kind: $crate::MethodKind::$kind,
                 };
             )+
@@ -163,6 +168,14 @@ mod tests {
             assert_eq!(method_by_path(m.path), Some(m));
         }
         assert_eq!(seen.len(), 17);
+        let operations: std::collections::BTreeSet<&str> =
+            all_methods().map(|m| m.operation.as_str()).collect();
+        assert_eq!(operations.len(), 17, "one operation name per method");
+        for name in operations {
+            assert!(sandbox_core::Operation::follows_scheme(name), "{name}");
+        }
+        assert_eq!(process::method::START.operation.as_str(), "start_process");
+        assert_eq!(filesystem::method::LIST_DIR.operation.as_str(), "list_dir");
         assert_eq!(method_by_path("/process.Process/Nope"), None);
     }
 

@@ -85,9 +85,9 @@ const DOCKER_USER: &str = "DOCKER-USER";
 const INPUT: &str = "INPUT";
 const FORWARD: &str = "FORWARD";
 
-const OP_ENSURE: Operation = Operation::new("egress_ensure");
-const OP_REMOVE: Operation = Operation::new("egress_remove");
-const OP_ORPHANS: Operation = Operation::new("egress_remove_orphans");
+const OP_ENSURE: Operation = Operation::new("ensure_egress");
+const OP_REMOVE: Operation = Operation::new("remove_egress");
+const OP_ORPHANS: Operation = Operation::new("remove_egress_orphans");
 
 const NAMESPACE_MAX: usize = 24;
 

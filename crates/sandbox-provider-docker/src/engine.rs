@@ -98,7 +98,7 @@ impl Endpoint {
     }
 }
 
-const OP: Operation = Operation::new("docker_engine");
+const OP: Operation = Operation::new("connect_engine");
 
 /// Resolves the endpoint: the config's host, else `DOCKER_HOST`, else the default socket.
 ///

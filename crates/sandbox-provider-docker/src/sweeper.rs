@@ -38,7 +38,7 @@ pub const CLOCK_SKEW: Duration = Duration::from_secs(120);
 /// Budget of one sweep.
 pub const SWEEP_BUDGET: Duration = Duration::from_secs(120);
 
-const OP: Operation = Operation::new("idle_sweep");
+const OP: Operation = Operation::new("sweep_idle");
 
 /// What one sweep did.
 #[derive(Debug, Default)]

@@ -197,10 +197,6 @@ impl fmt::Debug for MemoryBindingStore {
     }
 }
 
-fn op(name: &'static str) -> Operation {
-    Operation::new(name)
-}
-
 /// Every error this store returns is the store's, whoever built it (core's binding
 /// validation included): the service reports it as `store_*`.
 fn stored(error: Error) -> Error {
@@ -296,7 +292,7 @@ impl BindingStore for MemoryBindingStore {
                 report.failed.push((
                     key.session.clone(),
                     stored(Error::timeout(
-                        op("store.invalidate_by_config"),
+                        Operation::new("invalidate_by_config"),
                         format!(
                             "the lifecycle lock of session {key} was still held after {} ms; its binding was not marked",
                             wait.as_millis()
@@ -368,7 +364,7 @@ impl TurnLeases for MemoryBindingStore {
         self.inner
             .state()
             .begin_turn(key, now, self.inner.ttls)
-            .map_err(|refusal| refusal.into_error(op("store.begin_turn"), key))
+            .map_err(|refusal| refusal.into_error(Operation::new("begin_turn"), key))
     }
 
     async fn end_turn(&self, key: &BindingKey) -> Result<(), Error> {
@@ -402,7 +398,7 @@ impl RewindLocks for MemoryBindingStore {
             .inner
             .state()
             .try_lock_rewind(key, Arc::downgrade(&holder), now, self.inner.ttls)
-            .map_err(|refusal| refusal.into_error(op("store.try_lock_rewind"), key))?;
+            .map_err(|refusal| refusal.into_error(Operation::new("try_lock_rewind"), key))?;
         Ok(RewindLock::new(Box::new(RewindRelease {
             inner: self.inner.clone(),
             key: key.clone(),
@@ -450,7 +446,7 @@ impl ActivityRegistry for MemoryBindingStore {
     ) -> Result<(), Error> {
         if activity.id.trim().is_empty() || activity.kind.trim().is_empty() {
             return Err(stored(Error::invalid_request(
-                op("store.activity_add"),
+                Operation::new("add_activity"),
                 "a background activity needs an id and a kind",
             )));
         }
@@ -461,7 +457,7 @@ impl ActivityRegistry for MemoryBindingStore {
             .map_err(|live| {
                 stored(Error::new(
                     ErrorKind::Capacity,
-                    op("store.activity_add"),
+                    Operation::new("add_activity"),
                     format!(
                         "session {key} already has {live} live {:?} activities (cap {kind_cap})",
                         activity.kind

@@ -298,7 +298,7 @@ fn provider_calls(fake: &FakeProvider) -> usize {
 async fn store_faults_make_no_provider_calls() {
     let faulty = Arc::new(FaultyStore::new(Arc::new(MemoryBindingStore::new())));
     let e = env_with(FakeProvider::new(), faulty.clone());
-    let store_down = || Error::unavailable(Operation::new("store.lock"), "redis down");
+    let store_down = || Error::unavailable(Operation::new("lock_lifecycle"), "redis down");
     faulty.fail_next(StoreOp::LockLifecycle, store_down());
     assert_eq!(
         e.lifecycle.resolve(&key(1)).await.unwrap_err().kind(),
@@ -403,7 +403,7 @@ async fn create_race_loser_deletes_its_own_sandbox() {
     let c = env_with(FakeProvider::new(), faulty.clone());
     faulty.fail_next(
         StoreOp::Create,
-        Error::unavailable(Operation::new("store.create"), "down"),
+        Error::unavailable(Operation::new("create"), "down"),
     );
     assert!(c.lifecycle.resolve(&key(2)).await.is_err());
     assert_eq!(c.fake.calls(FakeOp::Create), 1);

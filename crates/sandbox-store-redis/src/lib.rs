@@ -49,10 +49,6 @@ use scripts::Scripts;
 /// How often a conditional write re-reads after a concurrent writer made its swap miss.
 const CAS_ATTEMPTS: usize = 16;
 
-fn op(name: &'static str) -> Operation {
-    Operation::new(name)
-}
-
 /// Says that `error` is the store's (`[errors.origin]`). Every error this crate makes goes
 /// through here, and so does an error of core's it passes on (binding validation).
 pub(crate) fn stored(error: Error) -> Error {
@@ -105,7 +101,7 @@ fn map_err(operation: Operation, e: &fred::error::Error) -> Error {
 
 fn invalid_binding(why: String) -> Error {
     stored(Error::internal(
-        op("store.get"),
+        Operation::new("get"),
         format!("stored binding is invalid: {why}"),
     ))
     .with_code(ErrorCode::InvalidBinding)
@@ -144,14 +140,14 @@ impl RedisBindingStore {
             client
                 .init()
                 .await
-                .map_err(|e| fail(&client, op("store.connect"), &e))?;
+                .map_err(|e| fail(&client, Operation::new("connect"), &e))?;
             Ok::<_, Error>(())
         };
         tokio::time::timeout(config.connect_timeout, connect)
             .await
             .map_err(|_| {
                 stored(Error::unavailable(
-                    op("store.connect"),
+                    Operation::new("connect"),
                     format!(
                         "redis did not answer within {} ms",
                         config.connect_timeout.as_millis()
@@ -183,7 +179,7 @@ impl RedisBindingStore {
             .ping::<String>(None)
             .await
             .map(|_| ())
-            .map_err(|e| fail(&self.inner.client, op("store.ping"), &e))
+            .map_err(|e| fail(&self.inner.client, Operation::new("ping"), &e))
     }
 
     /// The keys of `key` (tests plant values through them).
@@ -259,7 +255,7 @@ impl RedisBindingStore {
     /// Marks the binding stale if it is still of `config` and not yet stale.
     async fn mark_stale(&self, key: &BindingKey, config: &ConfigId) -> Result<bool, Error> {
         let now = OffsetDateTime::now_utc();
-        self.update(op("store.invalidate_by_config"), key, |mut b| {
+        self.update(Operation::new("invalidate_by_config"), key, |mut b| {
             if b.config_id.as_ref() != Some(config) || b.stale_at.is_some() {
                 return Ok(None);
             }
@@ -276,7 +272,7 @@ impl Inner {
             script
                 .load(&self.client)
                 .await
-                .map_err(|e| fail(&self.client, op("store.connect"), &e))?;
+                .map_err(|e| fail(&self.client, Operation::new("connect"), &e))?;
         }
         Ok(())
     }
@@ -352,7 +348,9 @@ fn millis(d: Duration) -> Vec<u8> {
 #[async_trait]
 impl BindingStore for RedisBindingStore {
     async fn get(&self, key: &BindingKey) -> Result<Option<Binding>, Error> {
-        let raw = self.raw(op("store.get"), &self.keys(key).binding).await?;
+        let raw = self
+            .raw(Operation::new("get"), &self.keys(key).binding)
+            .await?;
         raw.map(|raw| decode(key, &raw)).transpose()
     }
 
@@ -369,7 +367,7 @@ impl BindingStore for RedisBindingStore {
                 false,
             )
             .await
-            .map_err(|e| fail(&self.inner.client, op("store.create"), &e))?;
+            .map_err(|e| fail(&self.inner.client, Operation::new("create"), &e))?;
         Ok(stored.is_some())
     }
 
@@ -379,7 +377,7 @@ impl BindingStore for RedisBindingStore {
         provider: Provider,
         sandbox: &SandboxId,
     ) -> Result<bool, Error> {
-        let operation = op("store.delete_if_match");
+        let operation = Operation::new("delete_if_match");
         let redis_key = self.keys(key).binding;
         for _ in 0..CAS_ATTEMPTS {
             let Some(raw) = self.raw(operation, &redis_key).await? else {
@@ -409,16 +407,20 @@ impl BindingStore for RedisBindingStore {
         if token.is_empty() {
             return Ok(false);
         }
-        self.update(op("store.replace_traffic_token"), key, |mut b| {
-            if b.provider != expected.provider
-                || b.sandbox_id != expected.sandbox_id
-                || b.traffic_token.as_ref() == Some(token)
-            {
-                return Ok(None);
-            }
-            b.traffic_token = Some(token.clone());
-            encode(&b).map(Some)
-        })
+        self.update(
+            Operation::new("replace_traffic_token_if_match"),
+            key,
+            |mut b| {
+                if b.provider != expected.provider
+                    || b.sandbox_id != expected.sandbox_id
+                    || b.traffic_token.as_ref() == Some(token)
+                {
+                    return Ok(None);
+                }
+                b.traffic_token = Some(token.clone());
+                encode(&b).map(Some)
+            },
+        )
         .await
     }
 
@@ -431,7 +433,7 @@ impl BindingStore for RedisBindingStore {
         tenant: TenantId,
         config: &ConfigId,
     ) -> Result<InvalidationReport, Error> {
-        let operation = op("store.invalidate_by_config");
+        let operation = Operation::new("invalidate_by_config");
         let pattern = keys::binding_pattern(&self.inner.ns, tenant);
         // Every primary of a cluster, not the one node a plain SCAN would reach.
         let mut sessions = Vec::new();
@@ -536,7 +538,7 @@ impl BindingStore for RedisBindingStore {
 impl OptimisticReads for RedisBindingStore {
     /// One `EVALSHA`: the binding and the turn lease's due writes, on the session's slot.
     async fn read_for_resolve(&self, key: &BindingKey) -> Result<ResolveSnapshot, Error> {
-        let operation = op("store.read_for_resolve");
+        let operation = Operation::new("read_for_resolve");
         let k = self.keys(key);
         let (raw, due): (Option<Vec<u8>>, i64) = self
             .inner
@@ -565,7 +567,7 @@ fn refusal(operation: Operation, key: &BindingKey, code: ErrorCode, why: &str) -
 #[async_trait]
 impl TurnLeases for RedisBindingStore {
     async fn begin_turn(&self, key: &BindingKey) -> Result<(), Error> {
-        let operation = op("store.begin_turn");
+        let operation = Operation::new("begin_turn");
         let k = self.keys(key);
         let refs: i64 = self
             .inner
@@ -591,7 +593,7 @@ impl TurnLeases for RedisBindingStore {
         let _: i64 = self
             .inner
             .eval(
-                op("store.end_turn"),
+                Operation::new("end_turn"),
                 &self.inner.scripts.end_turn,
                 vec![self.keys(key).turn],
                 vec![],
@@ -605,7 +607,7 @@ impl TurnLeases for RedisBindingStore {
         let state: Vec<i64> = self
             .inner
             .eval(
-                op("store.turn_state"),
+                Operation::new("turn_state"),
                 &self.inner.scripts.turn_state,
                 vec![k.turn, k.activity],
                 vec![millis(self.inner.config.turn_lease_ttl)],
@@ -613,7 +615,7 @@ impl TurnLeases for RedisBindingStore {
             .await?;
         let [turn, rebuild, live_work] = state[..] else {
             return Err(stored(Error::internal(
-                op("store.turn_state"),
+                Operation::new("turn_state"),
                 format!("unexpected script answer {state:?}"),
             )));
         };
@@ -627,7 +629,7 @@ impl TurnLeases for RedisBindingStore {
         let _: i64 = self
             .inner
             .eval(
-                op("store.consume_turn_rebuild"),
+                Operation::new("consume_turn_rebuild"),
                 &self.inner.scripts.consume_rebuild,
                 vec![self.keys(key).turn],
                 vec![millis(self.inner.config.turn_lease_ttl)],
@@ -649,7 +651,7 @@ impl RewindLocks for RedisBindingStore {
             .client
             .exists(self.keys(key).rewind)
             .await
-            .map_err(|e| fail(&self.inner.client, op("store.has_rewind_lock"), &e))?;
+            .map_err(|e| fail(&self.inner.client, Operation::new("has_rewind_lock"), &e))?;
         Ok(n > 0)
     }
 }
@@ -663,7 +665,7 @@ impl ActivityRegistry for RedisBindingStore {
         lease: Duration,
         kind_cap: usize,
     ) -> Result<(), Error> {
-        let operation = op("store.activity_add");
+        let operation = Operation::new("add_activity");
         if activity.id.trim().is_empty() || activity.kind.trim().is_empty() {
             return Err(stored(Error::invalid_request(
                 operation,
@@ -708,7 +710,7 @@ impl ActivityRegistry for RedisBindingStore {
         let renewed: i64 = self
             .inner
             .eval(
-                op("store.activity_renew"),
+                Operation::new("renew_activity"),
                 &self.inner.scripts.renew_activity,
                 vec![self.keys(key).activity],
                 vec![id.as_bytes().to_vec(), millis(lease)],
@@ -724,12 +726,12 @@ impl ActivityRegistry for RedisBindingStore {
             .client
             .hdel(self.keys(key).activity, id)
             .await
-            .map_err(|e| fail(&self.inner.client, op("store.activity_remove"), &e))?;
+            .map_err(|e| fail(&self.inner.client, Operation::new("remove_activity"), &e))?;
         Ok(())
     }
 
     async fn list(&self, key: &BindingKey) -> Result<Vec<BackgroundActivity>, Error> {
-        let operation = op("store.activity_list");
+        let operation = Operation::new("list_activities");
         let flat: Vec<String> = self
             .inner
             .eval(

@@ -27,7 +27,7 @@ fn token() -> Result<String, Error> {
     let mut raw = [0u8; 16];
     getrandom::fill(&mut raw).map_err(|e| {
         stored(Error::internal(
-            Operation::new("store.lock_lifecycle"),
+            Operation::new("lock_lifecycle"),
             format!("no randomness for a lock token: {e}"),
         ))
     })?;
@@ -41,7 +41,7 @@ pub(crate) async fn acquire(
     lock_key: String,
     key: &BindingKey,
 ) -> Result<LifecycleLock, Error> {
-    let operation = Operation::new("store.lock_lifecycle");
+    let operation = Operation::new("lock_lifecycle");
     let token = token()?;
     let lease = inner.config.lock_lease;
     // If this future is dropped between a successful SET and the guard below, the lease
@@ -90,7 +90,7 @@ async fn renew_lifecycle(
         tokio::time::sleep(every).await;
         let renewed: Result<i64, Error> = inner
             .eval(
-                Operation::new("store.lock_renew"),
+                Operation::new("renew_lifecycle_lock"),
                 &inner.scripts.renew,
                 vec![lock_key.clone()],
                 vec![token.clone().into_bytes(), millis(lease)],
@@ -166,7 +166,7 @@ impl LockRelease for LifecycleRelease {
         let Some(held) = self.held.take() else {
             return Ok(());
         };
-        let operation = Operation::new("store.lock_release");
+        let operation = Operation::new("release_lifecycle_lock");
         if held.release(operation).await? {
             return Ok(());
         }
@@ -180,7 +180,7 @@ impl LockRelease for LifecycleRelease {
 impl Drop for LifecycleRelease {
     fn drop(&mut self) {
         if let Some(held) = self.held.take() {
-            held.release_in_background(Operation::new("store.lock_release"));
+            held.release_in_background(Operation::new("release_lifecycle_lock"));
         }
     }
 }
@@ -192,7 +192,7 @@ pub(crate) async fn lock_rewind(
     keys: SessionKeys,
     key: &BindingKey,
 ) -> Result<RewindLock, Error> {
-    let operation = Operation::new("store.try_lock_rewind");
+    let operation = Operation::new("try_lock_rewind");
     let token = token()?;
     let ttl = inner.config.rewind_ttl;
     let taken: i64 = inner
@@ -241,7 +241,7 @@ async fn keep_rewind(inner: Arc<Inner>, rewind_key: String, token: String, sessi
         tokio::time::sleep(ttl / 3).await;
         let kept: Result<i64, Error> = inner
             .eval(
-                Operation::new("store.rewind_renew"),
+                Operation::new("renew_rewind_lock"),
                 &inner.scripts.keep_rewind,
                 vec![rewind_key.clone()],
                 vec![token.clone().into_bytes(), millis(ttl)],
@@ -273,7 +273,7 @@ struct RewindRelease {
 impl LockRelease for RewindRelease {
     async fn release(mut self: Box<Self>) -> Result<(), Error> {
         if let Some(held) = self.held.take() {
-            held.release(Operation::new("store.rewind_release")).await?;
+            held.release(Operation::new("release_rewind_lock")).await?;
         }
         Ok(())
     }
@@ -282,7 +282,7 @@ impl LockRelease for RewindRelease {
 impl Drop for RewindRelease {
     fn drop(&mut self) {
         if let Some(held) = self.held.take() {
-            held.release_in_background(Operation::new("store.rewind_release"));
+            held.release_in_background(Operation::new("release_rewind_lock"));
         }
     }
 }

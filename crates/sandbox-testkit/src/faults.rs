@@ -254,19 +254,19 @@ impl FaultyStore {
     fn inner_turns(&self) -> Result<&dyn TurnLeases, Error> {
         self.inner
             .turn_leases()
-            .ok_or_else(|| unsupported("store.turn_leases", "turn leases"))
+            .ok_or_else(|| unsupported("turn_leases", "turn leases"))
     }
 
     fn inner_rewinds(&self) -> Result<&dyn RewindLocks, Error> {
         self.inner
             .rewind_locks()
-            .ok_or_else(|| unsupported("store.rewind_locks", "rewind locks"))
+            .ok_or_else(|| unsupported("rewind_locks", "rewind locks"))
     }
 
     fn inner_activities(&self) -> Result<&dyn ActivityRegistry, Error> {
         self.inner
             .activities()
-            .ok_or_else(|| unsupported("store.activities", "background activities"))
+            .ok_or_else(|| unsupported("activities", "background activities"))
     }
 }
 
@@ -285,7 +285,7 @@ fn unsupported(op: &'static str, what: &str) -> Error {
 fn malformed(key: &BindingKey) -> Error {
     stored(
         Error::internal(
-            Operation::new("store.get"),
+            Operation::new("get"),
             format!("malformed binding stored for {key} (injected by FaultyStore)"),
         )
         .with_code(ErrorCode::InvalidBinding),
@@ -453,7 +453,7 @@ impl sandbox_core::OptimisticReads for FaultyStore {
         match self.inner.optimistic_reads() {
             Some(reads) => reads.read_for_resolve(key).await,
             None => Err(stored(Error::unsupported(
-                sandbox_core::Operation::new("store.read_for_resolve"),
+                sandbox_core::Operation::new("read_for_resolve"),
                 "the wrapped store has no optimistic reads",
             ))),
         }
@@ -741,7 +741,7 @@ mod tests {
     }
 
     fn down() -> Error {
-        Error::unavailable(Operation::new("store.test"), "store down")
+        Error::unavailable(Operation::new("test"), "store down")
     }
 
     fn wrap(inner: MiniStore) -> (Arc<MiniStore>, FaultyStore) {
@@ -786,7 +786,7 @@ mod tests {
         store.fail_next(StoreOp::DeleteIfMatch, down());
         store.fail_next(
             StoreOp::DeleteIfMatch,
-            Error::internal(Operation::new("store.test"), "second"),
+            Error::internal(Operation::new("test"), "second"),
         );
         let sbx = SandboxId::new("sbx-1").unwrap();
         let e1 = store.delete_if_match(&k, Provider::E2b, &sbx).await;
@@ -835,7 +835,7 @@ mod tests {
         store.fail_always(StoreOp::InvalidateByConfig, down());
         store.fail_next(
             StoreOp::InvalidateByConfig,
-            Error::internal(Operation::new("store.test"), "first"),
+            Error::internal(Operation::new("test"), "first"),
         );
         let t = TenantId::new(7).unwrap();
         let cfg = ConfigId::new("cfg").unwrap();

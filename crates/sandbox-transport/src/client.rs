@@ -25,7 +25,7 @@ use crate::connector::{BoxError, GuardedConnector};
 use crate::gateway::{Gateway, GatewayTarget, Plane};
 use crate::transported;
 
-const OP_REQUEST: Operation = Operation::new("outbound.request");
+const OP_REQUEST: Operation = Operation::new("send_request");
 
 /// Dials the gateway for every request, whatever the URI's authority (which stays in the
 /// request for the gateway's own routing). Without a gateway it dials the URI's authority,

@@ -25,7 +25,7 @@ use url::Host;
 use crate::policy::{HostCheck, OutboundPolicy, Resolve, SystemResolver, refused, unmap};
 use crate::transported;
 
-const OP_CONNECT: Operation = Operation::new("outbound.connect");
+const OP_CONNECT: Operation = Operation::new("dial");
 
 /// Opens a TCP connection to an address the connector has already judged.
 #[async_trait]

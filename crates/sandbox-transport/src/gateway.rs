@@ -17,7 +17,7 @@ use sandbox_core::{Error, Operation, Secret};
 
 use crate::transported;
 
-const OP_ROUTE: Operation = Operation::new("gateway.route");
+const OP_ROUTE: Operation = Operation::new("route");
 
 /// The header that carries a sandbox's inbound traffic token.
 pub const TRAFFIC_TOKEN_HEADER: &str = "e2b-traffic-access-token";

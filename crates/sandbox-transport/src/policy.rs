@@ -20,7 +20,7 @@ use url::{Host, Url};
 use crate::ip_class::{IpClass, classify};
 use crate::transported;
 
-const OP_VALIDATE: Operation = Operation::new("outbound.validate");
+const OP_VALIDATE: Operation = Operation::new("validate_endpoint");
 
 /// A refusal: an `invalid_request` with code `unsafe_outbound_url`.
 pub fn refused(what: impl fmt::Display) -> Error {

@@ -19,7 +19,7 @@ use crate::connector::GuardedConnector;
 use crate::gateway::{Gateway, GatewayTarget, Plane};
 use crate::transported;
 
-const OP_WS: Operation = Operation::new("outbound.websocket");
+const OP_WS: Operation = Operation::new("dial_websocket");
 
 /// The only subprotocol spoken.
 pub const SUBPROTOCOL: &str = "binary";

@@ -166,7 +166,7 @@ where
     /// A client dialling through `connector` (which decides what may be dialled: pass the
     /// guarded connector, or TLS around it, for any tenant-supplied envd).
     pub fn new(connector: C, config: EnvdConfig) -> Result<Self, Error> {
-        let op = Operation::new("envd.config");
+        let op = Operation::new("configure");
         let provider = config.provider;
         let header = |what: &str, value: &str| {
             HeaderValue::from_str(value).map_err(|_| {
@@ -270,7 +270,7 @@ where
         body: Body,
         deadline: Deadline,
     ) -> Result<Request<Body>, Error> {
-        let op = Operation::new(method.path);
+        let op = method.operation;
         let mut request = self.request(op, hyper::Method::POST, method.path, body)?;
         let headers = request.headers_mut();
         let identity = HeaderValue::from_static("identity");
@@ -319,7 +319,7 @@ where
         options: CallOptions,
     ) -> Result<R::Response, Error> {
         let method = R::METHOD;
-        let op = Operation::new(method.path);
+        let op = method.operation;
         if method.is_enveloped() {
             return Err(self.tag(wrong_shape(op, "unary")));
         }
@@ -350,7 +350,7 @@ where
         options: CallOptions,
     ) -> Result<ServerStream<R::Response>, Error> {
         let method = R::METHOD;
-        let op = Operation::new(method.path);
+        let op = method.operation;
         if !method.server_streams() {
             return Err(self.tag(wrong_shape(op, "server-streaming")));
         }
@@ -377,7 +377,7 @@ where
         R::Response: Send + 'static,
     {
         let method = R::METHOD;
-        let op = Operation::new(method.path);
+        let op = method.operation;
         if !method.client_streams() {
             return Err(self.tag(wrong_shape(op, "client-streaming")));
         }

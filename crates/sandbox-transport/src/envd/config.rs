@@ -8,7 +8,7 @@ use sandbox_core::{Error, Operation, Provider, Secret};
 
 use crate::transported;
 
-const OP_CONFIG: Operation = Operation::new("envd.config");
+const OP_CONFIG: Operation = Operation::new("configure");
 
 /// envd's port inside a sandbox (protocol.md §3.1), sent in the edge routing header.
 pub const ENVD_PORT: u16 = 49983;

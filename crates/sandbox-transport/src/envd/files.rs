@@ -14,9 +14,9 @@ use super::call::{
 };
 use crate::transported;
 
-const OP_UPLOAD: Operation = Operation::new("envd.files.upload");
-const OP_DOWNLOAD: Operation = Operation::new("envd.files.download");
-const OP_HEALTH: Operation = Operation::new("envd.health");
+const OP_UPLOAD: Operation = Operation::new("upload");
+const OP_DOWNLOAD: Operation = Operation::new("download");
+const OP_HEALTH: Operation = Operation::new("health");
 
 /// The SDK's bound on a health probe (protocol.md §4.2).
 const HEALTH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);

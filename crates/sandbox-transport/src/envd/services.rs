@@ -243,7 +243,7 @@ where
     ) -> Result<fs::EntryInfo, Error> {
         entry.ok_or_else(|| {
             self.tag(transported(Error::internal(
-                sandbox_core::Operation::new(method.path),
+                method.operation,
                 "envd answered without the entry",
             )))
         })
