@@ -29,6 +29,14 @@ struct Cluster {
     _dir: std::path::PathBuf,
 }
 
+/// A test that fails midway must not leave its sessions' containers running: they carry no
+/// test label for the pipeline's final sweep.
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        support::remove_namespace(&self.namespace);
+    }
+}
+
 async fn replicas(redis: &RedisServer, prefix: &str) -> Cluster {
     let namespace = format!("{prefix}-{:08x}", fastrand::u32(..));
     let dir = temp_dir();
