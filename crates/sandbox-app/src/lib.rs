@@ -8,6 +8,7 @@
 //! the `serve` and `doctor` commands, and the client commands (`exec`, `files get|put|ls`,
 //! `shell`) in [`client`].
 
+pub mod api;
 pub mod auth;
 pub mod client;
 pub mod config;

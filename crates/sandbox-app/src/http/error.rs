@@ -5,7 +5,8 @@ use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use sandbox_core::{Error, ErrorCode, ErrorKind, Origin};
-use serde_json::json;
+
+use crate::api;
 
 /// An API error.
 #[derive(Debug, Clone)]
@@ -33,6 +34,15 @@ impl ApiError {
     pub fn retry_after(mut self, seconds: u32) -> Self {
         self.retry_after = Some(seconds);
         self
+    }
+    /// The body of the answer, in the API's error shape.
+    pub fn body(self) -> api::ErrorResponse {
+        api::ErrorResponse {
+            error: api::ErrorBody {
+                code: self.code.to_owned(),
+                message: self.message,
+            },
+        }
     }
     /// 401: no or a wrong bearer token.
     pub fn unauthorized() -> Self {
@@ -142,15 +152,15 @@ impl From<Error> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = json!({ "error": { "code": self.code, "message": self.message } });
-        let mut response = (self.status, Json(body)).into_response();
-        if let Some(seconds) = self.retry_after {
+        let (status, retry_after) = (self.status, self.retry_after);
+        let mut response = (status, Json(self.body())).into_response();
+        if let Some(seconds) = retry_after {
             response.headers_mut().insert(
                 axum::http::header::RETRY_AFTER,
                 axum::http::HeaderValue::from(seconds),
             );
         }
-        if self.status == StatusCode::PAYLOAD_TOO_LARGE {
+        if status == StatusCode::PAYLOAD_TOO_LARGE {
             // The rest of the body was never read, so the server drops the connection after
             // this answer. Saying so keeps a client from pooling it and sending its next
             // request into a socket that is about to close.

@@ -21,40 +21,55 @@ use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
 use futures_util::stream::StreamExt;
 use sandbox_core::{ExecRequest, ExecSpec, OutputHook, OutputStream};
-use serde::Deserialize;
-use serde_json::json;
 use tokio::sync::mpsc;
 
+use crate::api;
 use super::error::ApiError;
-use super::output::{Piece, Utf8Carry, result_json};
+use super::output::{Piece, Utf8Carry};
 use super::sessions::observed;
 use super::{AppState, Caller, SessionPath, session_key};
 
 /// Output bytes queued for a slow streaming client before forwarding stops.
 const MAX_QUEUED_BYTES: usize = 8 * 1024 * 1024;
 
-/// Query of the exec route.
-#[derive(Debug, Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-pub struct ExecQuery {
-    #[serde(default)]
-    stream: bool,
-}
-
 /// Parses the body, turning every failure into a 400 with a code the route documents.
 pub fn parse_spec(body: &[u8]) -> Result<ExecRequest, ApiError> {
-    let spec: ExecSpec = serde_json::from_slice(body)
+    let spec: api::ExecSpec = serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_request("invalid_json", format!("exec body: {e}")))?;
-    ExecRequest::try_from(spec).map_err(ApiError::from)
+    ExecRequest::try_from(ExecSpec::from(spec)).map_err(ApiError::from)
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/sessions/{session}/exec",
+    operation_id = "exec",
+    tag = "exec",
+    summary = "Runs a command in the session's sandbox, created on first use",
+    params(api::SessionParam, api::ExecQuery),
+    request_body(
+        content = api::ExecSpec,
+        content_type = "application/json",
+        description = "An exec spec: argv form (`command` + `args`) or shell form (`shell: true`, no `args`), plus `stdin`, `env`, `cwd`, `user`, `timeout_ms`",
+    ),
+    responses(
+        (
+            status = 200,
+            description = "The result (buffered), or with `?stream=true` an NDJSON stream whose every line is an `ExecStreamLine`: `{\"stream\":\"stdout\"|\"stderr\",\"data\":\"...\"}` per output chunk (text cut at character boundaries; `data_b64` instead of `data` for bytes that are not UTF-8), then a final result or error line",
+            content(
+                (api::ExecResult = "application/json"),
+                (api::ExecStreamLine = "application/x-ndjson"),
+            ),
+        ),
+        api::errors::ExecErrors,
+    ),
+)]
 /// The handler.
 pub async fn exec(
     State(state): State<AppState>,
     caller: Caller,
     headers: HeaderMap,
     SessionPath(session): SessionPath,
-    query: Result<Query<ExecQuery>, axum::extract::rejection::QueryRejection>,
+    query: Result<Query<api::ExecQuery>, axum::extract::rejection::QueryRejection>,
     body: Body,
 ) -> Result<Response, ApiError> {
     let key = session_key(caller, &session)?;
@@ -68,7 +83,7 @@ pub async fn exec(
             .exec(&key, request)
             .await
             .map_err(|e| observed(&state, e))?;
-        return Ok(Json(result_json(&result)).into_response());
+        return Ok(Json(api::ExecResult::from(&result)).into_response());
     }
 
     // Streaming: chunks flow through a channel from the output hook to the response body; the
@@ -121,21 +136,20 @@ pub async fn exec(
                 // The output already went out line by line: the last line carries none of it
                 // (the adapter kept none, and nothing here may repeat it outside the queue
                 // bound).
-                json!({
-                    "exit_code": result.exit_code,
-                    "killed": result.killed,
-                    "duration_ms": u64::try_from(result.duration.as_millis()).unwrap_or(u64::MAX),
-                    "truncated": result.truncated,
-                    "stream_overflow": final_overflow.load(Ordering::Relaxed),
+                api::ExecStreamLine::End(api::ExecEnd {
+                    exit_code: result.exit_code,
+                    killed: result.killed,
+                    duration_ms: api::millis(result.duration),
+                    truncated: result.truncated,
+                    stream_overflow: final_overflow.load(Ordering::Relaxed),
                 })
             }
             Err(e) => {
                 metrics.observe_error(&e);
-                let api = ApiError::from(e);
-                json!({ "error": { "code": api.code, "message": api.message } })
+                api::ExecStreamLine::Error(ApiError::from(e).body())
             }
         };
-        let _ = tx.send(Bytes::from(format!("{last}\n")));
+        let _ = tx.send(ndjson_line(&last));
     });
     let guard = AbortOnDrop(task);
     let body = tokio_stream_of(rx).map(move |chunk| {
@@ -163,14 +177,17 @@ fn stream_index(stream: OutputStream) -> usize {
 /// `{"stream":"stdout","data":"..."}` (or `"data_b64"` for bytes that are not UTF-8), newline
 /// terminated.
 fn output_line(stream: OutputStream, piece: Piece) -> Bytes {
-    let mut line = serde_json::Map::new();
-    let name = match stream {
-        OutputStream::Stdout => "stdout",
-        OutputStream::Stderr => "stderr",
-    };
-    line.insert("stream".to_owned(), json!(name));
-    piece.put(&mut line);
-    Bytes::from(format!("{}\n", serde_json::Value::Object(line)))
+    ndjson_line(&api::ExecStreamLine::Output(piece.into_output(stream.into())))
+}
+
+/// One NDJSON line. The API types always serialize; were one ever not to, the line says so in
+/// the error shape instead of vanishing.
+fn ndjson_line(line: &api::ExecStreamLine) -> Bytes {
+    let mut text = serde_json::to_string(line).unwrap_or_else(|e| {
+        format!(r#"{{"error":{{"code":"internal","message":"an output line failed to encode: {e}"}}}}"#)
+    });
+    text.push('\n');
+    Bytes::from(text)
 }
 
 /// Aborts the exec task when the response body is dropped (the client went away).

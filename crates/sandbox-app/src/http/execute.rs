@@ -4,46 +4,43 @@
 //! `stdin`, `env` and `timeout_ms`; the sandbox is deleted afterwards, also when the client goes
 //! away. The answer is the exec route's buffered result.
 
-use std::collections::BTreeMap;
-
 use axum::Json;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use sandbox_core::ExecTimeout;
 use sandbox_session::manager::Script;
-use serde::Deserialize;
 
+use crate::api;
 use super::body::read_json;
 use super::error::ApiError;
-use super::output::result_json;
 use super::sessions::observed;
 use super::{AppState, Caller};
 
-/// The body of the route.
-#[derive(Debug, Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct ScriptBody {
-    file_name: String,
-    content: String,
-    #[serde(default)]
-    args: Vec<String>,
-    #[serde(default)]
-    stdin: Option<String>,
-    #[serde(default)]
-    env: BTreeMap<String, String>,
-    #[serde(default)]
-    timeout_ms: Option<i64>,
-}
-
+#[utoipa::path(
+    post,
+    path = "/v1/execute",
+    operation_id = "execute",
+    tag = "exec",
+    summary = "Runs a script in a fresh sandbox that is deleted afterwards",
+    request_body(
+        content = api::ScriptRequest,
+        content_type = "application/json",
+        description = "The script: its file name (the extension picks the interpreter), content, args, stdin, env, timeout_ms",
+    ),
+    responses(
+        (status = 200, description = "The result", body = api::ExecResult),
+        api::errors::ExecuteErrors,
+    ),
+)]
 /// The handler.
 pub async fn execute(
     State(state): State<AppState>,
     Caller(tenant): Caller,
     headers: HeaderMap,
     body: Body,
-) -> Result<Json<serde_json::Value>, ApiError> {
-    let body: Option<ScriptBody> = read_json(&state, &headers, body, "execute", false).await?;
+) -> Result<Json<api::ExecResult>, ApiError> {
+    let body: Option<api::ScriptRequest> = read_json(&state, &headers, body, "execute", false).await?;
     let body = body.ok_or_else(|| {
         ApiError::bad_request(
             "invalid_json",
@@ -69,5 +66,5 @@ pub async fn execute(
         .execute(tenant, None, script)
         .await
         .map_err(|e| observed(&state, e))?;
-    Ok(Json(result_json(&result)))
+    Ok(Json(api::ExecResult::from(&result)))
 }

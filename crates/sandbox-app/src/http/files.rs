@@ -42,9 +42,8 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use futures_util::stream::StreamExt;
 use sandbox_core::{BindingKey, Error, ErrorCode, ErrorKind, Operation, SandboxPath};
-use serde::Deserialize;
-use serde_json::json;
 
+use crate::api;
 use super::body::{DRAIN_MAX_BYTES, declared_length, drain, read_limited};
 use super::error::ApiError;
 use super::sessions::observed;
@@ -55,21 +54,7 @@ pub const MAX_LIST_DEPTH: usize = 16;
 /// Entries one listing returns at most (then `truncated`).
 pub const MAX_LIST_ENTRIES: usize = sandbox_core::TreeLimits::DEFAULT_MAX_ENTRIES;
 
-/// Query of the routes that take one path.
-#[derive(Debug, Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-pub struct PathQuery {
-    path: Option<String>,
-}
-
-/// Query of the listing route.
-#[derive(Debug, Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-pub struct ListQuery {
-    path: Option<String>,
-    /// Kept as text so a malformed depth is `invalid_depth`, not a generic query error.
-    depth: Option<String>,
-}
+use crate::api::{ListQuery, PathQuery};
 
 type QueryResult<T> = Result<Query<T>, QueryRejection>;
 
@@ -130,6 +115,18 @@ fn no_live_sandbox(op: Operation, key: &BindingKey) -> Error {
     .with_code(ErrorCode::NoLiveSandbox)
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{session}/files/content",
+    operation_id = "downloadFile",
+    tag = "files",
+    summary = "A regular file's bytes, streamed (lookup-only; at most `limits.download_max_bytes`)",
+    params(api::SessionParam, api::PathQuery),
+    responses(
+        (status = 200, description = "The file's bytes", body = String, content_type = "application/octet-stream"),
+        api::errors::DownloadErrors,
+    ),
+)]
 /// `GET …/files/content?path=`: the file's bytes, streamed. Lookup-only.
 pub async fn download(
     State(state): State<AppState>,
@@ -177,6 +174,23 @@ pub async fn download(
         .into_response())
 }
 
+#[utoipa::path(
+    put,
+    path = "/v1/sessions/{session}/files/content",
+    operation_id = "uploadFile",
+    tag = "files",
+    summary = "Writes a model-authored file anywhere but `/workspace/input` (provisions the sandbox)",
+    params(api::SessionParam, api::PathQuery),
+    request_body(
+        content = String,
+        content_type = "application/octet-stream",
+        description = "The file's bytes, at most `limits.upload_max_bytes`",
+    ),
+    responses(
+        (status = 204, description = "Written"),
+        api::errors::UploadErrors,
+    ),
+)]
 /// `PUT …/files/content?path=`: writes a model-authored file (anywhere but the attachments
 /// directory). Provisions the sandbox on first use.
 pub async fn upload(
@@ -199,6 +213,23 @@ pub async fn upload(
     .await
 }
 
+#[utoipa::path(
+    put,
+    path = "/v1/sessions/{session}/attachments",
+    operation_id = "putAttachment",
+    tag = "files",
+    summary = "Writes an attachment below `/workspace/input` (provisions the sandbox)",
+    params(api::SessionParam, api::PathQuery),
+    request_body(
+        content = String,
+        content_type = "application/octet-stream",
+        description = "The file's bytes, at most `limits.upload_max_bytes`",
+    ),
+    responses(
+        (status = 204, description = "Written"),
+        api::errors::AttachmentErrors,
+    ),
+)]
 /// `PUT …/attachments?path=`: writes an attachment, only below `/workspace/input`. Provisions.
 pub async fn put_attachment(
     State(state): State<AppState>,
@@ -270,6 +301,18 @@ async fn write_upload(
     Ok(StatusCode::NO_CONTENT)
 }
 
+#[utoipa::path(
+    delete,
+    path = "/v1/sessions/{session}/attachments",
+    operation_id = "deleteAttachment",
+    tag = "files",
+    summary = "Removes a staged attachment (lookup-only; idempotent)",
+    params(api::SessionParam, api::PathQuery),
+    responses(
+        (status = 204, description = "Removed, or nothing was there"),
+        api::errors::PathErrors,
+    ),
+)]
 /// `DELETE …/attachments?path=`: removes a staged attachment. Lookup-only; idempotent (204 also
 /// when nothing is bound or the file is gone).
 pub async fn delete_attachment(
@@ -287,6 +330,18 @@ pub async fn delete_attachment(
     Ok(StatusCode::NO_CONTENT)
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{session}/files",
+    operation_id = "listFiles",
+    tag = "files",
+    summary = "Entries below `path`, `depth` levels deep, at most 10000 of them in one bounded walk (`truncated` says when the cap or the deadline cut it; lookup-only: an unbound session or a missing directory lists nothing)",
+    params(api::SessionParam, api::ListQuery),
+    responses(
+        (status = 200, description = "The entries", body = api::Listing),
+        api::errors::ListErrors,
+    ),
+)]
 /// `GET …/files?path=&depth=`: the entries below `path`, `depth` levels deep (default 1, at
 /// most [`MAX_LIST_DEPTH`]), at most [`MAX_LIST_ENTRIES`] of them (`truncated` says when the
 /// cap or the deadline cut the walk). Lookup-only: an unbound session or a missing directory
@@ -296,7 +351,7 @@ pub async fn list(
     caller: Caller,
     SessionPath(session): SessionPath,
     q: QueryResult<ListQuery>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<api::Listing>, ApiError> {
     let key = session_key(caller, &session)?;
     let q = query(q)?;
     let path = sandbox_path(q.path.as_deref())?;
@@ -319,27 +374,49 @@ pub async fn list(
         .list_files(&key, &path, sandbox_core::TreeLimits::depth(depth))
         .await
         .map_err(|e| observed(&state, e))?;
-    Ok(Json(
-        json!({ "entries": listing.entries, "truncated": listing.truncated }),
-    ))
+    Ok(Json(api::Listing::from(listing)))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{session}/files/stat",
+    operation_id = "statFile",
+    tag = "files",
+    summary = "Kind, size and modification time of one path (lookup-only)",
+    params(api::SessionParam, api::PathQuery),
+    responses(
+        (status = 200, description = "The entry", body = api::StatEntry),
+        api::errors::PathErrors,
+    ),
+)]
 /// `GET …/files/stat?path=`: kind, size and modification time of one path. Lookup-only.
 pub async fn stat(
     State(state): State<AppState>,
     caller: Caller,
     SessionPath(session): SessionPath,
     q: QueryResult<PathQuery>,
-) -> Result<Json<sandbox_core::StatEntry>, ApiError> {
+) -> Result<Json<api::StatEntry>, ApiError> {
     let (key, path) = key_and_path(caller, &session, q)?;
     let entry = state
         .manager
         .stat(&key, &path)
         .await
         .map_err(|e| observed(&state, e))?;
-    Ok(Json(entry))
+    Ok(Json(api::StatEntry::from(entry)))
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/sessions/{session}/files/mkdir",
+    operation_id = "makeDir",
+    tag = "files",
+    summary = "Creates a directory and its parents (provisions; the model-write rule applies)",
+    params(api::SessionParam, api::PathQuery),
+    responses(
+        (status = 204, description = "Created (or already there)"),
+        api::errors::MkdirErrors,
+    ),
+)]
 /// `POST …/files/mkdir?path=`: creates a directory and its parents (existing is success).
 /// Provisions; the model-write rule applies (never under `/workspace/input`).
 pub async fn mkdir(
@@ -367,6 +444,18 @@ pub async fn mkdir(
     Ok(StatusCode::NO_CONTENT)
 }
 
+#[utoipa::path(
+    delete,
+    path = "/v1/sessions/{session}/files",
+    operation_id = "removeFile",
+    tag = "files",
+    summary = "Removes a path recursively (lookup-only; the model-write rule applies)",
+    params(api::SessionParam, api::PathQuery),
+    responses(
+        (status = 204, description = "Removed"),
+        api::errors::RemoveErrors,
+    ),
+)]
 /// `DELETE …/files?path=`: removes a path recursively. The model-write rule applies (never
 /// under `/workspace/input`, never a top-level directory); lookup-only: nothing bound is
 /// `no_live_sandbox`, a missing path `not_found`.

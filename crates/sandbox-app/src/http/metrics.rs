@@ -190,6 +190,15 @@ impl LifecycleObserver for Metrics {
     }
 }
 
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    operation_id = "metrics",
+    tag = "service",
+    summary = "Prometheus/OpenMetrics metrics (no auth)",
+    description = "",
+    responses((status = 200, description = "The metrics in the OpenMetrics text format", body = String, content_type = "application/openmetrics-text")),
+)]
 /// `GET /metrics`.
 pub async fn render(State(state): State<AppState>) -> Response {
     match state.metrics.encode() {

@@ -10,6 +10,8 @@ pub mod execute;
 pub mod files;
 pub mod metrics;
 pub mod openapi;
+#[cfg(test)]
+mod openapi_table;
 mod output;
 pub mod sessions;
 pub mod snapshots;
@@ -23,13 +25,16 @@ use axum::extract::{MatchedPath, Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::extract::Extension;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 use sandbox_core::{BindingKey, SandboxProvider, TenantId};
 use sandbox_session::manager::SessionManager;
 
 use self::body::InflightBudget;
 use self::error::ApiError;
 use self::metrics::Metrics;
+use crate::api;
 use crate::auth::TenantAuth;
 use crate::config::Limits;
 
@@ -80,52 +85,50 @@ pub trait StoreHealth: Send + Sync {
     async fn check(&self) -> Result<(), sandbox_core::Error>;
 }
 
-/// The router with every route, the authentication layer and the metrics layer.
-pub fn router(state: AppState) -> Router {
-    let authenticated = Router::new()
-        .route(
-            "/v1/sessions/{session}",
-            get(sessions::get_session).delete(sessions::destroy),
-        )
-        .route("/v1/sessions/{session}/exec", post(exec::exec))
-        .route("/v1/sessions/{session}/snapshots", post(snapshots::create))
-        .route("/v1/sessions/{session}/restore", post(snapshots::restore))
-        .route("/v1/execute", post(execute::execute))
-        .route(
-            "/v1/sessions/{session}/files",
-            get(files::list).delete(files::remove),
-        )
-        .route(
-            "/v1/sessions/{session}/files/content",
-            get(files::download).put(files::upload),
-        )
-        .route("/v1/sessions/{session}/files/stat", get(files::stat))
-        .route("/v1/sessions/{session}/files/mkdir", post(files::mkdir))
-        .route(
-            "/v1/sessions/{session}/attachments",
-            axum::routing::put(files::put_attachment).delete(files::delete_attachment),
-        )
-        .route(
-            "/v1/sessions/{session}/keepalive",
-            post(sessions::keep_alive),
-        )
-        .route(
-            "/v1/sessions/{session}/terminal/ticket",
-            post(terminal::issue_ticket),
-        )
-        // Only matched routes: an unknown path stays a 404 `route_not_found` for everyone.
-        .route_layer(middleware::from_fn_with_state(state.clone(), authenticate));
-    Router::new()
-        .route("/healthz", get(healthz))
-        .route("/metrics", get(metrics::render))
-        .route("/v1/openapi.json", get(openapi::serve))
+/// Every route, declared once: the router and the OpenAPI document are both built from this.
+/// The first router's routes are public, the second's sit behind the authentication layer
+/// (and the document says so, from which router a route is in).
+pub(crate) fn declared() -> (OpenApiRouter<AppState>, OpenApiRouter<AppState>) {
+    let mut public = OpenApiRouter::with_openapi(openapi::base())
+        .routes(routes!(healthz))
+        .routes(routes!(metrics::render))
+        .routes(routes!(openapi::serve))
         // Authorised by its single-use ticket: browsers cannot send a bearer header on a
         // WebSocket.
-        .route("/v1/sessions/{session}/terminal", get(terminal::open))
-        .merge(authenticated)
+        .routes(routes!(terminal::open));
+    openapi::set_security(public.get_openapi_mut(), false);
+    let mut authenticated = OpenApiRouter::new()
+        .routes(routes!(sessions::get_session, sessions::destroy))
+        .routes(routes!(exec::exec))
+        .routes(routes!(snapshots::create))
+        .routes(routes!(snapshots::restore))
+        .routes(routes!(execute::execute))
+        .routes(routes!(files::list, files::remove))
+        .routes(routes!(files::download, files::upload))
+        .routes(routes!(files::stat))
+        .routes(routes!(files::mkdir))
+        .routes(routes!(files::put_attachment, files::delete_attachment))
+        .routes(routes!(sessions::keep_alive))
+        .routes(routes!(terminal::issue_ticket));
+    openapi::set_security(authenticated.get_openapi_mut(), true);
+    (public, authenticated)
+}
+
+/// The router with every route, the authentication layer and the metrics layer.
+pub fn router(state: AppState) -> Router {
+    let (public, authenticated) = declared();
+    // Only matched routes: an unknown path stays a 404 `route_not_found` for everyone.
+    let authenticated =
+        authenticated.route_layer(middleware::from_fn_with_state(state.clone(), authenticate));
+    let (router, document) = public.merge(authenticated).split_for_parts();
+    let document = openapi::Document(Arc::new(
+        serde_json::to_value(document).unwrap_or(serde_json::Value::Null),
+    ));
+    router
         .fallback(|| async {
             ApiError::new(StatusCode::NOT_FOUND, "route_not_found", "no such route")
         })
+        .layer(Extension(document))
         .layer(middleware::from_fn_with_state(state.clone(), record))
         .with_state(state)
 }
@@ -230,6 +233,18 @@ async fn record(State(state): State<AppState>, request: Request, next: Next) -> 
     response
 }
 
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    operation_id = "health",
+    tag = "service",
+    summary = "Backend health (no auth: load balancers probe it)",
+    description = "",
+    responses(
+        (status = 200, description = "The backend answers", body = api::Health),
+        (status = 503, description = "The backend does not answer", body = api::Health),
+    ),
+)]
 /// `GET /healthz`: 200 when the backend and the store answer, 503 with a reason *code*
 /// otherwise (`backend_unavailable`, `store_unavailable`). No auth: load balancers probe it, so
 /// it says nothing an anonymous caller should learn (no engine errors, no addresses); the
@@ -245,25 +260,28 @@ async fn healthz(State(state): State<AppState>) -> Response {
         (Ok(()), Ok(())) => Ok(()),
         (Err(e), _) => {
             tracing::warn!(error = %e, "health check: the backend does not answer");
-            Err("backend_unavailable")
+            Err(api::HealthReason::BackendUnavailable)
         }
         (Ok(()), Err(e)) => {
             tracing::warn!(error = %e, "health check: the store does not answer");
-            Err("store_unavailable")
+            Err(api::HealthReason::StoreUnavailable)
         }
     };
-    match verdict {
-        Ok(()) => (
-            StatusCode::OK,
-            axum::Json(serde_json::json!({ "status": "ok", "backend": backend, "store": store })),
-        )
-            .into_response(),
+    let (status, health, reason) = match verdict {
+        Ok(()) => (StatusCode::OK, api::HealthStatus::Ok, None),
         Err(reason) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            axum::Json(serde_json::json!({ "status": "unavailable", "backend": backend, "store": store, "reason": reason })),
-        )
-            .into_response(),
-    }
+            api::HealthStatus::Unavailable,
+            Some(reason),
+        ),
+    };
+    let body = api::Health {
+        status: health,
+        backend: backend.to_owned(),
+        store: store.to_owned(),
+        reason,
+    };
+    (status, axum::Json(body)).into_response()
 }
 
 /// The bearer token of an `Authorization` value. The scheme is case-insensitive (RFC 9110

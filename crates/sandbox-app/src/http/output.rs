@@ -3,8 +3,8 @@
 //! as base64.
 
 use base64::Engine as _;
-use sandbox_core::ExecResult;
-use serde_json::{Map, Value};
+
+use crate::api;
 
 /// A piece of output ready for a JSON line.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -16,15 +16,20 @@ pub(super) enum Piece {
 }
 
 impl Piece {
-    /// Adds the piece to `line` as `data` or `data_b64`.
-    pub(super) fn put(self, line: &mut Map<String, Value>) {
-        match self {
-            Piece::Text(text) => line.insert("data".to_owned(), Value::String(text)),
-            Piece::Binary(bytes) => line.insert(
-                "data_b64".to_owned(),
-                Value::String(base64::engine::general_purpose::STANDARD.encode(bytes)),
+    /// The piece as an output line of `stream`: `data` or `data_b64`.
+    pub(super) fn into_output(self, stream: api::StreamName) -> api::ExecOutput {
+        let (data, data_b64) = match self {
+            Piece::Text(text) => (Some(text), None),
+            Piece::Binary(bytes) => (
+                None,
+                Some(base64::engine::general_purpose::STANDARD.encode(bytes)),
             ),
         };
+        api::ExecOutput {
+            stream,
+            data,
+            data_b64,
+        }
     }
 }
 
@@ -60,38 +65,6 @@ impl Utf8Carry {
     /// What is left when the stream ends: a character that never completed, as binary.
     pub(super) fn finish(&mut self) -> Option<Piece> {
         (!self.pending.is_empty()).then(|| Piece::Binary(std::mem::take(&mut self.pending)))
-    }
-}
-
-/// The buffered result of an exec (the exec and execute routes' `ExecResult`).
-pub(super) fn result_json(r: &ExecResult) -> Value {
-    let mut result = Map::new();
-    result.insert("exit_code".to_owned(), Value::from(r.exit_code));
-    result.insert("killed".to_owned(), Value::Bool(r.killed));
-    result.insert(
-        "duration_ms".to_owned(),
-        Value::from(u64::try_from(r.duration.as_millis()).unwrap_or(u64::MAX)),
-    );
-    put_buffered(&mut result, "stdout", &r.stdout);
-    put_buffered(&mut result, "stderr", &r.stderr);
-    result.insert("truncated".to_owned(), Value::Bool(r.truncated));
-    Value::Object(result)
-}
-
-/// The buffered result's fields for one stream: `<name>` (lossy text, for display),
-/// `<name>_utf8`, and `<name>_b64` (the exact bytes) when they are not UTF-8.
-fn put_buffered(result: &mut Map<String, Value>, name: &str, bytes: &[u8]) {
-    let utf8 = std::str::from_utf8(bytes).is_ok();
-    result.insert(
-        name.to_owned(),
-        Value::String(String::from_utf8_lossy(bytes).into_owned()),
-    );
-    result.insert(format!("{name}_utf8"), Value::Bool(utf8));
-    if !utf8 {
-        result.insert(
-            format!("{name}_b64"),
-            Value::String(base64::engine::general_purpose::STANDARD.encode(bytes)),
-        );
     }
 }
 
@@ -138,26 +111,10 @@ mod tests {
         assert_eq!(carry.finish(), Some(Piece::Binary(vec![0xe2, 0x82])));
         assert_eq!(carry.finish(), None);
 
-        let mut line = Map::new();
-        Piece::Binary(vec![0xff, 0xfe]).put(&mut line);
-        assert_eq!(line["data_b64"], "//4=");
-    }
-
-    #[test]
-    fn buffered_results_carry_exact_bytes_when_not_utf8() {
-        let mut r = Map::new();
-        put_buffered(&mut r, "stdout", b"plain");
-        put_buffered(&mut r, "stderr", &[0xff, b'x']);
+        let line = Piece::Binary(vec![0xff, 0xfe]).into_output(api::StreamName::Stdout);
         assert_eq!(
-            (&r["stdout"], &r["stdout_utf8"]),
-            (&json("plain"), &Value::Bool(true))
+            (line.data, line.data_b64.as_deref()),
+            (None, Some("//4="))
         );
-        assert!(!r.contains_key("stdout_b64"));
-        assert_eq!(r["stderr_utf8"], Value::Bool(false));
-        assert_eq!(r["stderr_b64"], "/3g=");
-    }
-
-    fn json(s: &str) -> Value {
-        Value::String(s.to_owned())
     }
 }

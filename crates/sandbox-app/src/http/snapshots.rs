@@ -11,28 +11,12 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use sandbox_core::SnapshotId;
 use sandbox_core::ids::MAX_ID_LEN;
-use serde::Deserialize;
-use serde_json::json;
 
+use crate::api;
 use super::body::read_json;
 use super::error::ApiError;
 use super::sessions::observed;
 use super::{AppState, Caller, session_key};
-
-/// Body of the snapshot route (an empty body means no name).
-#[derive(Debug, Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct SnapshotBody {
-    #[serde(default)]
-    name: Option<String>,
-}
-
-/// Body of the restore route.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RestoreBody {
-    snapshot_id: String,
-}
 
 /// The session path segment, a decoding failure (invalid UTF-8 after percent-decoding) being a
 /// 400 `invalid_session` like any other unusable session ID.
@@ -43,6 +27,23 @@ pub(crate) fn session_segment(
         .map_err(|e| ApiError::bad_request("invalid_session", e.body_text()))
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/sessions/{session}/snapshots",
+    operation_id = "createSnapshot",
+    tag = "snapshots",
+    summary = "Snapshots the session's bound sandbox (lookup-only: never provisions)",
+    params(api::SessionParam),
+    request_body(
+        content = Option<api::SnapshotRequest>,
+        content_type = "application/json",
+        description = "An optional snapshot name; an empty body means no name",
+    ),
+    responses(
+        (status = 201, description = "The snapshot", body = api::SnapshotCreated),
+        api::errors::SnapshotErrors,
+    ),
+)]
 /// `POST /v1/sessions/{session}/snapshots`: 201 `{"snapshot_id", "name", "source"}`.
 pub async fn create(
     State(state): State<AppState>,
@@ -53,7 +54,7 @@ pub async fn create(
 ) -> Result<Response, ApiError> {
     let session = session_segment(path)?;
     let key = session_key(caller, &session)?;
-    let body: SnapshotBody = read_json(&state, &headers, body, "snapshot", true).await?;
+    let body: api::SnapshotRequest = read_json(&state, &headers, body, "snapshot", true).await?;
     if let Some(name) = &body.name
         && (name.len() > MAX_ID_LEN || name.chars().any(char::is_control))
     {
@@ -69,15 +70,28 @@ pub async fn create(
         .map_err(|e| observed(&state, e))?;
     Ok((
         StatusCode::CREATED,
-        Json(json!({
-            "snapshot_id": snapshot.id.as_str(),
-            "name": snapshot.name,
-            "source": snapshot.source.as_ref().map(|s| s.as_str()),
-        })),
+        Json(api::SnapshotCreated::from(&snapshot)),
     )
         .into_response())
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/sessions/{session}/restore",
+    operation_id = "restoreSnapshot",
+    tag = "snapshots",
+    summary = "Creates the session's sandbox from a snapshot; refused when one is bound",
+    params(api::SessionParam),
+    request_body(
+        content = api::RestoreRequest,
+        content_type = "application/json",
+        description = "The snapshot to restore",
+    ),
+    responses(
+        (status = 201, description = "The new sandbox", body = api::RestoreCreated),
+        api::errors::RestoreErrors,
+    ),
+)]
 /// `POST /v1/sessions/{session}/restore`: 201 `{"session", "sandbox_id"}`.
 pub async fn restore(
     State(state): State<AppState>,
@@ -88,7 +102,7 @@ pub async fn restore(
 ) -> Result<Response, ApiError> {
     let session = session_segment(path)?;
     let key = session_key(caller, &session)?;
-    let body: Option<RestoreBody> = read_json(&state, &headers, body, "restore", false).await?;
+    let body: Option<api::RestoreRequest> = read_json(&state, &headers, body, "restore", false).await?;
     let body = body.ok_or_else(|| {
         ApiError::bad_request(
             "invalid_json",
@@ -104,7 +118,10 @@ pub async fn restore(
         .map_err(|e| observed(&state, e))?;
     Ok((
         StatusCode::CREATED,
-        Json(json!({ "session": session, "sandbox_id": handle.id().as_str() })),
+        Json(api::RestoreCreated {
+            sandbox_id: handle.id().as_str().to_owned(),
+            session,
+        }),
     )
         .into_response())
 }

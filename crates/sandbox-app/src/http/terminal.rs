@@ -34,11 +34,10 @@ use sandbox_core::{
     narrow,
 };
 use sandbox_session::manager::SessionManager;
-use serde::Deserialize;
-use serde_json::json;
 use tokio::sync::mpsc;
 use tokio::time::{Instant, timeout};
 
+use crate::api;
 use super::error::ApiError;
 use super::metrics::Metrics;
 use super::sessions::observed;
@@ -87,12 +86,24 @@ fn invalid_ticket() -> ApiError {
     )
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/sessions/{session}/terminal/ticket",
+    operation_id = "issueTerminalTicket",
+    tag = "terminal",
+    summary = "A short-lived, single-use ticket that authorises one terminal WebSocket upgrade for the session",
+    params(api::SessionParam),
+    responses(
+        (status = 200, description = "The ticket", body = api::TerminalTicket),
+        api::errors::TicketErrors,
+    ),
+)]
 /// `POST /v1/sessions/{session}/terminal/ticket`.
 pub async fn issue_ticket(
     State(state): State<AppState>,
     caller: Caller,
     SessionPath(session): SessionPath,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<api::TerminalTicket>, ApiError> {
     let key = session_key(caller, &session)?;
     // Only for a session with a running sandbox: a ticket for nothing is pool space taken for
     // nothing (and the upgrade would refuse it anyway).
@@ -118,33 +129,36 @@ pub async fn issue_ticket(
             format!("no randomness for a ticket: {m}"),
         ),
     })?;
-    Ok(Json(json!({
-        "ticket": ticket,
-        "expires_in_ms": state.tickets.ttl().as_millis() as u64,
-    })))
+    Ok(Json(api::TerminalTicket {
+        ticket,
+        expires_in_ms: api::millis(state.tickets.ttl()),
+    }))
 }
 
-/// Query of the terminal route.
-#[derive(Debug, Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-pub struct TerminalQuery {
-    #[serde(default)]
-    ticket: Option<String>,
-    /// Let the open resume a paused sandbox.
-    #[serde(default)]
-    resume: bool,
-    /// Initial size; 0 or absent is 80x24.
-    #[serde(default)]
-    cols: u16,
-    #[serde(default)]
-    rows: u16,
-}
-
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{session}/terminal",
+    operation_id = "openTerminal",
+    tag = "terminal",
+    summary = "The interactive terminal over a WebSocket, authorised by a ticket (no bearer header); lookup-only",
+    params(api::SessionParam, api::TerminalQuery),
+    responses(
+        (
+            status = 101,
+            description = "Switching to the WebSocket protocol: binary frames carry PTY bytes both ways; text frames are `TerminalClientFrame` from the client (`{\"type\":\"resize\",..}`) and `TerminalServerFrame` from the service (`{\"type\":\"exit\"|\"error\",..}`)",
+            extensions(
+                ("x-websocket-client-frame" = json!({ "$ref": "#/components/schemas/TerminalClientFrame" })),
+                ("x-websocket-server-frame" = json!({ "$ref": "#/components/schemas/TerminalServerFrame" })),
+            ),
+        ),
+        api::errors::TerminalErrors,
+    ),
+)]
 /// `GET /v1/sessions/{session}/terminal`: checks, opens the PTY, then upgrades.
 pub async fn open(
     State(state): State<AppState>,
     SessionPath(session): SessionPath,
-    query: Result<Query<TerminalQuery>, axum::extract::rejection::QueryRejection>,
+    query: Result<Query<api::TerminalQuery>, axum::extract::rejection::QueryRejection>,
     upgrade: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
     let session = SessionId::new(&session)
@@ -269,13 +283,6 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// What the client may send as text.
-#[derive(Debug, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-enum Control {
-    Resize { cols: u16, rows: u16 },
-}
-
 /// One item of the input queue: resizes travel with the keystrokes so their order holds.
 #[derive(Debug)]
 enum InputOp {
@@ -328,19 +335,18 @@ impl Relay {
                         }
                     }
                     Some(Ok(Message::Text(text))) => {
-                        match serde_json::from_str::<Control>(text.as_str()) {
-                            Ok(Control::Resize { cols, rows }) => {
+                        match serde_json::from_str::<api::TerminalClientFrame>(text.as_str()) {
+                            Ok(api::TerminalClientFrame::Resize { cols, rows }) => {
                                 if tx.send(InputOp::Resize(TerminalSize { cols, rows })).await.is_err() {
                                     break End::ClientGone;
                                 }
                             }
                             Err(e) => {
-                                let frame = json!({
-                                    "type": "error",
-                                    "code": "invalid_message",
-                                    "message": format!("text frames carry control messages such as {{\"type\":\"resize\",\"cols\":80,\"rows\":24}}: {e}"),
-                                });
-                                if !send(&mut socket, Message::Text(frame.to_string().into())).await {
+                                let frame = api::TerminalServerFrame::Error {
+                                    code: "invalid_message".to_owned(),
+                                    message: format!("text frames carry control messages such as {{\"type\":\"resize\",\"cols\":80,\"rows\":24}}: {e}"),
+                                };
+                                if !send(&mut socket, text_frame(&frame)).await {
                                     break End::ClientGone;
                                 }
                             }
@@ -378,21 +384,26 @@ impl Relay {
                 return;
             }
             End::Exited(code) => (
-                Some(json!({ "type": "exit", "code": code.unwrap_or(-1) })),
+                Some(api::TerminalServerFrame::Exit {
+                    code: code.unwrap_or(-1),
+                }),
                 (close_code::NORMAL, "terminal exited"),
             ),
             End::Failed(e) => {
                 self.metrics.observe_error(&e);
                 let api = ApiError::from(e);
                 (
-                    Some(json!({ "type": "error", "code": api.code, "message": api.message })),
+                    Some(api::TerminalServerFrame::Error {
+                        code: api.code.to_owned(),
+                        message: api.message,
+                    }),
                     (close_code::ERROR, "terminal failed"),
                 )
             }
             End::Idle => (None, (close_code::NORMAL, "idle timeout")),
         };
         if let Some(frame) = last
-            && !send(&mut socket, Message::Text(frame.to_string().into())).await
+            && !send(&mut socket, text_frame(&frame)).await
         {
             return;
         }
@@ -412,6 +423,16 @@ impl Relay {
             .await;
         }
     }
+}
+
+/// A text frame of the service.
+fn text_frame(frame: &api::TerminalServerFrame) -> Message {
+    // The frame types always serialize; `null` would be a frame the client ignores.
+    Message::Text(
+        serde_json::to_string(frame)
+            .unwrap_or_else(|_| "null".to_owned())
+            .into(),
+    )
 }
 
 /// Sends one message; false when the client is gone or stopped reading.
@@ -500,17 +521,18 @@ mod tests {
 
     #[test]
     fn control_messages_parse() {
-        let c: Control = serde_json::from_str(r#"{"type":"resize","cols":123,"rows":45}"#).unwrap();
+        let c: api::TerminalClientFrame =
+            serde_json::from_str(r#"{"type":"resize","cols":123,"rows":45}"#).unwrap();
         assert!(matches!(
             c,
-            Control::Resize {
+            api::TerminalClientFrame::Resize {
                 cols: 123,
                 rows: 45
             }
         ));
-        assert!(serde_json::from_str::<Control>(r#"{"type":"paste"}"#).is_err());
+        assert!(serde_json::from_str::<api::TerminalClientFrame>(r#"{"type":"paste"}"#).is_err());
         assert!(
-            serde_json::from_str::<Control>(r#"{"type":"resize","cols":-1,"rows":1}"#).is_err()
+            serde_json::from_str::<api::TerminalClientFrame>(r#"{"type":"resize","cols":-1,"rows":1}"#).is_err()
         );
     }
 

@@ -1,0 +1,493 @@
+//! The wire form of the HTTP API: the request and response types of every route, declared once.
+//! The handlers (`crate::http`) build and read them, the CLI client (`crate::client`) reads and
+//! builds them, and the OpenAPI document (`GET /v1/openapi.json`) is derived from them
+//! (`utoipa::ToSchema`).
+//!
+//! These types are the API's own, not `sandbox_core`'s: each maps from or to the core type
+//! explicitly, field by field, so renaming a field in `sandbox-core` breaks the build here
+//! instead of changing the JSON silently. Field names, optionality, the fields left out when
+//! empty and enum spellings are the API's contract.
+//!
+//! [`errors`] holds the error statuses and codes each route family can answer, as data.
+
+pub mod errors;
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+use utoipa::{IntoParams, ToSchema};
+
+// ---- errors ----------------------------------------------------------------------------------
+
+/// The one error shape of the API (component `Error`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[schema(as = Error)]
+pub struct ErrorResponse {
+    pub error: ErrorBody,
+}
+
+/// What went wrong.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ErrorBody {
+    /// Machine-readable; the route lists the codes of each status.
+    pub code: String,
+    /// One line, scrubbed of credentials.
+    pub message: String,
+}
+
+// ---- service ---------------------------------------------------------------------------------
+
+/// `GET /healthz`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Health {
+    pub status: HealthStatus,
+    pub backend: String,
+    pub store: String,
+    /// A reason code only; the details are in the service's log.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub reason: Option<HealthReason>,
+}
+
+/// Whether the backend and the store answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum HealthStatus {
+    Ok,
+    Unavailable,
+}
+
+/// Which one does not answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum HealthReason {
+    BackendUnavailable,
+    StoreUnavailable,
+}
+
+// ---- sessions --------------------------------------------------------------------------------
+
+/// The `{session}` path segment (documentation only: handlers read it with
+/// `crate::http::SessionPath`).
+#[derive(Debug, Clone, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct SessionParam {
+    /// Percent-encoded; tenant-scoped; no braces or control characters, at most 512 bytes
+    pub session: String,
+}
+
+/// `GET /v1/sessions/{session}`: the sandbox bound to the session.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Session {
+    pub session: String,
+    pub sandbox_id: String,
+    pub provider: String,
+    pub state: String,
+}
+
+/// `POST /v1/sessions/{session}/keepalive`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct KeepAlive {
+    pub refreshed: bool,
+    pub next_refresh_ms: u64,
+}
+
+// ---- exec ------------------------------------------------------------------------------------
+
+/// Query of `POST /v1/sessions/{session}/exec`.
+#[derive(Debug, Clone, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct ExecQuery {
+    /// Answer NDJSON: one line per output chunk as it happens, then the result
+    #[serde(default)]
+    pub stream: bool,
+}
+
+/// An exec spec: argv form (`command` + `args`) or shell form (`shell: true`, no `args`).
+/// The field order is the one `sandbox_core::ExecSpec` reports in its errors.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExecSpec {
+    pub command: String,
+    #[serde(default)]
+    pub args: Vec<String>,
+    #[serde(default)]
+    pub shell: bool,
+    #[serde(default)]
+    pub stdin: Option<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Absolute, normalized sandbox path
+    #[serde(default)]
+    pub cwd: Option<String>,
+    #[serde(default)]
+    pub user: Option<String>,
+    #[serde(default)]
+    #[schema(minimum = 1)]
+    pub timeout_ms: Option<i64>,
+}
+
+impl From<ExecSpec> for sandbox_core::ExecSpec {
+    fn from(spec: ExecSpec) -> Self {
+        let ExecSpec {
+            command,
+            args,
+            shell,
+            stdin,
+            env,
+            cwd,
+            user,
+            timeout_ms,
+        } = spec;
+        sandbox_core::ExecSpec {
+            command,
+            args,
+            shell,
+            stdin,
+            env,
+            cwd,
+            user,
+            timeout_ms,
+        }
+    }
+}
+
+/// The buffered result of an exec (the exec and execute routes).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ExecResult {
+    pub exit_code: i32,
+    pub killed: bool,
+    pub duration_ms: u64,
+    /// Lossy UTF-8, for display
+    pub stdout: String,
+    /// Lossy UTF-8, for display
+    pub stderr: String,
+    pub stdout_utf8: bool,
+    pub stderr_utf8: bool,
+    /// The exact bytes (standard base64), present only when stdout is not UTF-8
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false, content_encoding = "base64")]
+    pub stdout_b64: Option<String>,
+    /// The exact bytes (standard base64), present only when stderr is not UTF-8
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false, content_encoding = "base64")]
+    pub stderr_b64: Option<String>,
+    /// Output past the capture limit was dropped
+    pub truncated: bool,
+}
+
+impl From<&sandbox_core::ExecResult> for ExecResult {
+    fn from(r: &sandbox_core::ExecResult) -> Self {
+        let (stdout, stdout_utf8, stdout_b64) = buffered(&r.stdout);
+        let (stderr, stderr_utf8, stderr_b64) = buffered(&r.stderr);
+        ExecResult {
+            exit_code: r.exit_code,
+            killed: r.killed,
+            duration_ms: millis(r.duration),
+            stdout,
+            stderr,
+            stdout_utf8,
+            stderr_utf8,
+            stdout_b64,
+            stderr_b64,
+            truncated: r.truncated,
+        }
+    }
+}
+
+/// One stream's buffered fields: lossy text (for display), whether it is UTF-8, and the exact
+/// bytes as base64 when it is not.
+fn buffered(bytes: &[u8]) -> (String, bool, Option<String>) {
+    use base64::Engine as _;
+    let utf8 = std::str::from_utf8(bytes).is_ok();
+    (
+        String::from_utf8_lossy(bytes).into_owned(),
+        utf8,
+        (!utf8).then(|| base64::engine::general_purpose::STANDARD.encode(bytes)),
+    )
+}
+
+/// A duration in whole milliseconds, saturating.
+pub(crate) fn millis(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// One line of the streaming exec answer (`?stream=true`, `application/x-ndjson`): output
+/// chunks as they happen, then one final result or error line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum ExecStreamLine {
+    Output(ExecOutput),
+    End(ExecEnd),
+    Error(ErrorResponse),
+}
+
+/// Which output stream a chunk is from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum StreamName {
+    Stdout,
+    Stderr,
+}
+
+impl From<sandbox_core::OutputStream> for StreamName {
+    fn from(stream: sandbox_core::OutputStream) -> Self {
+        match stream {
+            sandbox_core::OutputStream::Stdout => StreamName::Stdout,
+            sandbox_core::OutputStream::Stderr => StreamName::Stderr,
+        }
+    }
+}
+
+/// An output chunk: text cut at character boundaries as `data`, or bytes that are not UTF-8 as
+/// `data_b64` (standard base64); exactly one of the two.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ExecOutput {
+    pub stream: StreamName,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub data: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false, content_encoding = "base64")]
+    pub data_b64: Option<String>,
+}
+
+/// The last line of a stream that ran to its end (the output already went out line by line).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ExecEnd {
+    pub exit_code: i32,
+    pub killed: bool,
+    pub duration_ms: u64,
+    pub truncated: bool,
+    /// The client read too slowly: output past the service's queue bound was dropped
+    pub stream_overflow: bool,
+}
+
+/// `POST /v1/execute`: a script run in a fresh sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ScriptRequest {
+    /// One path segment; its extension (.sh, .py, .js, ...) picks the interpreter
+    pub file_name: String,
+    pub content: String,
+    #[serde(default)]
+    pub args: Vec<String>,
+    #[serde(default)]
+    pub stdin: Option<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default)]
+    #[schema(minimum = 1)]
+    pub timeout_ms: Option<i64>,
+}
+
+// ---- snapshots -------------------------------------------------------------------------------
+
+/// `POST /v1/sessions/{session}/snapshots` (an empty body means no name).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotRequest {
+    #[serde(default)]
+    #[schema(max_length = 512)]
+    pub name: Option<String>,
+}
+
+/// The snapshot taken.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct SnapshotCreated {
+    pub snapshot_id: String,
+    pub name: Option<String>,
+    /// The sandbox it was taken from
+    pub source: Option<String>,
+}
+
+impl From<&sandbox_core::SnapshotRef> for SnapshotCreated {
+    fn from(s: &sandbox_core::SnapshotRef) -> Self {
+        SnapshotCreated {
+            snapshot_id: s.id.as_str().to_owned(),
+            name: s.name.clone(),
+            source: s.source.as_ref().map(|id| id.as_str().to_owned()),
+        }
+    }
+}
+
+/// `POST /v1/sessions/{session}/restore`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RestoreRequest {
+    pub snapshot_id: String,
+}
+
+/// The sandbox a restore created.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct RestoreCreated {
+    pub session: String,
+    pub sandbox_id: String,
+}
+
+// ---- files -----------------------------------------------------------------------------------
+
+/// Query of the file routes that take one path.
+#[derive(Debug, Clone, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct PathQuery {
+    /// Absolute, normalized sandbox path (relative, `..` or missing: 400 `invalid_path`)
+    #[param(required = true)]
+    pub path: Option<String>,
+}
+
+/// Query of the listing route.
+#[derive(Debug, Clone, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    /// Absolute, normalized sandbox path (relative, `..` or missing: 400 `invalid_path`)
+    #[param(required = true)]
+    pub path: Option<String>,
+    /// 1 (default) to 16
+    // Kept as text so a malformed depth is `invalid_depth`, not a generic query error.
+    #[param(value_type = Option<u32>, nullable = false)]
+    pub depth: Option<String>,
+}
+
+/// The kind of an entry, as seen without following a final symlink.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum EntryKind {
+    File,
+    Dir,
+    Other,
+}
+
+impl From<sandbox_core::EntryKind> for EntryKind {
+    fn from(kind: sandbox_core::EntryKind) -> Self {
+        match kind {
+            sandbox_core::EntryKind::File => EntryKind::File,
+            sandbox_core::EntryKind::Dir => EntryKind::Dir,
+            sandbox_core::EntryKind::Other => EntryKind::Other,
+        }
+    }
+}
+
+/// Kind, size and modification time of one path.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct StatEntry {
+    pub path: String,
+    pub kind: EntryKind,
+    pub size: u64,
+    /// RFC 3339, UTC; absent when unknown
+    #[serde(
+        default,
+        with = "sandbox_core::timefmt::rfc3339_option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schema(value_type = Option<String>, format = DateTime, nullable = false)]
+    pub modified: Option<OffsetDateTime>,
+}
+
+impl From<sandbox_core::StatEntry> for StatEntry {
+    fn from(e: sandbox_core::StatEntry) -> Self {
+        StatEntry {
+            path: e.path.as_str().to_owned(),
+            kind: e.kind.into(),
+            size: e.size,
+            modified: e.modified,
+        }
+    }
+}
+
+/// One entry of a listing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct DirEntry {
+    pub name: String,
+    pub path: String,
+    pub kind: EntryKind,
+    pub size: u64,
+    /// RFC 3339, UTC; absent when unknown
+    #[serde(
+        default,
+        with = "sandbox_core::timefmt::rfc3339_option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schema(value_type = Option<String>, format = DateTime, nullable = false)]
+    pub modified: Option<OffsetDateTime>,
+}
+
+impl From<sandbox_core::DirEntry> for DirEntry {
+    fn from(e: sandbox_core::DirEntry) -> Self {
+        DirEntry {
+            name: e.name,
+            path: e.path.as_str().to_owned(),
+            kind: e.kind.into(),
+            size: e.size,
+            modified: e.modified,
+        }
+    }
+}
+
+/// `GET /v1/sessions/{session}/files`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Listing {
+    pub entries: Vec<DirEntry>,
+    /// The entry cap or the walk's deadline cut the listing short
+    pub truncated: bool,
+}
+
+impl From<sandbox_core::TreeListing> for Listing {
+    fn from(l: sandbox_core::TreeListing) -> Self {
+        Listing {
+            entries: l.entries.into_iter().map(DirEntry::from).collect(),
+            truncated: l.truncated,
+        }
+    }
+}
+
+// ---- terminal --------------------------------------------------------------------------------
+
+/// `POST /v1/sessions/{session}/terminal/ticket`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct TerminalTicket {
+    pub ticket: String,
+    pub expires_in_ms: u64,
+}
+
+/// Query of the terminal upgrade.
+#[derive(Debug, Clone, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct TerminalQuery {
+    /// From POST …/terminal/ticket; used up by a successful upgrade
+    #[serde(default)]
+    #[param(required = true, nullable = false)]
+    pub ticket: Option<String>,
+    /// Let the open resume a paused sandbox
+    #[serde(default)]
+    pub resume: bool,
+    /// Initial width (0 or absent: 80)
+    #[serde(default)]
+    pub cols: u16,
+    /// Initial height (0 or absent: 24)
+    #[serde(default)]
+    pub rows: u16,
+}
+
+/// A text frame the client sends on the terminal WebSocket (binary frames carry raw PTY bytes
+/// both ways).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum TerminalClientFrame {
+    Resize { cols: u16, rows: u16 },
+}
+
+/// A text frame the service sends on the terminal WebSocket, before its close frame.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum TerminalServerFrame {
+    /// The shell exited (`-1` when its status is unknown).
+    Exit { code: i32 },
+    /// The terminal failed, or the client sent a text frame that is no control message.
+    Error { code: String, message: String },
+}
