@@ -4,6 +4,7 @@
 // workspace's print_stdout/print_stderr lints (meant for library and service code) do not apply.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
+mod api_golden;
 mod bench_cmd;
 mod fixtures;
 mod pipeline;
@@ -30,6 +31,8 @@ commands:
                            Docker engine, which it starts, and the locally built default image)
   tidy                     check the architecture's dependency lines on this workspace
   bench <suite> [--smoke]  run a benchmark suite and write its Markdown report
+  api-golden [--bless]     replay the HTTP API's golden corpus (crates/sandbox-app/tests/golden/
+                           api.jsonl) against the router; --bless rewrites it from the answers
   help                     this text
 
 Under CI=true a missing prerequisite, a service that cannot start or a skipped conformance case
@@ -123,6 +126,9 @@ fn main() -> ExitCode {
                 )),
             }
         }
+        ["api-golden"] => api_golden::run(&Ctx::new(), false),
+        ["api-golden", "--bless"] => api_golden::run(&Ctx::new(), true),
+        ["api-golden", ..] => usage_error("api-golden takes only --bless"),
         [cmd, ..] => usage_error(&format!("unknown command or arguments: {cmd:?} ...")),
     }
 }

@@ -11,441 +11,17 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Test binary: a failed unwrap is a failed test.
 
+mod http_support;
+
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::Mutex;
 
 use axum::Router;
-use axum::body::Body;
-use http_body_util::BodyExt;
-use proptest::prelude::*;
+use http_support::{Input, Route, TOKEN, app, clip, input, routes, seed, send, uri};
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
-use sandbox_app::auth::{TenantAuth, digest, hex};
-use sandbox_app::config::Limits;
-use sandbox_app::http::metrics::Metrics;
-use sandbox_app::api::errors::CODES_EXTENSION;
-use sandbox_app::http::openapi::document;
-use sandbox_app::http::{AppState, router};
-use sandbox_core::{ConfigId, CreateRequest, PermissiveSessionExistence, SandboxProvider};
-use sandbox_session::lifecycle::{Lifecycle, LifecycleConfig};
-use sandbox_session::manager::SessionManager;
-use sandbox_session::memory_store::MemoryBindingStore;
-use sandbox_testkit::fake::FakeProvider;
-use serde_json::{Value, json};
-use tower::ServiceExt as _;
+use serde_json::Value;
 
-const TOKEN: &str = "token-properties";
-
-/// One operation of the document, with what this test reads of it.
-#[derive(Debug, Clone)]
-struct Route {
-    method: String,
-    path: String,
-    /// Names of the query parameters.
-    query: Vec<String>,
-    /// The component name of the JSON request body's schema, if any.
-    request: Option<String>,
-    /// Per documented status: the error codes its body can carry (none: not an error answer).
-    responses: BTreeMap<u16, Vec<String>>,
-}
-
-impl Route {
-    fn path_params(&self) -> impl Iterator<Item = &str> {
-        self.path
-            .split('/')
-            .filter_map(|seg| seg.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
-    }
-}
-
-/// Every operation of the generated document.
-fn routes() -> Vec<Route> {
-    let doc = document();
-    let mut out = Vec::new();
-    for (path, item) in doc["paths"].as_object().expect("paths") {
-        for (method, op) in item.as_object().expect("a path item") {
-            let query = op["parameters"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter(|p| p["in"] == "query")
-                .map(|p| p["name"].as_str().expect("a name").to_owned())
-                .collect();
-            let request = op["requestBody"]["content"]["application/json"]["schema"]["$ref"]
-                .as_str()
-                .and_then(|r| r.rsplit('/').next())
-                .map(str::to_owned);
-            let responses = op["responses"]
-                .as_object()
-                .expect("responses")
-                .iter()
-                .map(|(status, r)| {
-                    let codes = r[CODES_EXTENSION]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .map(|c| c.as_str().expect("a code").to_owned())
-                        .collect();
-                    (status.parse().expect("a status"), codes)
-                })
-                .collect();
-            out.push(Route {
-                method: method.to_uppercase(),
-                path: path.clone(),
-                query,
-                request,
-                responses,
-            });
-        }
-    }
-    // The document's operations, all of them: a route missing here would go untested.
-    assert!(out.len() >= 20, "{} operations", out.len());
-    out
-}
 const CASES_PER_ROUTE: u32 = 64;
-
-fn app() -> Router {
-    let provider: Arc<dyn SandboxProvider> = Arc::new(FakeProvider::new());
-    let lifecycle = Lifecycle::new(
-        provider.clone(),
-        Arc::new(MemoryBindingStore::new()),
-        Arc::new(PermissiveSessionExistence),
-        LifecycleConfig {
-            config_id: ConfigId::default_config(),
-            create_request: CreateRequest::new(FakeProvider::template()),
-            requires_inbound_token: false,
-        },
-    )
-    .unwrap();
-    router(AppState {
-        auth: Arc::new(TenantAuth::new([(7, hex(&digest(TOKEN)).as_str())]).unwrap()),
-        manager: SessionManager::new(lifecycle),
-        provider,
-        metrics: Arc::new(Metrics::new()),
-        limits: Limits::default(),
-        tickets: Arc::new(sandbox_app::tickets::TerminalTickets::default()),
-        store: sandbox_app::http::StoreInfo::memory(),
-        budget: sandbox_app::http::body::InflightBudget::new(1 << 30),
-    })
-}
-
-/// Percent-encodes everything but RFC 3986's unreserved characters.
-fn encode(raw: &str) -> String {
-    let mut out = String::new();
-    for b in raw.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
-#[derive(Debug, Clone)]
-struct Input {
-    authorization: Option<String>,
-    session: String,
-    query: Vec<(String, String)>,
-    body: Vec<u8>,
-}
-
-fn authorization() -> impl Strategy<Value = Option<String>> {
-    prop_oneof![
-        14 => Just(Some(format!("Bearer {TOKEN}"))),
-        1 => Just(None),
-        1 => Just(Some("Bearer wrong-token".to_owned())),
-        1 => Just(Some(TOKEN.to_owned())),
-        1 => Just(Some("Bearer ".to_owned())),
-        1 => Just(Some(format!("Basic {TOKEN}"))),
-    ]
-}
-
-/// Session IDs; never empty (an empty segment addresses no route at all). `bound-*` sessions
-/// have a sandbox (see [`seed`]).
-fn session() -> impl Strategy<Value = String> {
-    prop_oneof![
-        4 => prop::sample::select(BOUND.to_vec()).prop_map(str::to_owned),
-        3 => "[a-z0-9-]{1,12}",
-        1 => "[a-z]{0,4}[{}][a-z]{0,4}",
-        1 => "[a-z]{0,4}[\\x00-\\x1f\\x7f][a-z]{0,4}",
-        1 => "\\PC{1,12}",
-        1 => any::<String>(),
-        1 => "[a-z]{500,700}",
-        1 => prop::sample::select(vec![" ", "..", ".", "a/b", "%", "?x=1", "#"]).prop_map(str::to_owned),
-    ]
-    .prop_filter("a non-empty segment", |s| !s.is_empty())
-}
-
-fn sandbox_path() -> impl Strategy<Value = String> {
-    prop_oneof![
-        Just(String::new()),
-        Just("../etc/passwd".to_owned()),
-        Just("relative/file.txt".to_owned()),
-        Just("/workspace/../../etc/shadow".to_owned()),
-        Just("/workspace/out.txt".to_owned()),
-        Just("/workspace".to_owned()),
-        "/workspace/[a-z]{1,8}",
-        "/[a-z]{300,5000}",
-        any::<String>(),
-    ]
-}
-
-/// Query pairs, mostly the route's own parameters (and `path`) with odd values.
-fn query(route: &Route) -> impl Strategy<Value = Vec<(String, String)>> + use<> {
-    let mut names: Vec<String> = route.query.clone();
-    names.push("path".to_owned());
-    let value = prop_oneof![
-        3 => sandbox_path(),
-        1 => prop::sample::select(vec!["true", "false", "maybe", "1", "0", "-1", "99999", ""])
-            .prop_map(str::to_owned),
-        1 => any::<String>(),
-    ];
-    let pair = prop_oneof![
-        6 => (prop::sample::select(names), value),
-        1 => ("\\PC{0,8}", "\\PC{0,8}"),
-        1 => (any::<String>(), any::<String>()),
-    ];
-    prop_oneof![
-        2 => Just(Vec::new()),
-        1 => prop::collection::vec(pair, 1..3),
-    ]
-}
-
-fn json_value() -> impl Strategy<Value = Value> {
-    let leaf = prop_oneof![
-        Just(Value::Null),
-        any::<bool>().prop_map(Value::from),
-        any::<i64>().prop_map(Value::from),
-        any::<f64>().prop_map(|f| json!(f)),
-        "\\PC{0,16}".prop_map(Value::from),
-    ];
-    leaf.prop_recursive(3, 24, 4, |inner| {
-        prop_oneof![
-            prop::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
-            prop::collection::btree_map("[a-z_]{1,10}", inner, 0..4)
-                .prop_map(|m| Value::Object(m.into_iter().collect())),
-        ]
-    })
-}
-
-fn timeout_ms() -> impl Strategy<Value = Value> {
-    prop_oneof![
-        Just(Value::Null),
-        Just(Value::Null),
-        Just(Value::Null),
-        Just(Value::Null),
-        Just(json!(0)),
-        Just(json!(-5)),
-        Just(json!(1)),
-        Just(json!(5000)),
-        Just(json!(i64::MAX)),
-        Just(json!(1.5)),
-        Just(json!("100")),
-    ]
-}
-
-/// Exec specs close to valid: the fake's commands (never `sleep`), odd args, cwd, env, timeouts.
-fn exec_spec() -> impl Strategy<Value = Value> {
-    (
-        prop_oneof![
-            Just("echo"),
-            Just("true"),
-            Just("false"),
-            Just("pwd"),
-            Just("env"),
-            Just("cat"),
-            Just("exit"),
-            Just("no-such-cmd"),
-            Just(""),
-            Just("echo hi | wc -c"),
-        ],
-        prop::collection::vec("\\PC{0,8}", 0..3),
-        prop::option::of(any::<bool>()),
-        prop::option::of(sandbox_path()),
-        prop::collection::btree_map("[A-Za-z_=0-9 ]{0,6}", "\\PC{0,6}", 0..2),
-        timeout_ms(),
-        prop::option::of("\\PC{0,8}"),
-        prop::bool::weighted(0.1),
-    )
-        .prop_map(|(command, args, shell, cwd, env, timeout, stdin, extra)| {
-            let mut spec =
-                json!({ "command": command, "args": args, "env": env, "timeout_ms": timeout });
-            if let Some(shell) = shell {
-                spec["shell"] = json!(shell);
-            }
-            if let Some(cwd) = cwd {
-                spec["cwd"] = json!(cwd);
-            }
-            if let Some(stdin) = stdin {
-                spec["stdin"] = json!(stdin);
-            }
-            if extra {
-                spec["unexpected"] = json!(1);
-            }
-            spec
-        })
-}
-
-/// Script bodies close to valid, some the validator refuses.
-fn script() -> impl Strategy<Value = Value> {
-    (
-        prop_oneof![
-            Just("job.sh"),
-            Just("job.py"),
-            Just("job.js"),
-            Just("job"),
-            Just("../job.sh"),
-            Just(".hidden.sh"),
-            Just(""),
-            Just("a/b.sh"),
-        ],
-        prop_oneof![
-            Just("echo hi".to_owned()),
-            Just("rm -rf / --no-preserve-root".to_owned()),
-            Just("curl http://169.254.169.254/latest/meta-data".to_owned()),
-            "\\PC{0,40}",
-        ],
-        prop::collection::vec("\\PC{0,8}", 0..3),
-        prop::option::of("\\PC{0,8}"),
-        timeout_ms(),
-    )
-        .prop_map(|(file_name, content, args, stdin, timeout)| {
-            json!({ "file_name": file_name, "content": content, "args": args, "stdin": stdin, "timeout_ms": timeout })
-        })
-}
-
-/// Bodies: anything at all, plus near-valid ones for the route's own request schema.
-fn body(route: &Route, snapshot: String) -> impl Strategy<Value = Vec<u8>> + use<> {
-    let own = route.request.clone().unwrap_or_default();
-    let weight = |schema: &str| if schema == own.as_str() { 12 } else { 1 };
-    prop_oneof![
-        1 => Just(Vec::new()),
-        1 => prop::collection::vec(any::<u8>(), 0..128),
-        1 => json_value().prop_map(|v| v.to_string().into_bytes()),
-        weight("ExecSpec") => exec_spec().prop_map(|v| v.to_string().into_bytes()),
-        weight("ScriptRequest") => script().prop_map(|v| v.to_string().into_bytes()),
-        weight("SnapshotRequest") => prop::option::of("\\PC{0,16}")
-            .prop_map(|n| json!({ "name": n }).to_string().into_bytes()),
-        1 => "\\PC{0,16}".prop_map(|s| json!({ "snapshot_id": s }).to_string().into_bytes()),
-        weight("RestoreRequest") => Just(json!({ "snapshot_id": snapshot }).to_string().into_bytes()),
-    ]
-}
-
-fn input(route: &Route, snapshot: &str) -> impl Strategy<Value = Input> + use<> {
-    (
-        authorization(),
-        session(),
-        query(route),
-        body(route, snapshot.to_owned()),
-    )
-        .prop_map(|(authorization, session, query, body)| Input {
-            authorization,
-            session,
-            query,
-            body,
-        })
-}
-
-/// Sessions the seed binds (a file written, a snapshot taken).
-const BOUND: &[&str] = &["bound-1", "bound-2", "bound-3"];
-
-/// Binds [`BOUND`], writes a file into each, and answers a snapshot ID of the first.
-async fn seed(app: &Router) -> String {
-    let auth = format!("Bearer {TOKEN}");
-    for session in BOUND {
-        let (status, body) = send(
-            app.clone(),
-            "POST",
-            &format!("/v1/sessions/{session}/exec"),
-            Some(&auth),
-            br#"{"command":"true"}"#.to_vec(),
-        )
-        .await
-        .unwrap();
-        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
-        let (status, body) = send(
-            app.clone(),
-            "PUT",
-            &format!("/v1/sessions/{session}/files/content?path=/workspace/out.txt"),
-            Some(&auth),
-            b"hello".to_vec(),
-        )
-        .await
-        .unwrap();
-        assert!(status < 300, "{status} {}", String::from_utf8_lossy(&body));
-    }
-    let (status, body) = send(
-        app.clone(),
-        "POST",
-        &format!("/v1/sessions/{}/snapshots", BOUND[0]),
-        Some(&auth),
-        Vec::new(),
-    )
-    .await
-    .unwrap();
-    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
-    let v: Value = serde_json::from_slice(&body).unwrap();
-    v["snapshot_id"].as_str().unwrap().to_owned()
-}
-
-fn uri(route: &Route, input: &Input) -> String {
-    let path: Vec<String> = route
-        .path
-        .split('/')
-        .map(|seg| {
-            if seg.starts_with('{') && seg.ends_with('}') {
-                encode(&input.session)
-            } else {
-                seg.to_owned()
-            }
-        })
-        .collect();
-    let mut uri = path.join("/");
-    if !input.query.is_empty() {
-        let pairs: Vec<String> = input
-            .query
-            .iter()
-            .map(|(k, v)| format!("{}={}", encode(k), encode(v)))
-            .collect();
-        uri.push('?');
-        uri.push_str(&pairs.join("&"));
-    }
-    uri
-}
-
-/// At most 300 characters of `text`, for failure messages.
-fn clip(text: &str) -> String {
-    match text.char_indices().nth(300) {
-        Some((i, _)) => format!("{}…[{} bytes]", &text[..i], text.len()),
-        None => text.to_owned(),
-    }
-}
-
-/// Sends one request; the status and the whole body.
-async fn send(
-    app: Router,
-    method: &str,
-    uri: &str,
-    authorization: Option<&str>,
-    body: Vec<u8>,
-) -> Result<(u16, Vec<u8>), String> {
-    let mut request = axum::http::Request::builder().method(method).uri(uri);
-    if let Some(value) = authorization {
-        request = request.header("authorization", value);
-    }
-    let request = request.body(Body::from(body)).map_err(|e| e.to_string())?;
-    let response = tokio::time::timeout(Duration::from_secs(20), app.oneshot(request))
-        .await
-        .map_err(|_| format!("{method} {}: no answer", clip(uri)))?
-        .map_err(|e| e.to_string())?;
-    let status = response.status().as_u16();
-    let bytes = tokio::time::timeout(Duration::from_secs(20), response.into_body().collect())
-        .await
-        .map_err(|_| format!("{method} {}: the body never ended", clip(uri)))?
-        .map_err(|e| e.to_string())?
-        .to_bytes();
-    Ok((status, bytes.to_vec()))
-}
 
 /// Whether `status` and `body` are an answer `route` documents; the error code, if any.
 fn judge(route: &Route, status: u16, body: &[u8]) -> Result<Option<String>, String> {
@@ -475,7 +51,7 @@ async fn check(app: Router, route: &Route, input: Input, seen: &Seen) -> Result<
     let uri = uri(route, &input);
     let (status, bytes) = send(
         app,
-        &route.method,
+        route.method.as_str(),
         &uri,
         input.authorization.as_deref(),
         input.body.clone(),
@@ -485,14 +61,14 @@ async fn check(app: Router, route: &Route, input: Input, seen: &Seen) -> Result<
     let code = judge(route, status, &bytes).map_err(|why| {
         TestCaseError::fail(format!(
             "{why}: {} {} body={:?} -> {}",
-            &route.method,
+            route.method.as_str(),
             clip(&uri),
             clip(&String::from_utf8_lossy(&input.body)),
             clip(&String::from_utf8_lossy(&bytes))
         ))
     })?;
     let key = (
-        format!("{} {}", route.method, route.path),
+        format!("{} {}", route.method.as_str(), route.path),
         status,
         code.unwrap_or_default(),
     );
@@ -526,7 +102,7 @@ fn every_route_answers_only_what_the_table_documents() {
             rt.block_on(check(app.clone(), route, input, &seen))
         });
         if let Err(e) = result {
-            failures.push(format!("{} {}: {e}", route.method, route.path));
+            failures.push(format!("{} {}: {e}", route.method.as_str(), route.path));
         }
     }
     // What the random input reached (`--nocapture` shows it): route, status, code, count.
@@ -548,7 +124,7 @@ fn edge_inputs_answer_documented_errors() {
     let auth = format!("Bearer {TOKEN}");
     let mut failures = Vec::new();
     for route in &routes() {
-        let name = format!("{} {}", route.method, route.path);
+        let name = format!("{} {}", route.method.as_str(), route.path);
         let mut cases = vec![(
             "a 3 MiB body",
             route.path.replace("{session}", "edge"),
@@ -565,7 +141,7 @@ fn edge_inputs_answer_documented_errors() {
             let (status, bytes) = rt
                 .block_on(send(
                     app.clone(),
-                    &route.method,
+                    route.method.as_str(),
                     &uri,
                     Some(&auth),
                     body,
