@@ -196,7 +196,6 @@ impl LifecycleObserver for Metrics {
     operation_id = "metrics",
     tag = "service",
     summary = "Prometheus/OpenMetrics metrics (no auth)",
-    description = "",
     responses((status = 200, description = "The metrics in the OpenMetrics text format", body = String, content_type = "application/openmetrics-text")),
 )]
 /// `GET /metrics`.

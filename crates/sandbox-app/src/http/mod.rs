@@ -96,7 +96,7 @@ pub(crate) fn declared() -> (OpenApiRouter<AppState>, OpenApiRouter<AppState>) {
         // Authorised by its single-use ticket: browsers cannot send a bearer header on a
         // WebSocket.
         .routes(routes!(terminal::open));
-    openapi::set_security(public.get_openapi_mut(), false);
+    openapi::finish(public.get_openapi_mut(), false);
     let mut authenticated = OpenApiRouter::new()
         .routes(routes!(sessions::get_session, sessions::destroy))
         .routes(routes!(exec::exec))
@@ -110,7 +110,7 @@ pub(crate) fn declared() -> (OpenApiRouter<AppState>, OpenApiRouter<AppState>) {
         .routes(routes!(files::put_attachment, files::delete_attachment))
         .routes(routes!(sessions::keep_alive))
         .routes(routes!(terminal::issue_ticket));
-    openapi::set_security(authenticated.get_openapi_mut(), true);
+    openapi::finish(authenticated.get_openapi_mut(), true);
     (public, authenticated)
 }
 
@@ -239,7 +239,6 @@ async fn record(State(state): State<AppState>, request: Request, next: Next) -> 
     operation_id = "health",
     tag = "service",
     summary = "Backend health (no auth: load balancers probe it)",
-    description = "",
     responses(
         (status = 200, description = "The backend answers", body = api::Health),
         (status = 503, description = "The backend does not answer", body = api::Health),

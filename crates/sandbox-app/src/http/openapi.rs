@@ -11,7 +11,8 @@ use axum::Json;
 use serde_json::Value;
 use utoipa::OpenApi as _;
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityRequirement, SecurityScheme};
-use utoipa::openapi::{OpenApi, PathItem};
+use utoipa::openapi::schema::{SchemaType, Type};
+use utoipa::openapi::{OpenApi, PathItem, RefOr, Schema};
 
 use crate::api;
 
@@ -56,8 +57,10 @@ fn bearer() -> SecurityRequirement {
     SecurityRequirement::new(BEARER, Vec::<String>::new())
 }
 
-/// Marks every operation of `doc` as requiring the bearer token (`true`) or none (`false`).
-pub(super) fn set_security(doc: &mut OpenApi, authenticated: bool) {
+/// Finishes the operations of one of the declared routers: each requires the bearer token
+/// (`authenticated`) or none, and an optional request body is described as what it is, a body
+/// that may be absent, not a JSON `null` (which the routes refuse).
+pub(super) fn finish(doc: &mut OpenApi, authenticated: bool) {
     for item in doc.paths.paths.values_mut() {
         for op in operations(item) {
             op.security = Some(if authenticated {
@@ -65,8 +68,26 @@ pub(super) fn set_security(doc: &mut OpenApi, authenticated: bool) {
             } else {
                 Vec::new()
             });
+            let Some(body) = op.request_body.as_mut() else {
+                continue;
+            };
+            for content in body.content.values_mut() {
+                if let Some(RefOr::T(Schema::OneOf(one_of))) = &content.schema
+                    && let [null, schema] = one_of.items.as_slice()
+                    && is_null(null)
+                {
+                    content.schema = Some(schema.clone());
+                }
+            }
         }
     }
+}
+
+fn is_null(schema: &RefOr<Schema>) -> bool {
+    matches!(
+        schema,
+        RefOr::T(Schema::Object(o)) if o.schema_type == SchemaType::Type(Type::Null)
+    )
 }
 
 fn operations(item: &mut PathItem) -> impl Iterator<Item = &mut utoipa::openapi::path::Operation> {
@@ -103,7 +124,6 @@ pub struct Document(pub Arc<Value>);
     operation_id = "openapi",
     tag = "service",
     summary = "This document (no auth)",
-    description = "",
     responses((status = 200, description = "The OpenAPI 3.1 document", body = Object)),
 )]
 pub async fn serve(Extension(Document(doc)): Extension<Document>) -> Json<Value> {
@@ -213,6 +233,13 @@ mod tests {
         let served: Value = serde_json::from_slice(&bytes).unwrap();
         assert_eq!(served, document());
         assert!(served["openapi"].as_str().unwrap().starts_with("3.1"));
+        // An optional body may be absent; it is never a JSON null.
+        let snapshot = &served["paths"]["/v1/sessions/{session}/snapshots"]["post"]["requestBody"];
+        assert_eq!(
+            snapshot["content"]["application/json"]["schema"],
+            serde_json::json!({ "$ref": "#/components/schemas/SnapshotRequest" })
+        );
+        assert_ne!(snapshot["required"], true);
         assert_eq!(
             served["components"]["securitySchemes"]["bearer"],
             serde_json::json!({ "type": "http", "scheme": "bearer" })
