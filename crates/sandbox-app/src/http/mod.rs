@@ -10,8 +10,6 @@ pub mod execute;
 pub mod files;
 pub mod metrics;
 pub mod openapi;
-#[cfg(test)]
-mod openapi_table;
 mod output;
 pub mod sessions;
 pub mod snapshots;
