@@ -4,7 +4,8 @@
 //! Built so far: configuration (file + environment), bearer-token tenants, exec (buffered and
 //! NDJSON streaming), files and attachments, WebSocket terminals behind single-use tickets,
 //! snapshots and ephemeral execution, session inspect/destroy/keep-alive, `/healthz`,
-//! `/metrics`, the OpenAPI document (`/v1/openapi.json`, generated from the route table), and
+//! `/metrics`, the OpenAPI document (`/v1/openapi.json`, generated from the same declaration as
+//! the router, over the wire types of [`api`]), and
 //! the `serve` and `doctor` commands, and the client commands (`exec`, `files get|put|ls`,
 //! `shell`) in [`client`].
 

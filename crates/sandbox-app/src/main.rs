@@ -247,7 +247,7 @@ async fn exec(args: ExecArgs) -> Result<u8, ClientError> {
         Some((first, rest)) => (first.clone(), rest.to_vec()),
         None => return Err(ClientError::Usage("no command given".to_owned())),
     };
-    let spec = sandbox_core::ExecSpec {
+    let spec = sandbox_app::api::ExecSpec {
         command: if args.shell {
             args.command.join(" ")
         } else {

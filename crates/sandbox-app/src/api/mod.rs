@@ -491,3 +491,156 @@ pub enum TerminalServerFrame {
     /// The terminal failed, or the client sent a text frame that is no control message.
     Error { code: String, message: String },
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use serde_json::{Value, json};
+
+    use super::*;
+
+    fn wire<T: Serialize>(value: &T) -> Value {
+        serde_json::to_value(value).unwrap()
+    }
+
+    #[test]
+    fn buffered_results_carry_exact_bytes_when_not_utf8() {
+        let core = sandbox_core::ExecResult {
+            stdout: b"plain".to_vec(),
+            stderr: vec![0xff, b'x'],
+            exit_code: 3,
+            duration: std::time::Duration::from_millis(7),
+            killed: false,
+            truncated: true,
+        };
+        assert_eq!(
+            wire(&ExecResult::from(&core)),
+            json!({
+                "exit_code": 3, "killed": false, "duration_ms": 7,
+                "stdout": "plain", "stdout_utf8": true,
+                "stderr": "\u{fffd}x", "stderr_utf8": false, "stderr_b64": "/3g=",
+                "truncated": true,
+            })
+        );
+    }
+
+    #[test]
+    fn entries_leave_out_an_unknown_modification_time() {
+        let entry: sandbox_core::DirEntry = serde_json::from_value(
+            json!({ "name": "a", "path": "/workspace/a", "kind": "dir", "size": 4 }),
+        )
+        .unwrap();
+        let listing = sandbox_core::TreeListing {
+            entries: vec![entry],
+            truncated: false,
+        };
+        assert_eq!(
+            wire(&Listing::from(listing)),
+            json!({
+                "entries": [{ "name": "a", "path": "/workspace/a", "kind": "dir", "size": 4 }],
+                "truncated": false,
+            })
+        );
+        let stat: sandbox_core::StatEntry = serde_json::from_value(json!({
+            "path": "/workspace/a", "kind": "other", "size": 0,
+            "modified": "2026-01-02T03:04:05Z",
+        }))
+        .unwrap();
+        assert_eq!(
+            wire(&StatEntry::from(stat)),
+            json!({
+                "path": "/workspace/a", "kind": "other", "size": 0,
+                "modified": "2026-01-02T03:04:05Z",
+            })
+        );
+    }
+
+    #[test]
+    fn a_snapshot_without_name_or_source_says_null() {
+        let snapshot: sandbox_core::SnapshotRef =
+            serde_json::from_value(json!({ "id": "snap-1" })).unwrap();
+        assert_eq!(
+            wire(&SnapshotCreated::from(&snapshot)),
+            json!({ "snapshot_id": "snap-1", "name": null, "source": null })
+        );
+    }
+
+    #[test]
+    fn stream_lines_and_frames_are_spelled_as_documented() {
+        let lines = [
+            (
+                ExecStreamLine::Output(ExecOutput {
+                    stream: StreamName::Stderr,
+                    data: Some("hi".to_owned()),
+                    data_b64: None,
+                }),
+                json!({ "stream": "stderr", "data": "hi" }),
+            ),
+            (
+                ExecStreamLine::End(ExecEnd {
+                    exit_code: -1,
+                    killed: true,
+                    duration_ms: 2,
+                    truncated: false,
+                    stream_overflow: true,
+                }),
+                json!({ "exit_code": -1, "killed": true, "duration_ms": 2, "truncated": false, "stream_overflow": true }),
+            ),
+            (
+                ExecStreamLine::Error(ErrorResponse {
+                    error: ErrorBody {
+                        code: "internal".to_owned(),
+                        message: "m".to_owned(),
+                    },
+                }),
+                json!({ "error": { "code": "internal", "message": "m" } }),
+            ),
+        ];
+        for (line, expected) in lines {
+            assert_eq!(wire(&line), expected);
+            // Each line reads back as the variant it was, not as another one.
+            assert_eq!(serde_json::from_value::<ExecStreamLine>(expected).unwrap(), line);
+        }
+        assert_eq!(
+            wire(&TerminalServerFrame::Exit { code: 0 }),
+            json!({ "type": "exit", "code": 0 })
+        );
+        assert_eq!(
+            wire(&TerminalClientFrame::Resize { cols: 80, rows: 24 }),
+            json!({ "type": "resize", "cols": 80, "rows": 24 })
+        );
+        assert_eq!(
+            wire(&Health {
+                status: HealthStatus::Unavailable,
+                backend: "docker".to_owned(),
+                store: "memory".to_owned(),
+                reason: Some(HealthReason::StoreUnavailable),
+            }),
+            json!({ "status": "unavailable", "backend": "docker", "store": "memory", "reason": "store_unavailable" })
+        );
+    }
+
+    #[test]
+    fn exec_specs_map_to_core_field_by_field() {
+        let spec: ExecSpec = serde_json::from_value(json!({
+            "command": "ls", "args": ["-l"], "stdin": "x", "env": { "A": "1" },
+            "cwd": "/workspace", "user": "root", "timeout_ms": 5,
+        }))
+        .unwrap();
+        let core = sandbox_core::ExecSpec::from(spec.clone());
+        // The core type's own JSON of the mapped value reads back as the same API value: no
+        // field was dropped or swapped on the way.
+        let back: ExecSpec = serde_json::from_value(wire(&core)).unwrap();
+        assert_eq!(back, spec);
+        let unknown = serde_json::from_value::<ExecSpec>(json!({ "command": "ls", "x": 1 }))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            unknown.contains(
+                "expected one of `command`, `args`, `shell`, `stdin`, `env`, `cwd`, `user`, `timeout_ms`"
+            ),
+            "{unknown}"
+        );
+    }
+}

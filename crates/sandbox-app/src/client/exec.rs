@@ -5,10 +5,10 @@ use base64::Engine as _;
 use http_body_util::BodyExt;
 use hyper::Method;
 use hyper::body::Bytes;
-use sandbox_core::ExecSpec;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use super::{Client, ClientError, full};
+use crate::api::{self, ExecSpec, ExecStreamLine};
 
 /// The longest NDJSON line accepted (a chunk of output is far smaller).
 const MAX_LINE: usize = 16 * 1024 * 1024;
@@ -105,60 +105,56 @@ where
     }
     let value: serde_json::Value = serde_json::from_slice(line)
         .map_err(|e| ClientError::Connect(format!("the service sent a malformed line: {e}")))?;
-    if let Some(stream) = value.get("stream").and_then(|s| s.as_str()) {
-        // Text as `data`; bytes that are not UTF-8 as `data_b64`, written out exactly.
-        let data = match value.get("data_b64").and_then(|d| d.as_str()) {
+    // A line of a kind this client does not know (a newer service): skip it.
+    let Ok(line) = serde_json::from_value::<ExecStreamLine>(value) else {
+        return Ok(None);
+    };
+    match line {
+        ExecStreamLine::Output(output) => {
+            write_output(output, out, err).await?;
+            Ok(None)
+        }
+        ExecStreamLine::Error(api::ErrorResponse { error }) => Err(ClientError::Api {
+            status: 200,
+            code: error.code,
+            message: error.message,
+        }),
+        ExecStreamLine::End(end) => Ok(Some(Ended {
+            exit_code: Some(i64::from(end.exit_code)),
+            killed: end.killed,
+            overflow: end.stream_overflow,
+        })),
+    }
+}
+
+/// Copies one output chunk to its stream: text as `data`; bytes that are not UTF-8 as
+/// `data_b64`, written out exactly.
+async fn write_output<O, E>(output: api::ExecOutput, out: &mut O, err: &mut E) -> Result<(), ClientError>
+where
+    O: AsyncWrite + Unpin,
+    E: AsyncWrite + Unpin,
+{
+    {
+        let data = match output.data_b64 {
             Some(b64) => base64::engine::general_purpose::STANDARD
                 .decode(b64)
                 .map_err(|e| {
                     ClientError::Connect(format!("the service sent malformed base64 output: {e}"))
                 })?,
-            None => value
-                .get("data")
-                .and_then(|d| d.as_str())
-                .unwrap_or("")
-                .as_bytes()
-                .to_vec(),
+            None => output.data.unwrap_or_default().into_bytes(),
         };
-        let sink: &mut (dyn AsyncWrite + Unpin) = if stream == "stderr" { err } else { out };
+        let sink: &mut (dyn AsyncWrite + Unpin) = match output.stream {
+            api::StreamName::Stderr => err,
+            api::StreamName::Stdout => out,
+        };
         sink.write_all(&data)
             .await
             .map_err(|e| ClientError::local("cannot write the output", e))?;
         sink.flush()
             .await
             .map_err(|e| ClientError::local("cannot write the output", e))?;
-        return Ok(None);
+        Ok(())
     }
-    if let Some(e) = value.get("error") {
-        return Err(ClientError::Api {
-            status: 200,
-            code: e
-                .get("code")
-                .and_then(|c| c.as_str())
-                .unwrap_or("unknown")
-                .to_owned(),
-            message: e
-                .get("message")
-                .and_then(|m| m.as_str())
-                .unwrap_or("")
-                .to_owned(),
-        });
-    }
-    if value.get("exit_code").is_some() || value.get("killed").is_some() {
-        return Ok(Some(Ended {
-            exit_code: value.get("exit_code").and_then(serde_json::Value::as_i64),
-            killed: value
-                .get("killed")
-                .and_then(serde_json::Value::as_bool)
-                .unwrap_or(false),
-            overflow: value
-                .get("stream_overflow")
-                .and_then(serde_json::Value::as_bool)
-                .unwrap_or(false),
-        }));
-    }
-    // A line of a kind this client does not know (a newer service): skip it.
-    Ok(None)
 }
 
 #[cfg(test)]
@@ -208,7 +204,7 @@ mod tests {
             r#"{"stream":"stderr","data":"oops"}"#,
             "",
             r#"{"future":"kind"}"#,
-            r#"{"exit_code":3,"killed":false,"stream_overflow":false}"#,
+            r#"{"exit_code":3,"killed":false,"duration_ms":5,"truncated":false,"stream_overflow":false}"#,
         ])
         .await;
         assert_eq!((out.as_str(), err.as_str()), ("a\n", "oops"));

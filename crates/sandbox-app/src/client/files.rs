@@ -3,10 +3,10 @@
 use http_body_util::{BodyExt, StreamBody};
 use hyper::Method;
 use hyper::body::{Bytes, Frame};
-use sandbox_core::{DirEntry, EntryKind};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::{Body, Client, ClientError, full};
+use crate::api::{DirEntry, EntryKind, Listing};
 
 /// Upload chunk size.
 const CHUNK: usize = 64 * 1024;
@@ -133,10 +133,8 @@ pub async fn list(
 ) -> Result<Vec<DirEntry>, ClientError> {
     let depth = depth.to_string();
     let url = client.session_url(session, &["files"], &[("path", path), ("depth", &depth)]);
-    let value = client.json(Method::GET, &url, None).await?;
-    let entries = value.get("entries").cloned().unwrap_or_default();
-    serde_json::from_value(entries)
-        .map_err(|e| ClientError::Connect(format!("the service sent a malformed listing: {e}")))
+    let listing: Listing = client.json::<(), _>(Method::GET, &url, None).await?;
+    Ok(listing.entries)
 }
 
 /// One line per entry: kind, size, path (like `ls -l` reduced to what the API knows).

@@ -22,6 +22,8 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use url::Url;
 
+use crate::api;
+
 /// A request body: whole or streamed from a file.
 pub type Body = BoxBody<Bytes, std::io::Error>;
 
@@ -193,15 +195,20 @@ impl Client {
         Ok(response)
     }
 
-    /// Sends a JSON body and reads a JSON answer (an empty answer is `null`).
-    pub async fn json(
-        &self,
-        method: Method,
-        url: &Url,
-        body: Option<&serde_json::Value>,
-    ) -> Result<serde_json::Value, ClientError> {
+    /// Sends a JSON body (one of the API's request types) and reads the JSON answer as one of
+    /// its response types (an empty answer is read as `null`).
+    pub async fn json<B, T>(&self, method: Method, url: &Url, body: Option<&B>) -> Result<T, ClientError>
+    where
+        B: serde::Serialize + ?Sized,
+        T: serde::de::DeserializeOwned,
+    {
         let (ct, bytes) = match body {
-            Some(v) => (Some("application/json"), Bytes::from(v.to_string())),
+            Some(v) => (
+                Some("application/json"),
+                Bytes::from(serde_json::to_vec(v).map_err(|e| {
+                    ClientError::Usage(format!("cannot encode the request: {e}"))
+                })?),
+            ),
             None => (None, Bytes::new()),
         };
         let response = self.send(method, url, ct, full(bytes)).await?;
@@ -211,11 +218,10 @@ impl Client {
             .await
             .map_err(|e| ClientError::Connect(format!("the answer broke off: {e}")))?
             .to_bytes();
-        if bytes.is_empty() {
-            return Ok(serde_json::Value::Null);
-        }
-        serde_json::from_slice(&bytes)
-            .map_err(|e| ClientError::Connect(format!("the service answered non-JSON: {e}")))
+        let bytes: &[u8] = if bytes.is_empty() { b"null" } else { &bytes };
+        serde_json::from_slice(bytes).map_err(|e| {
+            ClientError::Connect(format!("the service answered unexpected JSON: {e}"))
+        })
     }
 }
 
@@ -233,16 +239,7 @@ async fn api_error(response: Response<Incoming>) -> ClientError {
         .await
         .map(http_body_util::Collected::to_bytes)
         .unwrap_or_default();
-    let parsed: Option<(String, String)> = serde_json::from_slice::<serde_json::Value>(&bytes)
-        .ok()
-        .and_then(|v| {
-            let e = v.get("error")?;
-            Some((
-                e.get("code")?.as_str()?.to_owned(),
-                e.get("message")?.as_str()?.to_owned(),
-            ))
-        });
-    let (code, message) = parsed.unwrap_or_else(|| {
+    let (code, message) = error_body(&bytes).unwrap_or_else(|| {
         (
             format!("http_{status}"),
             String::from_utf8_lossy(&bytes).trim().to_owned(),
@@ -253,6 +250,13 @@ async fn api_error(response: Response<Incoming>) -> ClientError {
         code,
         message,
     }
+}
+
+/// The `{code, message}` of an error answer in the API's error shape.
+pub(crate) fn error_body(bytes: &[u8]) -> Option<(String, String)> {
+    serde_json::from_slice::<api::ErrorResponse>(bytes)
+        .ok()
+        .map(|e| (e.error.code, e.error.message))
 }
 
 /// An error and its sources on one line (hyper's top-level message alone says little).

@@ -16,7 +16,8 @@ use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::{self, Message};
 use url::Url;
 
-use super::{Client, ClientError};
+use super::{Client, ClientError, error_body};
+use crate::api;
 
 /// The largest frame or message accepted from the service (PTY output comes in small chunks).
 const MAX_MESSAGE: usize = 1024 * 1024;
@@ -81,8 +82,13 @@ async fn open(client: &Client, session: &str, size: Option<Size>) -> Result<Sock
     match upgrade(client, session, size).await {
         Err(ClientError::Api { code, .. }) if code == "no_live_sandbox" => {
             let url = client.session_url(session, &["exec"], &[]);
-            let spec = serde_json::json!({ "command": "true" });
-            client.json(Method::POST, &url, Some(&spec)).await?;
+            let spec = api::ExecSpec {
+                command: "true".to_owned(),
+                ..api::ExecSpec::default()
+            };
+            client
+                .json::<_, api::ExecResult>(Method::POST, &url, Some(&spec))
+                .await?;
             upgrade(client, session, size).await
         }
         other => other,
@@ -95,12 +101,8 @@ async fn upgrade(
     size: Option<Size>,
 ) -> Result<Socket, ClientError> {
     let url = client.session_url(session, &["terminal", "ticket"], &[]);
-    let answer = client.json(Method::POST, &url, None).await?;
-    let ticket = answer
-        .get("ticket")
-        .and_then(|t| t.as_str())
-        .ok_or_else(|| ClientError::Connect("the service issued no ticket".to_owned()))?
-        .to_owned();
+    let api::TerminalTicket { ticket, .. } =
+        client.json::<(), _>(Method::POST, &url, None).await?;
     let (cols, rows) = size.map_or((String::new(), String::new()), |s| {
         (s.cols.to_string(), s.rows.to_string())
     });
@@ -120,18 +122,8 @@ async fn upgrade(
         Err(tungstenite::Error::Http(response)) => {
             let status = response.status().as_u16();
             let body = response.body().clone().unwrap_or_default();
-            let parsed: Option<(String, String)> =
-                serde_json::from_slice::<serde_json::Value>(&body)
-                    .ok()
-                    .and_then(|v| {
-                        let e = v.get("error")?;
-                        Some((
-                            e.get("code")?.as_str()?.to_owned(),
-                            e.get("message")?.as_str()?.to_owned(),
-                        ))
-                    });
             let (code, message) =
-                parsed.unwrap_or_else(|| (format!("http_{status}"), String::new()));
+                error_body(&body).unwrap_or_else(|| (format!("http_{status}"), String::new()));
             Err(ClientError::Api {
                 status,
                 code,
@@ -235,8 +227,9 @@ async fn pump(socket: Socket, interactive: bool) -> Result<u8, ClientError> {
                 }
             } => {
                 if let Some(s) = local_size() {
-                    let resize = serde_json::json!({"type": "resize", "cols": s.cols, "rows": s.rows});
-                    if sink.send(Message::Text(resize.to_string().into())).await.is_err() {
+                    let resize = api::TerminalClientFrame::Resize { cols: s.cols, rows: s.rows };
+                    let Ok(resize) = serde_json::to_string(&resize) else { break };
+                    if sink.send(Message::Text(resize.into())).await.is_err() {
                         break;
                     }
                 }
@@ -249,20 +242,15 @@ async fn pump(socket: Socket, interactive: bool) -> Result<u8, ClientError> {
                     }
                 }
                 Some(Ok(Message::Text(text))) => {
-                    let v: serde_json::Value = serde_json::from_str(text.as_str()).unwrap_or_default();
-                    match v.get("type").and_then(|t| t.as_str()) {
-                        Some("exit") => {
-                            let code = v.get("code").and_then(serde_json::Value::as_i64).unwrap_or(-1);
+                    // A frame of a kind this client does not know (a newer service): ignored.
+                    match serde_json::from_str::<api::TerminalServerFrame>(text.as_str()) {
+                        Ok(api::TerminalServerFrame::Exit { code }) => {
                             exit = Some(u8::try_from(code).unwrap_or(1));
                         }
-                        Some("error") => {
-                            failure = Some(ClientError::Api {
-                                status: 200,
-                                code: v.get("code").and_then(|c| c.as_str()).unwrap_or("unknown").to_owned(),
-                                message: v.get("message").and_then(|m| m.as_str()).unwrap_or("").to_owned(),
-                            });
+                        Ok(api::TerminalServerFrame::Error { code, message }) => {
+                            failure = Some(ClientError::Api { status: 200, code, message });
                         }
-                        _ => {}
+                        Err(_) => {}
                     }
                 }
                 Some(Ok(Message::Close(_))) => break,
