@@ -374,7 +374,8 @@ pub const ROUTES: &[Route] = &[
                     },
                     Content {
                         media: "application/x-ndjson",
-                        schema: None,
+                        // The schema of ONE line (OpenAPI 3.1 has no item keyword).
+                        schema: Some("ExecStreamLine"),
                     },
                 ],
             ),
@@ -1006,6 +1007,33 @@ fn schemas() -> Value {
                 "stderr_b64": { "type": "string", "contentEncoding": "base64", "description": "The exact bytes, present only when stderr is not UTF-8" },
                 "truncated": { "type": "boolean", "description": "Output past the capture limit was dropped" }
             }
+        },
+        "ExecStreamLine": {
+            "description": "One line of an exec NDJSON stream: an output chunk, then one final result or error line",
+            "oneOf": [
+                {
+                    "type": "object",
+                    "required": ["stream"],
+                    "properties": {
+                        "stream": { "enum": ["stdout", "stderr"] },
+                        "data": { "type": "string", "description": "The chunk's text, cut at character boundaries" },
+                        "data_b64": { "type": "string", "contentEncoding": "base64", "description": "The chunk's bytes, when they are not UTF-8" }
+                    },
+                    "oneOf": [{ "required": ["data"] }, { "required": ["data_b64"] }]
+                },
+                {
+                    "type": "object",
+                    "required": ["exit_code", "killed", "duration_ms", "truncated", "stream_overflow"],
+                    "properties": {
+                        "exit_code": { "type": "integer" },
+                        "killed": { "type": "boolean" },
+                        "duration_ms": { "type": "integer", "minimum": 0 },
+                        "truncated": { "type": "boolean", "description": "Output past the capture limit was dropped" },
+                        "stream_overflow": { "type": "boolean", "description": "The client read too slowly: output stopped being forwarded" }
+                    }
+                },
+                { "$ref": "#/components/schemas/Error" }
+            ]
         },
         "SnapshotRequest": {
             "type": "object",

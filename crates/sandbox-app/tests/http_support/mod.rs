@@ -6,6 +6,7 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 pub(crate) mod golden;
+pub(crate) mod schema_check;
 
 use std::sync::Arc;
 use std::time::Duration;
