@@ -8,16 +8,22 @@
 //! `{"error":{"code","message"}}` with a code the document lists for that status
 //! (`x-error-codes`, from `sandbox_app::api::errors`). A failure here is either a handler
 //! answering something undocumented or a declaration missing a documented answer.
+//!
+//! Each answer is also checked against the OpenAPI document the router serves
+//! (`http_support/schema_check.rs`): its status and content type declared, its body valid against
+//! the declared schema. The golden corpus' requests (valid ones included) go through the same
+//! check, and a count per route family proves each family had bodies validated.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Test binary: a failed unwrap is a failed test.
 
 mod http_support;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 
 use axum::Router;
-use http_support::{Input, Route, TOKEN, app, clip, input, routes, seed, send, uri};
+use http_support::schema_check::{SchemaCheck, family};
+use http_support::{Answer, Input, Route, TOKEN, app, clip, golden, input, routes, seed, send_with, uri};
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use serde_json::Value;
 
@@ -45,34 +51,114 @@ fn judge(route: &Route, status: u16, body: &[u8]) -> Result<Option<String>, Stri
     Ok(Some(code.to_owned()))
 }
 
+/// Bodies validated against the served document, per route family.
+type Validated = Mutex<BTreeMap<String, usize>>;
+
+/// [`judge`], then the answer against the served document (status declared, content type
+/// declared, body valid against its schema); counts what it validated in `validated`.
+fn judge_all(
+    route: &Route,
+    schema: &SchemaCheck,
+    answer: &Answer,
+    validated: &Validated,
+) -> Result<Option<String>, String> {
+    let code = judge(route, answer.status, &answer.body)?;
+    let documents = schema
+        .check(
+            route.method.as_str(),
+            &route.path,
+            answer.status,
+            answer.content_type.as_deref(),
+            &answer.body,
+        )
+        .map_err(|problem| format!("{}: against the document: {problem}", answer.status))?;
+    if documents > 0 {
+        *validated
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .entry(family(&route.path))
+            .or_default() += 1;
+    }
+    Ok(code)
+}
+
+/// The served document (whatever builds it).
+async fn served_document(app: &Router) -> SchemaCheck {
+    let answer = send_with(app.clone(), "GET", "/v1/openapi.json", &[], Vec::new())
+        .await
+        .unwrap();
+    assert_eq!(answer.status, 200);
+    SchemaCheck::new(serde_json::from_slice(&answer.body).unwrap())
+}
+
+/// The route families of the document.
+fn all_families() -> BTreeSet<String> {
+    routes().iter().map(|r| family(&r.path)).collect()
+}
+
+/// Each of `families` had at least one body validated; prints the counts.
+fn assert_every_family_validated(what: &str, validated: &Validated, families: BTreeSet<String>) {
+    let validated = validated.lock().unwrap();
+    eprintln!("{what}: bodies validated against the document, per route family:");
+    for (family, n) in validated.iter() {
+        eprintln!("  {family:14} {n}");
+    }
+    let missing: BTreeSet<String> = families
+        .into_iter()
+        .filter(|f| !validated.contains_key(f))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{what}: no body of these route families was validated: {missing:?}"
+    );
+}
+
 type Seen = Mutex<BTreeMap<(String, u16, String), usize>>;
 
-async fn check(app: Router, route: &Route, input: Input, seen: &Seen) -> Result<(), TestCaseError> {
+struct Checks<'a> {
+    seen: &'a Seen,
+    schema: &'a SchemaCheck,
+    validated: &'a Validated,
+}
+
+async fn check(
+    app: Router,
+    route: &Route,
+    input: Input,
+    checks: &Checks<'_>,
+) -> Result<(), TestCaseError> {
     let uri = uri(route, &input);
-    let (status, bytes) = send(
+    let headers: Vec<(&str, &str)> = input
+        .authorization
+        .as_deref()
+        .map(|v| ("authorization", v))
+        .into_iter()
+        .collect();
+    let answer = send_with(
         app,
         route.method.as_str(),
         &uri,
-        input.authorization.as_deref(),
+        &headers,
         input.body.clone(),
     )
     .await
     .map_err(TestCaseError::fail)?;
-    let code = judge(route, status, &bytes).map_err(|why| {
+    let code = judge_all(route, checks.schema, &answer, checks.validated).map_err(|why| {
         TestCaseError::fail(format!(
             "{why}: {} {} body={:?} -> {}",
             route.method.as_str(),
             clip(&uri),
             clip(&String::from_utf8_lossy(&input.body)),
-            clip(&String::from_utf8_lossy(&bytes))
+            clip(&String::from_utf8_lossy(&answer.body))
         ))
     })?;
     let key = (
         format!("{} {}", route.method.as_str(), route.path),
-        status,
+        answer.status,
         code.unwrap_or_default(),
     );
-    *seen
+    *checks
+        .seen
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .entry(key)
@@ -81,7 +167,7 @@ async fn check(app: Router, route: &Route, input: Input, seen: &Seen) -> Result<
 }
 
 #[test]
-fn every_route_answers_only_what_the_table_documents() {
+fn every_route_answers_only_what_the_document_declares() {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -89,6 +175,13 @@ fn every_route_answers_only_what_the_table_documents() {
         .unwrap();
     let app = app();
     let seen = Seen::default();
+    let schema = rt.block_on(served_document(&app));
+    let validated = Validated::default();
+    let checks = Checks {
+        seen: &seen,
+        schema: &schema,
+        validated: &validated,
+    };
     let mut failures = Vec::new();
     for route in &routes() {
         // Re-seeded per route: an earlier route may have destroyed the bound sessions.
@@ -99,7 +192,7 @@ fn every_route_answers_only_what_the_table_documents() {
             ..Config::default()
         });
         let result = runner.run(&input(route, &snapshot), |input| {
-            rt.block_on(check(app.clone(), route, input, &seen))
+            rt.block_on(check(app.clone(), route, input, &checks))
         });
         if let Err(e) = result {
             failures.push(format!("{} {}: {e}", route.method.as_str(), route.path));
@@ -110,6 +203,66 @@ fn every_route_answers_only_what_the_table_documents() {
         eprintln!("{route:55} {status} {code:28} {n}");
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    assert_every_family_validated("random input", &validated, all_families());
+}
+
+/// The golden corpus' requests (hand-picked valid ones and fixed-seed generated ones, see
+/// `http_support/golden.rs`): every answer, successes included, against the document; every
+/// family with at least one validated body, and with a validated 2xx body wherever the table
+/// declares one with content.
+#[test]
+fn golden_requests_answer_what_the_document_declares() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let all = routes();
+    let requests = golden::requests();
+    let answers = rt.block_on(golden::answers(&requests)).unwrap();
+    let schema = rt.block_on(served_document(&app()));
+    let validated = Validated::default();
+    let successes = Validated::default();
+    let mut failures = Vec::new();
+    for (request, answer) in requests.iter().zip(&answers) {
+        let route = all
+            .iter()
+            .find(|r| golden::route_key(r) == request.route)
+            .unwrap();
+        match judge_all(route, &schema, answer, &validated) {
+            Ok(_) if (200..300).contains(&answer.status) && !answer.body.is_empty() => {
+                *successes
+                    .lock()
+                    .unwrap()
+                    .entry(family(&route.path))
+                    .or_default() += 1;
+            }
+            Ok(_) => {}
+            Err(why) => failures.push(format!(
+                "{} {}: {why}: {} {} -> {}",
+                request.route,
+                request.case,
+                request.method,
+                clip(&request.uri),
+                clip(&String::from_utf8_lossy(&answer.body))
+            )),
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert_every_family_validated("golden requests", &validated, all_families());
+    let with_success_body = all
+        .iter()
+        .filter(|r| {
+            r.media
+                .iter()
+                .any(|(status, media)| (200..300).contains(status) && !media.is_empty())
+        })
+        .map(|r| family(&r.path))
+        .collect();
+    assert_every_family_validated(
+        "golden requests, 2xx with a body",
+        &successes,
+        with_success_body,
+    );
 }
 
 /// The corners random input rarely hits: a 3 MiB body, a session segment that is not UTF-8
@@ -121,6 +274,8 @@ fn edge_inputs_answer_documented_errors() {
         .build()
         .unwrap();
     let app = app();
+    let schema = rt.block_on(served_document(&app));
+    let validated = Validated::default();
     let auth = format!("Bearer {TOKEN}");
     let mut failures = Vec::new();
     for route in &routes() {
@@ -138,19 +293,19 @@ fn edge_inputs_answer_documented_errors() {
             ));
         }
         for (what, uri, body) in cases {
-            let (status, bytes) = rt
-                .block_on(send(
+            let answer = rt
+                .block_on(send_with(
                     app.clone(),
                     route.method.as_str(),
                     &uri,
-                    Some(&auth),
+                    &[("authorization", auth.as_str())],
                     body,
                 ))
                 .unwrap();
-            if let Err(why) = judge(route, status, &bytes) {
+            if let Err(why) = judge_all(route, &schema, &answer, &validated) {
                 failures.push(format!(
                     "{name} with {what}: {why}: {}",
-                    clip(&String::from_utf8_lossy(&bytes))
+                    clip(&String::from_utf8_lossy(&answer.body))
                 ));
             }
         }

@@ -588,9 +588,9 @@ pub(crate) fn response_json(route: &str, answer: &Answer) -> Value {
     })
 }
 
-/// Sends `requests` (grouped by route, each route on a fresh seeded router) and answers the
-/// corpus entries, in order.
-pub(crate) async fn record(requests: &[Request]) -> Result<Vec<Value>, String> {
+/// Sends `requests` (grouped by route, each route on a fresh seeded router), in order; the
+/// answers as they came.
+pub(crate) async fn answers(requests: &[Request]) -> Result<Vec<Answer>, String> {
     let mut out = Vec::with_capacity(requests.len());
     let mut current: Option<(String, Router, String)> = None;
     for request in requests {
@@ -615,11 +615,23 @@ pub(crate) async fn record(requests: &[Request]) -> Result<Vec<Value>, String> {
         let answer = send_with(app.clone(), &request.method, &uri, &headers, body)
             .await
             .map_err(|e| format!("{} {}: {e}", request.route, request.case))?;
-        let mut entry = request.to_json();
-        entry["response"] = response_json(&request.route, &answer);
-        out.push(entry);
+        out.push(answer);
     }
     Ok(out)
+}
+
+/// The corpus entries of `requests`: each request with its canonical answer, in order.
+pub(crate) async fn record(requests: &[Request]) -> Result<Vec<Value>, String> {
+    let answers = answers(requests).await?;
+    Ok(requests
+        .iter()
+        .zip(&answers)
+        .map(|(request, answer)| {
+            let mut entry = request.to_json();
+            entry["response"] = response_json(&request.route, answer);
+            entry
+        })
+        .collect())
 }
 
 /// The corpus text of `entries`: one canonical line each.

@@ -6,6 +6,7 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 pub(crate) mod golden;
+pub(crate) mod schema_check;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -43,6 +44,8 @@ pub(crate) struct Route {
     pub(crate) request: Option<String>,
     /// Per documented status, the error codes its body can carry (empty: not an error answer).
     pub(crate) responses: std::collections::BTreeMap<u16, Vec<String>>,
+    /// Per documented status, the media types of its body (empty: no body).
+    pub(crate) media: std::collections::BTreeMap<u16, Vec<String>>,
 }
 
 impl Route {
@@ -95,12 +98,25 @@ pub(crate) fn routes() -> Vec<Route> {
                     (status.parse().expect("a status"), codes)
                 })
                 .collect();
+            let media = op["responses"]
+                .as_object()
+                .expect("responses")
+                .iter()
+                .map(|(status, r)| {
+                    let media = r["content"]
+                        .as_object()
+                        .map(|c| c.keys().cloned().collect())
+                        .unwrap_or_default();
+                    (status.parse().expect("a status"), media)
+                })
+                .collect();
             out.push(Route {
                 method: method.to_uppercase(),
                 path: path.clone(),
                 query,
                 request,
                 responses,
+                media,
             });
         }
     }
