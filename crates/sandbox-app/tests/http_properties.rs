@@ -23,7 +23,9 @@ use std::sync::Mutex;
 
 use axum::Router;
 use http_support::schema_check::{SchemaCheck, family};
-use http_support::{Answer, Input, Route, TOKEN, app, clip, golden, input, routes, seed, send_with, uri};
+use http_support::{
+    Answer, Input, Route, TOKEN, app, clip, golden, input, routes, seed, send_with, uri,
+};
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use serde_json::Value;
 

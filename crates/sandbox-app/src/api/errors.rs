@@ -41,10 +41,8 @@ fn response(doc: &ErrorDoc) -> Response {
     let code = ObjectBuilder::new()
         .schema_type(Type::String)
         .enum_values(Some(doc.codes.iter().copied()));
-    let narrowed = ObjectBuilder::new().property(
-        "error",
-        ObjectBuilder::new().property("code", code),
-    );
+    let narrowed =
+        ObjectBuilder::new().property("error", ObjectBuilder::new().property("code", code));
     let schema = AllOfBuilder::new()
         .item(Ref::from_schema_name("Error"))
         .item(narrowed);

@@ -600,7 +600,10 @@ mod tests {
         for (line, expected) in lines {
             assert_eq!(wire(&line), expected);
             // Each line reads back as the variant it was, not as another one.
-            assert_eq!(serde_json::from_value::<ExecStreamLine>(expected).unwrap(), line);
+            assert_eq!(
+                serde_json::from_value::<ExecStreamLine>(expected).unwrap(),
+                line
+            );
         }
         assert_eq!(
             wire(&TerminalServerFrame::Exit { code: 0 }),

@@ -129,7 +129,11 @@ where
 
 /// Copies one output chunk to its stream: text as `data`; bytes that are not UTF-8 as
 /// `data_b64`, written out exactly.
-async fn write_output<O, E>(output: api::ExecOutput, out: &mut O, err: &mut E) -> Result<(), ClientError>
+async fn write_output<O, E>(
+    output: api::ExecOutput,
+    out: &mut O,
+    err: &mut E,
+) -> Result<(), ClientError>
 where
     O: AsyncWrite + Unpin,
     E: AsyncWrite + Unpin,

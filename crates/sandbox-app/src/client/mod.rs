@@ -197,20 +197,26 @@ impl Client {
 
     /// Sends a JSON body (one of the API's request types) and reads the JSON answer as one of
     /// its response types (an empty answer is read as `null`).
-    pub async fn json<B, T>(&self, method: Method, url: &Url, body: Option<&B>) -> Result<T, ClientError>
+    pub async fn json<B, T>(
+        &self,
+        method: Method,
+        url: &Url,
+        body: Option<&B>,
+    ) -> Result<T, ClientError>
     where
         B: serde::Serialize + ?Sized,
         T: serde::de::DeserializeOwned,
     {
-        let (ct, bytes) = match body {
-            Some(v) => (
-                Some("application/json"),
-                Bytes::from(serde_json::to_vec(v).map_err(|e| {
-                    ClientError::Usage(format!("cannot encode the request: {e}"))
-                })?),
-            ),
-            None => (None, Bytes::new()),
-        };
+        let (ct, bytes) =
+            match body {
+                Some(v) => (
+                    Some("application/json"),
+                    Bytes::from(serde_json::to_vec(v).map_err(|e| {
+                        ClientError::Usage(format!("cannot encode the request: {e}"))
+                    })?),
+                ),
+                None => (None, Bytes::new()),
+            };
         let response = self.send(method, url, ct, full(bytes)).await?;
         let bytes = response
             .into_body()
@@ -219,9 +225,8 @@ impl Client {
             .map_err(|e| ClientError::Connect(format!("the answer broke off: {e}")))?
             .to_bytes();
         let bytes: &[u8] = if bytes.is_empty() { b"null" } else { &bytes };
-        serde_json::from_slice(bytes).map_err(|e| {
-            ClientError::Connect(format!("the service answered unexpected JSON: {e}"))
-        })
+        serde_json::from_slice(bytes)
+            .map_err(|e| ClientError::Connect(format!("the service answered unexpected JSON: {e}")))
     }
 }
 

@@ -101,8 +101,7 @@ async fn upgrade(
     size: Option<Size>,
 ) -> Result<Socket, ClientError> {
     let url = client.session_url(session, &["terminal", "ticket"], &[]);
-    let api::TerminalTicket { ticket, .. } =
-        client.json::<(), _>(Method::POST, &url, None).await?;
+    let api::TerminalTicket { ticket, .. } = client.json::<(), _>(Method::POST, &url, None).await?;
     let (cols, rows) = size.map_or((String::new(), String::new()), |s| {
         (s.cols.to_string(), s.rows.to_string())
     });

@@ -23,11 +23,11 @@ use futures_util::stream::StreamExt;
 use sandbox_core::{ExecRequest, ExecSpec, OutputHook, OutputStream};
 use tokio::sync::mpsc;
 
-use crate::api;
 use super::error::ApiError;
 use super::output::{Piece, Utf8Carry};
 use super::sessions::observed;
 use super::{AppState, Caller, SessionPath, session_key};
+use crate::api;
 
 /// Output bytes queued for a slow streaming client before forwarding stops.
 const MAX_QUEUED_BYTES: usize = 8 * 1024 * 1024;
@@ -177,14 +177,18 @@ fn stream_index(stream: OutputStream) -> usize {
 /// `{"stream":"stdout","data":"..."}` (or `"data_b64"` for bytes that are not UTF-8), newline
 /// terminated.
 fn output_line(stream: OutputStream, piece: Piece) -> Bytes {
-    ndjson_line(&api::ExecStreamLine::Output(piece.into_output(stream.into())))
+    ndjson_line(&api::ExecStreamLine::Output(
+        piece.into_output(stream.into()),
+    ))
 }
 
 /// One NDJSON line. The API types always serialize; were one ever not to, the line says so in
 /// the error shape instead of vanishing.
 fn ndjson_line(line: &api::ExecStreamLine) -> Bytes {
     let mut text = serde_json::to_string(line).unwrap_or_else(|e| {
-        format!(r#"{{"error":{{"code":"internal","message":"an output line failed to encode: {e}"}}}}"#)
+        format!(
+            r#"{{"error":{{"code":"internal","message":"an output line failed to encode: {e}"}}}}"#
+        )
     });
     text.push('\n');
     Bytes::from(text)

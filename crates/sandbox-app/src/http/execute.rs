@@ -11,11 +11,11 @@ use axum::http::HeaderMap;
 use sandbox_core::ExecTimeout;
 use sandbox_session::manager::Script;
 
-use crate::api;
 use super::body::read_json;
 use super::error::ApiError;
 use super::sessions::observed;
 use super::{AppState, Caller};
+use crate::api;
 
 #[utoipa::path(
     post,
@@ -40,7 +40,8 @@ pub async fn execute(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Json<api::ExecResult>, ApiError> {
-    let body: Option<api::ScriptRequest> = read_json(&state, &headers, body, "execute", false).await?;
+    let body: Option<api::ScriptRequest> =
+        read_json(&state, &headers, body, "execute", false).await?;
     let body = body.ok_or_else(|| {
         ApiError::bad_request(
             "invalid_json",

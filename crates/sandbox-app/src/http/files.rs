@@ -43,11 +43,11 @@ use axum::response::{IntoResponse, Response};
 use futures_util::stream::StreamExt;
 use sandbox_core::{BindingKey, Error, ErrorCode, ErrorKind, Operation, SandboxPath};
 
-use crate::api;
 use super::body::{DRAIN_MAX_BYTES, declared_length, drain, read_limited};
 use super::error::ApiError;
 use super::sessions::observed;
 use super::{AppState, Caller, SessionPath, session_key};
+use crate::api;
 
 /// Deepest recursive listing accepted.
 pub const MAX_LIST_DEPTH: usize = 16;

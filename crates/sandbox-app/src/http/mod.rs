@@ -19,15 +19,15 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::Router;
+use axum::extract::Extension;
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::extract::Extension;
-use utoipa_axum::router::OpenApiRouter;
-use utoipa_axum::routes;
 use sandbox_core::{BindingKey, SandboxProvider, TenantId};
 use sandbox_session::manager::SessionManager;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use self::body::InflightBudget;
 use self::error::ApiError;

@@ -6,12 +6,12 @@
 
 use std::sync::Arc;
 
-use axum::extract::Extension;
 use axum::Json;
+use axum::extract::Extension;
 use serde_json::Value;
 use utoipa::OpenApi as _;
-use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityRequirement, SecurityScheme};
 use utoipa::openapi::schema::{SchemaType, Type};
+use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityRequirement, SecurityScheme};
 use utoipa::openapi::{OpenApi, PathItem, RefOr, Schema};
 
 use crate::api;
@@ -257,7 +257,10 @@ mod tests {
                 "{name}: operationId twice"
             );
             assert!(!op["summary"].as_str().unwrap_or("").is_empty(), "{name}");
-            assert!(op["tags"].as_array().is_some_and(|t| !t.is_empty()), "{name}");
+            assert!(
+                op["tags"].as_array().is_some_and(|t| !t.is_empty()),
+                "{name}"
+            );
             assert!(op["security"].is_array(), "{name}: no security");
             for (status, r) in op["responses"].as_object().unwrap() {
                 let status: u16 = status.parse().unwrap();

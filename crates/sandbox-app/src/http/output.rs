@@ -112,9 +112,6 @@ mod tests {
         assert_eq!(carry.finish(), None);
 
         let line = Piece::Binary(vec![0xff, 0xfe]).into_output(api::StreamName::Stdout);
-        assert_eq!(
-            (line.data, line.data_b64.as_deref()),
-            (None, Some("//4="))
-        );
+        assert_eq!((line.data, line.data_b64.as_deref()), (None, Some("//4=")));
     }
 }

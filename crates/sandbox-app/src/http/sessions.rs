@@ -5,9 +5,9 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
-use crate::api;
 use super::error::ApiError;
 use super::{AppState, Caller, SessionPath, session_key};
+use crate::api;
 
 #[utoipa::path(
     get,

@@ -12,11 +12,11 @@ use axum::response::{IntoResponse, Response};
 use sandbox_core::SnapshotId;
 use sandbox_core::ids::MAX_ID_LEN;
 
-use crate::api;
 use super::body::read_json;
 use super::error::ApiError;
 use super::sessions::observed;
 use super::{AppState, Caller, session_key};
+use crate::api;
 
 /// The session path segment, a decoding failure (invalid UTF-8 after percent-decoding) being a
 /// 400 `invalid_session` like any other unusable session ID.
@@ -102,7 +102,8 @@ pub async fn restore(
 ) -> Result<Response, ApiError> {
     let session = session_segment(path)?;
     let key = session_key(caller, &session)?;
-    let body: Option<api::RestoreRequest> = read_json(&state, &headers, body, "restore", false).await?;
+    let body: Option<api::RestoreRequest> =
+        read_json(&state, &headers, body, "restore", false).await?;
     let body = body.ok_or_else(|| {
         ApiError::bad_request(
             "invalid_json",

@@ -37,11 +37,11 @@ use sandbox_session::manager::SessionManager;
 use tokio::sync::mpsc;
 use tokio::time::{Instant, timeout};
 
-use crate::api;
 use super::error::ApiError;
 use super::metrics::Metrics;
 use super::sessions::observed;
 use super::{AppState, Caller, SessionPath, session_key};
+use crate::api;
 use crate::config::Limits;
 use crate::tickets::IssueError;
 
@@ -532,7 +532,10 @@ mod tests {
         ));
         assert!(serde_json::from_str::<api::TerminalClientFrame>(r#"{"type":"paste"}"#).is_err());
         assert!(
-            serde_json::from_str::<api::TerminalClientFrame>(r#"{"type":"resize","cols":-1,"rows":1}"#).is_err()
+            serde_json::from_str::<api::TerminalClientFrame>(
+                r#"{"type":"resize","cols":-1,"rows":1}"#
+            )
+            .is_err()
         );
     }
 

@@ -18,11 +18,11 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
+use super::{Route, routes};
 use axum::Router;
 use base64::Engine as _;
 use proptest::strategy::{Strategy, ValueTree};
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
-use super::{Route, routes};
 use serde_json::{Map, Value, json};
 use sha2::{Digest as _, Sha256};
 
