@@ -99,6 +99,10 @@ fn all_families() -> BTreeSet<String> {
 }
 
 /// Each of `families` had at least one body validated; prints the counts.
+#[expect(
+    clippy::print_stderr,
+    reason = "the counts are the test's report (`--nocapture` shows them)"
+)]
 fn assert_every_family_validated(what: &str, validated: &Validated, families: BTreeSet<String>) {
     let validated = validated.lock().unwrap();
     eprintln!("{what}: bodies validated against the document, per route family:");
