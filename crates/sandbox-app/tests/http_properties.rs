@@ -96,7 +96,8 @@ fn all_families() -> BTreeSet<String> {
     ROUTES.iter().map(|r| family(r.path)).collect()
 }
 
-/// Each of `families` had at least one body validated; prints the counts.
+/// Each of `families` had at least one body validated; prints the counts (`--nocapture`).
+#[allow(clippy::print_stderr)] // A test's helper: what it prints is the test's report.
 fn assert_every_family_validated(what: &str, validated: &Validated, families: BTreeSet<String>) {
     let validated = validated.lock().unwrap();
     eprintln!("{what}: bodies validated against the document, per route family:");
