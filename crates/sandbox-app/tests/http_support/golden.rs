@@ -36,6 +36,9 @@ pub(crate) const CASES_PER_STATIC_ROUTE: usize = 6;
 
 /// Stands for the seeded snapshot's ID in a recorded request; replaced when sent.
 const SNAPSHOT: &str = "{{snapshot}}";
+/// Stands, in a recorded request's URI, for a terminal ticket of the request's session,
+/// issued just before the request is sent (tickets are random).
+const TICKET: &str = "{{ticket}}";
 
 /// The corpus file, relative to the crate.
 pub(crate) const CORPUS: &str = "tests/golden/api.jsonl";
@@ -367,6 +370,33 @@ fn hand_picked(route: &Route) -> Vec<Request> {
         ],
         ("GET", "/v1/sessions/{session}/terminal") => vec![
             make("no-ticket", &p("bound-1/terminal"), &[], ""),
+            // A valid ticket, but `Router::oneshot` has no connection to upgrade: the
+            // upgrade is refused after the ticket is checked, before it is used up.
+            make(
+                "ticket-no-upgrade-headers",
+                &p(&format!("bound-1/terminal?ticket={TICKET}")),
+                &[],
+                "",
+            ),
+            make(
+                "ticket-upgrade-headers",
+                &p(&format!(
+                    "bound-1/terminal?ticket={TICKET}&cols=100&rows=30"
+                )),
+                &[
+                    ("connection", "upgrade"),
+                    ("upgrade", "websocket"),
+                    ("sec-websocket-version", "13"),
+                    ("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ=="),
+                ],
+                "",
+            ),
+            make(
+                "ticket-bad-cols",
+                &p(&format!("bound-1/terminal?ticket={TICKET}&cols=wide")),
+                &[],
+                "",
+            ),
             make(
                 "bogus-ticket-upgrade",
                 &p("bound-1/terminal?ticket=bogus"),
@@ -603,7 +633,11 @@ pub(crate) async fn answers(requests: &[Request]) -> Result<Vec<Answer>, String>
         let Some((_, app, snapshot)) = &current else {
             return Err("no router".to_owned());
         };
-        let uri = request.uri.replace(SNAPSHOT, &encode(snapshot));
+        let mut uri = request.uri.replace(SNAPSHOT, &encode(snapshot));
+        if uri.contains(TICKET) {
+            let ticket = ticket_for(app, &uri).await?;
+            uri = uri.replace(TICKET, &encode(&ticket));
+        }
         let body = String::from_utf8(request.body.clone())
             .map(|text| text.replace(SNAPSHOT, snapshot).into_bytes())
             .unwrap_or_else(|e| e.into_bytes());
@@ -618,6 +652,33 @@ pub(crate) async fn answers(requests: &[Request]) -> Result<Vec<Answer>, String>
         out.push(answer);
     }
     Ok(out)
+}
+
+/// A fresh terminal ticket of the session `uri` names (`/v1/sessions/<session>/...`).
+async fn ticket_for(app: &Router, uri: &str) -> Result<String, String> {
+    let session = uri
+        .strip_prefix("/v1/sessions/")
+        .and_then(|rest| rest.split(['/', '?']).next())
+        .ok_or_else(|| format!("{uri}: {TICKET} needs a session path"))?;
+    let auth = format!("Bearer {TOKEN}");
+    let answer = send_with(
+        app.clone(),
+        "POST",
+        &format!("/v1/sessions/{session}/terminal/ticket"),
+        &[("authorization", auth.as_str())],
+        Vec::new(),
+    )
+    .await?;
+    serde_json::from_slice::<Value>(&answer.body)
+        .ok()
+        .and_then(|v| v["ticket"].as_str().map(str::to_owned))
+        .ok_or_else(|| {
+            format!(
+                "{uri}: no ticket for {session}: {} {}",
+                answer.status,
+                String::from_utf8_lossy(&answer.body)
+            )
+        })
 }
 
 /// The corpus entries of `requests`: each request with its canonical answer, in order.
