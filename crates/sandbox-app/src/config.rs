@@ -377,10 +377,10 @@ impl ServiceConfig {
             }
         }
         if let Some(v) = get(sandbox_provider_docker_env::ENABLED) {
-            self.docker.enabled = flag(&v);
+            self.docker.enabled = parse_flag(sandbox_provider_docker_env::ENABLED, &v)?;
         }
         if let Some(v) = get("SANDBOX_DOCKER_BUILD_IMAGE") {
-            self.docker.build_missing_image = flag(&v);
+            self.docker.build_missing_image = parse_flag("SANDBOX_DOCKER_BUILD_IMAGE", &v)?;
         }
         if let Some(v) = get("SANDBOX_DOCKER_BUSYBOX") {
             self.docker.busybox_path = PathBuf::from(v);
@@ -578,9 +578,18 @@ fn number<T: std::str::FromStr>(name: &str, v: &str) -> Result<T, ConfigError> {
         .map_err(|_| ConfigError(format!("{name}={v:?} is not a non-negative whole number")))
 }
 
-/// An on/off environment value: `1`, `true`, `yes`, `on` (any case) mean on.
-fn flag(v: &str) -> bool {
-    matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on")
+/// The one on/off parser: `1`, `true`, `yes`, `on` are on; `0`, `false`, `no`, `off` are off
+/// (any case). Anything else is an error naming the variable rather than a silent off, so an
+/// operator who typed `ture` learns it at start; it never turns anything on.
+pub fn parse_flag(name: &str, raw: &str) -> Result<bool, ConfigError> {
+    match raw.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" => Ok(false),
+        _ => Err(ConfigError(format!(
+            "{name}={:?} is neither on nor off: use true or false",
+            raw.chars().take(40).collect::<String>()
+        ))),
+    }
 }
 
 /// The Docker opt-in variable, named once.
@@ -646,5 +655,24 @@ mod tests {
         .unwrap();
         assert!(ServiceConfig::load(Some(&bad_hash), &BTreeMap::new()).is_err());
         let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn the_on_off_parser_is_strict_and_never_enables_by_accident() {
+        for on in ["1", "true", "YES", " on "] {
+            assert!(parse_flag("X", on).unwrap(), "{on}");
+        }
+        for off in ["0", "false", "No", "OFF"] {
+            assert!(!parse_flag("X", off).unwrap(), "{off}");
+        }
+        let err =
+            ServiceConfig::load(None, &env(&[("SANDBOX_DOCKER_ENABLED", "ture")])).unwrap_err();
+        assert!(err.0.contains("SANDBOX_DOCKER_ENABLED=\"ture\""), "{err}");
+        for unset in ["", "   "] {
+            let c = ServiceConfig::load(None, &env(&[("SANDBOX_DOCKER_ENABLED", unset)])).unwrap();
+            assert!(!c.docker.enabled, "{unset:?} must not enable Docker");
+        }
+        let c = ServiceConfig::load(None, &env(&[("SANDBOX_DOCKER_BUILD_IMAGE", "off")])).unwrap();
+        assert!(!c.docker.build_missing_image);
     }
 }

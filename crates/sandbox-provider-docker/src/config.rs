@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use sandbox_core::{Clock, Error, ErrorCode, Operation, SystemClock, TemplateId};
 
-/// The environment variable an operator sets to enable the backend when no config file says so.
+/// The environment variable an operator sets to enable the backend when no config file says so
+/// (read by the service's environment overlay; named here because the refusal cites it).
 pub const ENABLED_ENV: &str = "SANDBOX_DOCKER_ENABLED";
 
 /// Per-sandbox ceilings when a config names none: a session container hosts a whole turn's work
@@ -199,17 +200,6 @@ impl DockerConfig {
 
 fn invalid(message: String) -> Error {
     Error::invalid_request(Operation::VALIDATE, message)
-}
-
-/// Whether `SANDBOX_DOCKER_ENABLED` opts in. Empty or unparsable values are false: an operator
-/// who typed `ture` has not enabled host root.
-pub fn enabled_from_env() -> bool {
-    std::env::var(ENABLED_ENV).is_ok_and(|v| {
-        matches!(
-            v.trim().to_ascii_lowercase().as_str(),
-            "1" | "true" | "yes" | "on"
-        )
-    })
 }
 
 /// The choke point every path that would talk to a Docker daemon goes through.
