@@ -1,5 +1,8 @@
 //! Service configuration: a TOML file, then environment overrides, then validation.
 //!
+//! The `[docker]` section is the Docker adapter's own operator config
+//! ([`sandbox_provider_docker::DockerConfig`]), embedded rather than copied.
+//!
 //! Every field has a safe default except the opt-ins that are the operator's act: the Docker
 //! backend stays disabled unless the file or `SANDBOX_DOCKER_ENABLED=true` says otherwise.
 
@@ -18,7 +21,9 @@ pub struct ServiceConfig {
     /// `memory` (one process) or `redis` (shared by every replica; see [`RedisSection`]).
     pub store: String,
     pub redis: RedisSection,
-    pub docker: DockerSection,
+    /// The Docker backend's operator settings.
+    #[cfg(feature = "docker")]
+    pub docker: sandbox_provider_docker::DockerConfig,
     pub limits: Limits,
     /// How the listener treats connections (timeouts, caps, shutdown).
     pub server: ServerSection,
@@ -30,33 +35,6 @@ pub struct ServiceConfig {
     /// tenant is configured (mode 0600), so `sandbox serve` works out of the box without the
     /// token ever being printed.
     pub dev_token_file: Option<PathBuf>,
-}
-
-/// The Docker backend section.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct DockerSection {
-    pub enabled: bool,
-    pub host: Option<String>,
-    pub image: String,
-    pub namespace: String,
-    pub pull_policy: String,
-    pub network: String,
-    pub allow_private_endpoints: bool,
-    pub idle_ttl_seconds: u64,
-    /// Build a missing `sandbox-busybox:<tag>` image on start (from `busybox_path`), rather than
-    /// failing every create with `image_not_present`. Other image names are never built.
-    pub build_missing_image: bool,
-    /// The statically linked busybox the local image is built from (Debian's busybox-static).
-    pub busybox_path: PathBuf,
-    /// Bound on each sandbox's container log on the engine's disk (0 = no container log).
-    pub log_max_bytes: u64,
-    /// Bound on each sandbox's writable layer, where the engine's storage enforces one (0 =
-    /// none); `sandbox doctor` says whether this engine does.
-    pub storage_limit_bytes: u64,
-    /// The OCI runtime sandboxes run under (e.g. `runsc` for gVisor); the engine's default when
-    /// unset.
-    pub runtime: Option<String>,
 }
 
 /// The Redis binding store (`store = "redis"`).
@@ -199,32 +177,13 @@ impl Default for ServiceConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             store: "memory".to_owned(),
             redis: RedisSection::default(),
-            docker: DockerSection::default(),
+            #[cfg(feature = "docker")]
+            docker: sandbox_provider_docker::DockerConfig::default(),
             limits: Limits::default(),
             server: ServerSection::default(),
             quotas: Quotas::default(),
             tenants: Vec::new(),
             dev_token_file: None,
-        }
-    }
-}
-
-impl Default for DockerSection {
-    fn default() -> Self {
-        DockerSection {
-            enabled: false,
-            host: None,
-            image: crate::image::DEFAULT_IMAGE.to_owned(),
-            namespace: "default".to_owned(),
-            pull_policy: "never".to_owned(),
-            network: "bridge".to_owned(),
-            allow_private_endpoints: false,
-            idle_ttl_seconds: 30 * 60,
-            build_missing_image: true,
-            busybox_path: PathBuf::from("/bin/busybox"),
-            log_max_bytes: 1024 * 1024,
-            storage_limit_bytes: 10 * 1024 * 1024 * 1024,
-            runtime: None,
         }
     }
 }
@@ -376,49 +335,8 @@ impl ServiceConfig {
                 })?);
             }
         }
-        if let Some(v) = get(sandbox_provider_docker_env::ENABLED) {
-            self.docker.enabled = parse_flag(sandbox_provider_docker_env::ENABLED, &v)?;
-        }
-        if let Some(v) = get("SANDBOX_DOCKER_BUILD_IMAGE") {
-            self.docker.build_missing_image = parse_flag("SANDBOX_DOCKER_BUILD_IMAGE", &v)?;
-        }
-        if let Some(v) = get("SANDBOX_DOCKER_BUSYBOX") {
-            self.docker.busybox_path = PathBuf::from(v);
-        }
-        if let Some(v) = get("SANDBOX_DOCKER_HOST") {
-            self.docker.host = Some(v);
-        }
-        if let Some(v) = get("SANDBOX_DOCKER_IMAGE") {
-            self.docker.image = v;
-        }
-        if let Some(v) = get("SANDBOX_DOCKER_NAMESPACE") {
-            self.docker.namespace = v;
-        }
-        if let Some(v) = get("SANDBOX_DOCKER_NETWORK") {
-            self.docker.network = v;
-        }
-        if let Some(v) = get("SANDBOX_DOCKER_PULL_POLICY") {
-            self.docker.pull_policy = v;
-        }
-        for (name, field) in [
-            (
-                "SANDBOX_DOCKER_LOG_MAX_BYTES",
-                &mut self.docker.log_max_bytes,
-            ),
-            (
-                "SANDBOX_DOCKER_STORAGE_LIMIT_BYTES",
-                &mut self.docker.storage_limit_bytes,
-            ),
-        ] {
-            if let Some(v) = get(name) {
-                *field = v
-                    .parse()
-                    .map_err(|_| ConfigError(format!("{name}={v:?} is not a byte count")))?;
-            }
-        }
-        if let Some(v) = get("SANDBOX_DOCKER_RUNTIME") {
-            self.docker.runtime = Some(v);
-        }
+        #[cfg(feature = "docker")]
+        self.apply_docker_env(&get)?;
         if let Some(v) = get("SANDBOX_UPLOAD_MAX_BYTES") {
             self.limits.upload_max_bytes = v.parse().map_err(|_| {
                 ConfigError(format!(
@@ -498,6 +416,61 @@ impl ServiceConfig {
             if let Some(v) = get(name) {
                 *field = number(name, &v)?;
             }
+        }
+        Ok(())
+    }
+
+    /// The `SANDBOX_DOCKER_*` variables.
+    #[cfg(feature = "docker")]
+    fn apply_docker_env(
+        &mut self,
+        get: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<(), ConfigError> {
+        use sandbox_provider_docker::{NetworkMode, PullPolicy, config::ENABLED_ENV};
+        let d = &mut self.docker;
+        let bad =
+            |name: &str, e: sandbox_core::Error| ConfigError(format!("{name}: {}", e.message()));
+        if let Some(v) = get(ENABLED_ENV) {
+            d.enabled = parse_flag(ENABLED_ENV, &v)?;
+        }
+        if let Some(v) = get("SANDBOX_DOCKER_BUILD_IMAGE") {
+            d.build_missing_image = parse_flag("SANDBOX_DOCKER_BUILD_IMAGE", &v)?;
+        }
+        if let Some(v) = get("SANDBOX_DOCKER_BUSYBOX") {
+            d.busybox_path = PathBuf::from(v);
+        }
+        if let Some(v) = get("SANDBOX_DOCKER_HOST") {
+            d.host = Some(v);
+        }
+        if let Some(v) = get("SANDBOX_DOCKER_IMAGE") {
+            d.image =
+                sandbox_core::TemplateId::new(v).map_err(|e| bad("SANDBOX_DOCKER_IMAGE", e))?;
+        }
+        if let Some(v) = get("SANDBOX_DOCKER_NAMESPACE") {
+            d.namespace = v;
+        }
+        if let Some(v) = get("SANDBOX_DOCKER_NETWORK") {
+            d.network = NetworkMode::parse(&v).map_err(|e| bad("SANDBOX_DOCKER_NETWORK", e))?;
+        }
+        if let Some(v) = get("SANDBOX_DOCKER_PULL_POLICY") {
+            d.pull_policy =
+                PullPolicy::parse(&v).map_err(|e| bad("SANDBOX_DOCKER_PULL_POLICY", e))?;
+        }
+        for (name, field) in [
+            ("SANDBOX_DOCKER_LOG_MAX_BYTES", &mut d.log_max_bytes),
+            (
+                "SANDBOX_DOCKER_STORAGE_LIMIT_BYTES",
+                &mut d.storage_limit_bytes,
+            ),
+        ] {
+            if let Some(v) = get(name) {
+                *field = v
+                    .parse()
+                    .map_err(|_| ConfigError(format!("{name}={v:?} is not a byte count")))?;
+            }
+        }
+        if let Some(v) = get("SANDBOX_DOCKER_RUNTIME") {
+            d.runtime = Some(v);
         }
         Ok(())
     }
@@ -592,12 +565,7 @@ pub fn parse_flag(name: &str, raw: &str) -> Result<bool, ConfigError> {
     }
 }
 
-/// The Docker opt-in variable, named once.
-mod sandbox_provider_docker_env {
-    pub(super) const ENABLED: &str = "SANDBOX_DOCKER_ENABLED";
-}
-
-#[cfg(test)]
+#[cfg(all(test, feature = "docker"))]
 mod tests {
     use super::*;
 
@@ -672,7 +640,31 @@ mod tests {
             let c = ServiceConfig::load(None, &env(&[("SANDBOX_DOCKER_ENABLED", unset)])).unwrap();
             assert!(!c.docker.enabled, "{unset:?} must not enable Docker");
         }
-        let c = ServiceConfig::load(None, &env(&[("SANDBOX_DOCKER_BUILD_IMAGE", "off")])).unwrap();
+        let c = ServiceConfig::load(
+            None,
+            &env(&[
+                ("SANDBOX_DOCKER_BUILD_IMAGE", "off"),
+                ("SANDBOX_DOCKER_NETWORK", "none"),
+            ]),
+        )
+        .unwrap();
         assert!(!c.docker.build_missing_image);
+        assert_eq!(c.docker.network, sandbox_provider_docker::NetworkMode::None);
+        let err =
+            ServiceConfig::load(None, &env(&[("SANDBOX_DOCKER_NETWORK", "host")])).unwrap_err();
+        assert!(err.0.contains("SANDBOX_DOCKER_NETWORK"), "{err}");
+        let file = std::env::temp_dir().join(format!("sbx-cfg-{:08x}.toml", fastrand::u32(..)));
+        std::fs::write(
+            &file,
+            "[docker]\npull_policy = \"always\"\nidle_ttl_seconds = 90\n",
+        )
+        .unwrap();
+        let c = ServiceConfig::load(Some(&file), &BTreeMap::new()).unwrap();
+        assert_eq!(
+            c.docker.pull_policy,
+            sandbox_provider_docker::PullPolicy::Always
+        );
+        assert_eq!(c.docker.idle_ttl, std::time::Duration::from_secs(90));
+        let _ = std::fs::remove_file(file);
     }
 }

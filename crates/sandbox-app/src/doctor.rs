@@ -136,10 +136,9 @@ async fn backend(config: &ServiceConfig) -> Vec<Check> {
     }
     match sandbox_core::narrow::template_catalog(&provider) {
         Some(catalog) => match catalog.list_templates().await {
-            Ok(list) if list.iter().any(|t| t.id == section.image) => out.push(Check::pass(
-                "image",
-                format!("{} is present", section.image),
-            )),
+            Ok(list) if list.iter().any(|t| t.id == section.image.as_str()) => out.push(
+                Check::pass("image", format!("{} is present", section.image)),
+            ),
             Ok(_) => out.push(missing_image(section)),
             Err(e) => out.push(Check::fail("image", e.to_string(), "check the engine")),
         },
@@ -242,14 +241,14 @@ fn isolation(report: &sandbox_provider_docker::IsolationReport) -> Vec<Check> {
 /// The image is missing: `serve` builds a `sandbox-busybox:<tag>` on start when it can, so the
 /// check says whether it can; any other image must be provided.
 #[cfg(feature = "docker")]
-fn missing_image(section: &crate::config::DockerSection) -> Check {
+fn missing_image(section: &sandbox_provider_docker::DockerConfig) -> Check {
     use sandbox_provider_docker::image_build::is_recipe_image;
     let what = format!(
         "{} is not present on the engine (pull policy {})",
         section.image, section.pull_policy
     );
     let busybox = section.busybox_path.display();
-    if section.build_missing_image && is_recipe_image(&section.image) {
+    if section.build_missing_image && is_recipe_image(section.image.as_str()) {
         if section.busybox_path.is_file() {
             return Check::pass(
                 "image",
