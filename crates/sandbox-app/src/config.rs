@@ -3,6 +3,10 @@
 //! The `[docker]` section is the Docker adapter's own operator config
 //! ([`sandbox_provider_docker::DockerConfig`]), embedded rather than copied.
 //!
+//! The environment overlay is the table [`ENV_VARS`]: each `SANDBOX_*` variable sets exactly
+//! one file key, written into the parsed file before it is deserialized, so a variable and its
+//! key are read by the same code and can never disagree.
+//!
 //! Every field has a safe default except the opt-ins that are the operator's act: the Docker
 //! backend stays disabled unless the file or `SANDBOX_DOCKER_ENABLED=true` says otherwise.
 
@@ -18,7 +22,7 @@ use serde::Deserialize;
 pub struct ServiceConfig {
     /// Where the HTTP API listens. Loopback by default: exposing it is a deliberate act.
     pub listen: SocketAddr,
-    /// `memory` (one process) or `redis` (shared by every replica; see [`RedisSection`]).
+    /// `memory` (one process) or `redis` (shared by every replica; see `redis`).
     pub store: String,
     pub redis: RedisSection,
     /// The Docker backend's operator settings.
@@ -241,238 +245,27 @@ impl std::fmt::Display for ConfigError {
 impl std::error::Error for ConfigError {}
 
 impl ServiceConfig {
-    /// Reads `path` (when given) and applies environment overrides from `env`.
+    /// Reads `path` (when given), applies the environment overlay from `env` ([`ENV_VARS`]),
+    /// and validates.
     pub fn load(path: Option<&Path>, env: &BTreeMap<String, String>) -> Result<Self, ConfigError> {
-        let mut config = match path {
+        let mut table = match path {
             Some(path) => {
                 let text = std::fs::read_to_string(path).map_err(|e| {
                     ConfigError(format!("cannot read config {}: {e}", path.display()))
                 })?;
-                toml::from_str(&text)
-                    .map_err(|e| ConfigError(format!("config {}: {e}", path.display())))?
+                let table: toml::Table = toml::from_str(&text)
+                    .map_err(|e| ConfigError(format!("config {}: {e}", path.display())))?;
+                // The file alone first, so its own mistakes are reported as the file's.
+                deserialize(table.clone())
+                    .map_err(|e| ConfigError(format!("config {}: {e}", path.display())))?;
+                table
             }
-            None => ServiceConfig::default(),
+            None => toml::Table::new(),
         };
-        config.apply_env(env)?;
+        let applied = overlay(&mut table, env)?;
+        let config = deserialize(table).map_err(|e| ConfigError(blame(&applied, &e)))?;
         config.validate()?;
         Ok(config)
-    }
-
-    /// `SANDBOX_LISTEN`, `SANDBOX_STORE`, `SANDBOX_REDIS_URL`, `SANDBOX_REDIS_CLUSTER_NODES`,
-    /// `SANDBOX_REDIS_NAMESPACE`, `SANDBOX_REDIS_USERNAME`, `SANDBOX_REDIS_PASSWORD`,
-    /// `SANDBOX_REDIS_LOCK_LEASE_MS`, `SANDBOX_REDIS_COMMAND_TIMEOUT_MS`,
-    /// `SANDBOX_REDIS_TLS_CA_FILE`, `SANDBOX_REDIS_TLS_CLIENT_CERT_FILE`,
-    /// `SANDBOX_REDIS_TLS_CLIENT_KEY_FILE`, `SANDBOX_DOCKER_ENABLED`, `SANDBOX_DOCKER_HOST`,
-    /// `SANDBOX_DOCKER_IMAGE`,
-    /// `SANDBOX_DOCKER_NAMESPACE`, `SANDBOX_DOCKER_NETWORK`, `SANDBOX_DOCKER_PULL_POLICY`,
-    /// `SANDBOX_DOCKER_BUILD_IMAGE`, `SANDBOX_DOCKER_BUSYBOX`, `SANDBOX_DOCKER_LOG_MAX_BYTES`,
-    /// `SANDBOX_DOCKER_STORAGE_LIMIT_BYTES`, `SANDBOX_DOCKER_RUNTIME`,
-    /// `SANDBOX_UPLOAD_MAX_BYTES`, `SANDBOX_DOWNLOAD_MAX_BYTES`, `SANDBOX_INFLIGHT_MAX_BYTES`,
-    /// `SANDBOX_DEV_TOKEN_FILE`, `SANDBOX_SERVER_HEADER_READ_TIMEOUT_SECONDS`,
-    /// `SANDBOX_SERVER_BODY_IDLE_TIMEOUT_SECONDS`, `SANDBOX_SERVER_BODY_READ_TIMEOUT_SECONDS`,
-    /// `SANDBOX_SERVER_MAX_CONNECTIONS`, `SANDBOX_SERVER_MAX_REQUESTS_PER_CONNECTION`,
-    /// `SANDBOX_SERVER_SHUTDOWN_GRACE_SECONDS`, `SANDBOX_QUOTA_MAX_SANDBOXES`,
-    /// `SANDBOX_QUOTA_MAX_CONCURRENT_EXECS`, `SANDBOX_QUOTA_MAX_TERMINALS`,
-    /// `SANDBOX_QUOTA_MAX_SNAPSHOTS`, `SANDBOX_TICKETS_PER_TENANT`.
-    pub fn apply_env(&mut self, env: &BTreeMap<String, String>) -> Result<(), ConfigError> {
-        let get = |k: &str| {
-            env.get(k)
-                .map(|v| v.trim().to_owned())
-                .filter(|v| !v.is_empty())
-        };
-        if let Some(v) = get("SANDBOX_LISTEN") {
-            self.listen = v
-                .parse()
-                .map_err(|_| ConfigError(format!("SANDBOX_LISTEN={v:?} is not an address:port")))?;
-        }
-        if let Some(v) = get("SANDBOX_STORE") {
-            self.store = v;
-        }
-        if let Some(v) = get("SANDBOX_REDIS_URL") {
-            self.redis.url = Some(v);
-        }
-        if let Some(v) = get("SANDBOX_REDIS_CLUSTER_NODES") {
-            self.redis.cluster_nodes = v
-                .split(',')
-                .map(|n| n.trim().to_owned())
-                .filter(|n| !n.is_empty())
-                .collect();
-        }
-        if let Some(v) = get("SANDBOX_REDIS_NAMESPACE") {
-            self.redis.namespace = Some(v);
-        }
-        if let Some(v) = get("SANDBOX_REDIS_USERNAME") {
-            self.redis.username = Some(v);
-        }
-        if let Some(v) = get("SANDBOX_REDIS_PASSWORD") {
-            self.redis.password = Some(v);
-        }
-        for (name, field) in [
-            ("SANDBOX_REDIS_TLS_CA_FILE", &mut self.redis.tls_ca_file),
-            (
-                "SANDBOX_REDIS_TLS_CLIENT_CERT_FILE",
-                &mut self.redis.tls_client_cert_file,
-            ),
-            (
-                "SANDBOX_REDIS_TLS_CLIENT_KEY_FILE",
-                &mut self.redis.tls_client_key_file,
-            ),
-        ] {
-            if let Some(v) = get(name) {
-                *field = Some(PathBuf::from(v));
-            }
-        }
-        for (name, field) in [
-            ("SANDBOX_REDIS_LOCK_LEASE_MS", &mut self.redis.lock_lease_ms),
-            (
-                "SANDBOX_REDIS_COMMAND_TIMEOUT_MS",
-                &mut self.redis.command_timeout_ms,
-            ),
-        ] {
-            if let Some(v) = get(name) {
-                *field = Some(v.parse().map_err(|_| {
-                    ConfigError(format!("{name}={v:?} is not a number of milliseconds"))
-                })?);
-            }
-        }
-        #[cfg(feature = "docker")]
-        self.apply_docker_env(&get)?;
-        if let Some(v) = get("SANDBOX_UPLOAD_MAX_BYTES") {
-            self.limits.upload_max_bytes = v.parse().map_err(|_| {
-                ConfigError(format!(
-                    "SANDBOX_UPLOAD_MAX_BYTES={v:?} is not a byte count"
-                ))
-            })?;
-        }
-        if let Some(v) = get("SANDBOX_DEV_TOKEN_FILE") {
-            self.dev_token_file = Some(PathBuf::from(v));
-        }
-        for (name, field) in [
-            (
-                "SANDBOX_DOWNLOAD_MAX_BYTES",
-                &mut self.limits.download_max_bytes,
-            ),
-            (
-                "SANDBOX_INFLIGHT_MAX_BYTES",
-                &mut self.limits.inflight_max_bytes,
-            ),
-            (
-                "SANDBOX_SERVER_HEADER_READ_TIMEOUT_SECONDS",
-                &mut self.server.header_read_timeout_seconds,
-            ),
-            (
-                "SANDBOX_SERVER_BODY_IDLE_TIMEOUT_SECONDS",
-                &mut self.server.body_idle_timeout_seconds,
-            ),
-            (
-                "SANDBOX_SERVER_BODY_READ_TIMEOUT_SECONDS",
-                &mut self.server.body_read_timeout_seconds,
-            ),
-            (
-                "SANDBOX_SERVER_MAX_REQUESTS_PER_CONNECTION",
-                &mut self.server.max_requests_per_connection,
-            ),
-            (
-                "SANDBOX_SERVER_SHUTDOWN_GRACE_SECONDS",
-                &mut self.server.shutdown_grace_seconds,
-            ),
-        ] {
-            if let Some(v) = get(name) {
-                *field = number(name, &v)?;
-            }
-        }
-        for (name, field) in [
-            (
-                "SANDBOX_SERVER_MAX_CONNECTIONS",
-                &mut self.server.max_connections,
-            ),
-            (
-                "SANDBOX_TICKETS_PER_TENANT",
-                &mut self.limits.tickets_per_tenant,
-            ),
-        ] {
-            if let Some(v) = get(name) {
-                *field = number(name, &v)?;
-            }
-        }
-        for (name, field) in [
-            (
-                "SANDBOX_QUOTA_MAX_SANDBOXES",
-                &mut self.quotas.max_sandboxes,
-            ),
-            (
-                "SANDBOX_QUOTA_MAX_CONCURRENT_EXECS",
-                &mut self.quotas.max_concurrent_execs,
-            ),
-            (
-                "SANDBOX_QUOTA_MAX_TERMINALS",
-                &mut self.quotas.max_terminals,
-            ),
-            (
-                "SANDBOX_QUOTA_MAX_SNAPSHOTS",
-                &mut self.quotas.max_snapshots,
-            ),
-        ] {
-            if let Some(v) = get(name) {
-                *field = number(name, &v)?;
-            }
-        }
-        Ok(())
-    }
-
-    /// The `SANDBOX_DOCKER_*` variables.
-    #[cfg(feature = "docker")]
-    fn apply_docker_env(
-        &mut self,
-        get: &dyn Fn(&str) -> Option<String>,
-    ) -> Result<(), ConfigError> {
-        use sandbox_provider_docker::{NetworkMode, PullPolicy, config::ENABLED_ENV};
-        let d = &mut self.docker;
-        let bad =
-            |name: &str, e: sandbox_core::Error| ConfigError(format!("{name}: {}", e.message()));
-        if let Some(v) = get(ENABLED_ENV) {
-            d.enabled = parse_flag(ENABLED_ENV, &v)?;
-        }
-        if let Some(v) = get("SANDBOX_DOCKER_BUILD_IMAGE") {
-            d.build_missing_image = parse_flag("SANDBOX_DOCKER_BUILD_IMAGE", &v)?;
-        }
-        if let Some(v) = get("SANDBOX_DOCKER_BUSYBOX") {
-            d.busybox_path = PathBuf::from(v);
-        }
-        if let Some(v) = get("SANDBOX_DOCKER_HOST") {
-            d.host = Some(v);
-        }
-        if let Some(v) = get("SANDBOX_DOCKER_IMAGE") {
-            d.image =
-                sandbox_core::TemplateId::new(v).map_err(|e| bad("SANDBOX_DOCKER_IMAGE", e))?;
-        }
-        if let Some(v) = get("SANDBOX_DOCKER_NAMESPACE") {
-            d.namespace = v;
-        }
-        if let Some(v) = get("SANDBOX_DOCKER_NETWORK") {
-            d.network = NetworkMode::parse(&v).map_err(|e| bad("SANDBOX_DOCKER_NETWORK", e))?;
-        }
-        if let Some(v) = get("SANDBOX_DOCKER_PULL_POLICY") {
-            d.pull_policy =
-                PullPolicy::parse(&v).map_err(|e| bad("SANDBOX_DOCKER_PULL_POLICY", e))?;
-        }
-        for (name, field) in [
-            ("SANDBOX_DOCKER_LOG_MAX_BYTES", &mut d.log_max_bytes),
-            (
-                "SANDBOX_DOCKER_STORAGE_LIMIT_BYTES",
-                &mut d.storage_limit_bytes,
-            ),
-        ] {
-            if let Some(v) = get(name) {
-                *field = v
-                    .parse()
-                    .map_err(|_| ConfigError(format!("{name}={v:?} is not a byte count")))?;
-            }
-        }
-        if let Some(v) = get("SANDBOX_DOCKER_RUNTIME") {
-            d.runtime = Some(v);
-        }
-        Ok(())
     }
 
     /// Refuses configs that cannot work, with the field to fix.
@@ -545,10 +338,400 @@ impl ServiceConfig {
 /// The most connections `server.max_connections` may name.
 pub const MAX_CONNECTIONS: usize = 1_000_000;
 
-/// A number from the environment, or an error naming the variable.
-fn number<T: std::str::FromStr>(name: &str, v: &str) -> Result<T, ConfigError> {
-    v.parse()
-        .map_err(|_| ConfigError(format!("{name}={v:?} is not a non-negative whole number")))
+/// `table` as the service config; the error on one line, ending with the key at fault.
+fn deserialize(table: toml::Table) -> Result<ServiceConfig, String> {
+    ServiceConfig::deserialize(toml::Value::Table(table)).map_err(|e| {
+        e.to_string()
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    })
+}
+
+/// Names the variable behind a refusal of the overlaid config: the one that set the key the
+/// error ends with, else every variable applied (the file alone was already accepted).
+fn blame(applied: &[&EnvVar], error: &str) -> String {
+    let culprit = applied.iter().find(|row| {
+        error.ends_with(&format!("in `{}`", row.key))
+            || row
+                .key
+                .split_once('.')
+                .is_some_and(|(section, _)| error.ends_with(&format!("in `{section}`")))
+    });
+    match culprit {
+        Some(row) => format!("{} ({}): {error}", row.name, row.key),
+        None => {
+            let names: Vec<&str> = applied.iter().map(|row| row.name).collect();
+            format!("with {} from the environment: {error}", names.join(", "))
+        }
+    }
+}
+
+/// How an environment value becomes a file value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EnvKind {
+    /// On or off, through [`parse_flag`].
+    Flag,
+    /// A non-negative whole number.
+    Count,
+    /// A string, parsed by the key's own type (address, path, enum, URL...).
+    Text,
+    /// Comma-separated strings; blanks dropped.
+    List,
+}
+
+impl EnvKind {
+    /// What the value is, in words.
+    pub fn describe(self) -> &'static str {
+        match self {
+            EnvKind::Flag => "on/off",
+            EnvKind::Count => "number",
+            EnvKind::Text => "text",
+            EnvKind::List => "list",
+        }
+    }
+
+    fn value(self, name: &str, raw: &str) -> Result<toml::Value, ConfigError> {
+        Ok(match self {
+            EnvKind::Flag => toml::Value::Boolean(parse_flag(name, raw)?),
+            EnvKind::Count => {
+                toml::Value::Integer(raw.parse::<i64>().ok().filter(|n| *n >= 0).ok_or_else(
+                    || ConfigError(format!("{name}={raw:?} is not a non-negative whole number")),
+                )?)
+            }
+            EnvKind::Text => toml::Value::String(raw.to_owned()),
+            EnvKind::List => toml::Value::Array(
+                raw.split(',')
+                    .map(str::trim)
+                    .filter(|item| !item.is_empty())
+                    .map(|item| toml::Value::String(item.to_owned()))
+                    .collect(),
+            ),
+        })
+    }
+}
+
+/// One environment variable: the file key it sets, how its value is read, and what it means.
+#[derive(Debug, Clone, Copy)]
+pub struct EnvVar {
+    pub name: &'static str,
+    /// The dotted file key (`docker.enabled`).
+    pub key: &'static str,
+    pub kind: EnvKind,
+    pub description: &'static str,
+}
+
+const fn var(
+    name: &'static str,
+    key: &'static str,
+    kind: EnvKind,
+    description: &'static str,
+) -> EnvVar {
+    EnvVar {
+        name,
+        key,
+        kind,
+        description,
+    }
+}
+
+use EnvKind::{Count, Flag, List, Text};
+
+/// Every `SANDBOX_*` variable the service reads for its config, one per file key (the
+/// structured `[[tenants]]` list is file-only). Adding a key means adding its row: the tests
+/// fail for a key without one.
+pub const ENV_VARS: &[EnvVar] = &[
+    var(
+        "SANDBOX_LISTEN",
+        "listen",
+        Text,
+        "address:port the HTTP API listens on (default 127.0.0.1:8080)",
+    ),
+    var(
+        "SANDBOX_STORE",
+        "store",
+        Text,
+        "binding store: `memory` (default) or `redis`",
+    ),
+    var(
+        "SANDBOX_DEV_TOKEN_FILE",
+        "dev_token_file",
+        Text,
+        "the development tenant's token file (default ~/.config/sandbox/dev-token)",
+    ),
+    var(
+        "SANDBOX_REDIS_URL",
+        "redis.url",
+        Text,
+        "standalone Redis: `redis://[user:password@]host:port[/db]` (`rediss://` for TLS)",
+    ),
+    var(
+        "SANDBOX_REDIS_CLUSTER_NODES",
+        "redis.cluster_nodes",
+        List,
+        "Redis Cluster seed nodes, `host:port,host:port`",
+    ),
+    var(
+        "SANDBOX_REDIS_NAMESPACE",
+        "redis.namespace",
+        Text,
+        "scopes every key, so deployments can share one Redis (default `default`)",
+    ),
+    var("SANDBOX_REDIS_USERNAME", "redis.username", Text, "ACL user"),
+    var(
+        "SANDBOX_REDIS_PASSWORD",
+        "redis.password",
+        Text,
+        "ACL password (a secret: never logged; better here than in a file)",
+    ),
+    var(
+        "SANDBOX_REDIS_LOCK_LEASE_MS",
+        "redis.lock_lease_ms",
+        Count,
+        "the lifecycle lock's lease in ms (default 60000, at least 30)",
+    ),
+    var(
+        "SANDBOX_REDIS_COMMAND_TIMEOUT_MS",
+        "redis.command_timeout_ms",
+        Count,
+        "every Redis command's deadline in ms (default 5000)",
+    ),
+    var(
+        "SANDBOX_REDIS_TLS_CA_FILE",
+        "redis.tls_ca_file",
+        Text,
+        "PEM CA of the server's certificate; turns TLS on",
+    ),
+    var(
+        "SANDBOX_REDIS_TLS_CLIENT_CERT_FILE",
+        "redis.tls_client_cert_file",
+        Text,
+        "PEM client certificate chain, for `tls-auth-clients yes`",
+    ),
+    var(
+        "SANDBOX_REDIS_TLS_CLIENT_KEY_FILE",
+        "redis.tls_client_key_file",
+        Text,
+        "PEM key of the client certificate",
+    ),
+    var(
+        "SANDBOX_DOCKER_ENABLED",
+        "docker.enabled",
+        Flag,
+        "enable the Docker backend (a Docker socket is host root: off by default)",
+    ),
+    var(
+        "SANDBOX_DOCKER_HOST",
+        "docker.host",
+        Text,
+        "engine endpoint in `DOCKER_HOST` form (default `DOCKER_HOST`, then the local socket)",
+    ),
+    var(
+        "SANDBOX_DOCKER_TLS_CERT_PATH",
+        "docker.tls_cert_path",
+        Text,
+        "directory with `ca.pem`, `cert.pem`, `key.pem`; required for `tcp://` engines",
+    ),
+    var(
+        "SANDBOX_DOCKER_IMAGE",
+        "docker.image",
+        Text,
+        "the image sandboxes boot (default `sandbox-busybox:test`)",
+    ),
+    var(
+        "SANDBOX_DOCKER_NAMESPACE",
+        "docker.namespace",
+        Text,
+        "scopes containers, networks and snapshots on the engine (default `default`)",
+    ),
+    var(
+        "SANDBOX_DOCKER_PULL_POLICY",
+        "docker.pull_policy",
+        Text,
+        "`never` (default), `missing` or `always`",
+    ),
+    var(
+        "SANDBOX_DOCKER_NETWORK",
+        "docker.network",
+        Text,
+        "`bridge` (default, behind egress rules) or `none`",
+    ),
+    var(
+        "SANDBOX_DOCKER_ALLOW_PRIVATE_ENDPOINTS",
+        "docker.allow_private_endpoints",
+        Flag,
+        "let sandboxes reach private and loopback ranges (link-local stays blocked)",
+    ),
+    var(
+        "SANDBOX_DOCKER_RUNTIME",
+        "docker.runtime",
+        Text,
+        "OCI runtime for sandboxes, e.g. `runsc` (default: the engine's)",
+    ),
+    var(
+        "SANDBOX_DOCKER_IDLE_TTL_SECONDS",
+        "docker.idle_ttl_seconds",
+        Count,
+        "an idle sandbox is reclaimed after this long (default 1800)",
+    ),
+    var(
+        "SANDBOX_DOCKER_LOG_MAX_BYTES",
+        "docker.log_max_bytes",
+        Count,
+        "bound on each container's log on the engine's disk (0 = no log)",
+    ),
+    var(
+        "SANDBOX_DOCKER_STORAGE_LIMIT_BYTES",
+        "docker.storage_limit_bytes",
+        Count,
+        "bound on each sandbox's writable layer where the engine enforces one (0 = none)",
+    ),
+    var(
+        "SANDBOX_DOCKER_BUILD_IMAGE",
+        "docker.build_missing_image",
+        Flag,
+        "build a missing `sandbox-busybox:<tag>` image on start (default on)",
+    ),
+    var(
+        "SANDBOX_DOCKER_BUSYBOX",
+        "docker.busybox_path",
+        Text,
+        "the static busybox that image is built from (default /bin/busybox)",
+    ),
+    var(
+        "SANDBOX_UPLOAD_MAX_BYTES",
+        "limits.upload_max_bytes",
+        Count,
+        "largest upload (default 100 MiB; 413 beyond)",
+    ),
+    var(
+        "SANDBOX_JSON_MAX_BYTES",
+        "limits.json_max_bytes",
+        Count,
+        "largest JSON request body (default 8 MiB)",
+    ),
+    var(
+        "SANDBOX_DOWNLOAD_MAX_BYTES",
+        "limits.download_max_bytes",
+        Count,
+        "largest file a download streams (default 4 GiB)",
+    ),
+    var(
+        "SANDBOX_INFLIGHT_MAX_BYTES",
+        "limits.inflight_max_bytes",
+        Count,
+        "request-body bytes held at once by the process (default 1 GiB; 503 `server_busy` beyond)",
+    ),
+    var(
+        "SANDBOX_TERMINAL_IDLE_SECONDS",
+        "limits.terminal_idle_seconds",
+        Count,
+        "an idle terminal is disconnected after this long (default 900)",
+    ),
+    var(
+        "SANDBOX_TICKETS_PER_TENANT",
+        "limits.tickets_per_tenant",
+        Count,
+        "unused terminal tickets one tenant may hold (default 16)",
+    ),
+    var(
+        "SANDBOX_SERVER_HEADER_READ_TIMEOUT_SECONDS",
+        "server.header_read_timeout_seconds",
+        Count,
+        "a connection must send a request head within this (default 10)",
+    ),
+    var(
+        "SANDBOX_SERVER_BODY_IDLE_TIMEOUT_SECONDS",
+        "server.body_idle_timeout_seconds",
+        Count,
+        "a body silent this long fails with 408 (default 30)",
+    ),
+    var(
+        "SANDBOX_SERVER_BODY_READ_TIMEOUT_SECONDS",
+        "server.body_read_timeout_seconds",
+        Count,
+        "a body not complete this long after its head fails with 408 (default 600)",
+    ),
+    var(
+        "SANDBOX_SERVER_MAX_CONNECTIONS",
+        "server.max_connections",
+        Count,
+        "connections served at once (default 4096)",
+    ),
+    var(
+        "SANDBOX_SERVER_MAX_REQUESTS_PER_CONNECTION",
+        "server.max_requests_per_connection",
+        Count,
+        "requests per keep-alive connection (default 1000)",
+    ),
+    var(
+        "SANDBOX_SERVER_SHUTDOWN_GRACE_SECONDS",
+        "server.shutdown_grace_seconds",
+        Count,
+        "how long in-flight requests may finish after SIGTERM (default 30)",
+    ),
+    var(
+        "SANDBOX_QUOTA_MAX_SANDBOXES",
+        "quotas.max_sandboxes",
+        Count,
+        "live sandboxes per tenant (default 16; 0 = no limit)",
+    ),
+    var(
+        "SANDBOX_QUOTA_MAX_CONCURRENT_EXECS",
+        "quotas.max_concurrent_execs",
+        Count,
+        "commands running at once per tenant (default 32)",
+    ),
+    var(
+        "SANDBOX_QUOTA_MAX_TERMINALS",
+        "quotas.max_terminals",
+        Count,
+        "terminals open at once per tenant (default 8)",
+    ),
+    var(
+        "SANDBOX_QUOTA_MAX_SNAPSHOTS",
+        "quotas.max_snapshots",
+        Count,
+        "snapshots kept per tenant (default 32)",
+    ),
+];
+
+/// Writes every variable of [`ENV_VARS`] that `env` sets (blank counts as unset) into `table`
+/// at its key; returns the rows applied.
+fn overlay(
+    table: &mut toml::Table,
+    env: &BTreeMap<String, String>,
+) -> Result<Vec<&'static EnvVar>, ConfigError> {
+    let mut applied = Vec::new();
+    for row in ENV_VARS {
+        let Some(raw) = env
+            .get(row.name)
+            .map(|v| v.trim())
+            .filter(|v| !v.is_empty())
+        else {
+            continue;
+        };
+        let value = row.kind.value(row.name, raw)?;
+        let mut at = &mut *table;
+        let mut parts = row.key.split('.').peekable();
+        while let Some(part) = parts.next() {
+            if parts.peek().is_none() {
+                at.insert(part.to_owned(), value);
+                break;
+            }
+            let entry = at
+                .entry(part.to_owned())
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+            at = entry.as_table_mut().ok_or_else(|| {
+                ConfigError(format!(
+                    "{}: the file's `{part}` is not a section",
+                    row.name
+                ))
+            })?;
+        }
+        applied.push(row);
+    }
+    Ok(applied)
 }
 
 /// The one on/off parser: `1`, `true`, `yes`, `on` are on; `0`, `false`, `no`, `off` are off
@@ -650,21 +833,123 @@ mod tests {
         .unwrap();
         assert!(!c.docker.build_missing_image);
         assert_eq!(c.docker.network, sandbox_provider_docker::NetworkMode::None);
+    }
+
+    #[test]
+    fn env_values_are_typed_and_errors_name_the_variable() {
         let err =
-            ServiceConfig::load(None, &env(&[("SANDBOX_DOCKER_NETWORK", "host")])).unwrap_err();
-        assert!(err.0.contains("SANDBOX_DOCKER_NETWORK"), "{err}");
-        let file = std::env::temp_dir().join(format!("sbx-cfg-{:08x}.toml", fastrand::u32(..)));
-        std::fs::write(
-            &file,
-            "[docker]\npull_policy = \"always\"\nidle_ttl_seconds = 90\n",
+            ServiceConfig::load(None, &env(&[("SANDBOX_UPLOAD_MAX_BYTES", "-1")])).unwrap_err();
+        assert!(err.0.contains("SANDBOX_UPLOAD_MAX_BYTES"), "{err}");
+        let err = ServiceConfig::load(None, &env(&[("SANDBOX_DOCKER_PULL_POLICY", "sometimes")]))
+            .unwrap_err();
+        assert!(err.0.contains("SANDBOX_DOCKER_PULL_POLICY"), "{err}");
+        let c = ServiceConfig::load(
+            None,
+            &env(&[
+                ("SANDBOX_STORE", "redis"),
+                (
+                    "SANDBOX_REDIS_CLUSTER_NODES",
+                    "10.0.0.5:7000, ,10.0.0.6:7000",
+                ),
+                ("SANDBOX_REDIS_PASSWORD", "hunter2"),
+                ("SANDBOX_DOCKER_IDLE_TTL_SECONDS", "90"),
+            ]),
         )
         .unwrap();
-        let c = ServiceConfig::load(Some(&file), &BTreeMap::new()).unwrap();
         assert_eq!(
-            c.docker.pull_policy,
-            sandbox_provider_docker::PullPolicy::Always
+            c.redis.cluster_nodes,
+            vec!["10.0.0.5:7000".to_owned(), "10.0.0.6:7000".to_owned()]
         );
+        assert_eq!(c.redis.password.as_deref(), Some("hunter2"));
         assert_eq!(c.docker.idle_ttl, std::time::Duration::from_secs(90));
-        let _ = std::fs::remove_file(file);
+        let debug = format!("{c:?}");
+        assert!(
+            !debug.contains("hunter2"),
+            "a config dump must not hold the password: {debug}"
+        );
+        let err = ServiceConfig::load(None, &env(&[("SANDBOX_STORE", "redis")])).unwrap_err();
+        assert!(err.0.contains("SANDBOX_REDIS_URL"), "{err}");
+    }
+
+    /// The fields a section's deserializer expects, read from its refusal of an unknown key.
+    fn expected_keys(section: Option<&str>) -> Vec<String> {
+        let mut probe = toml::Table::new();
+        probe.insert("zz_probe".to_owned(), toml::Value::Integer(1));
+        let table = match section {
+            Some(name) => {
+                // The Redis section checks its topology only after its keys.
+                probe.insert(
+                    "url".to_owned(),
+                    toml::Value::String("redis://a:1".to_owned()),
+                );
+                toml::Table::from_iter([(name.to_owned(), toml::Value::Table(probe))])
+            }
+            None => probe,
+        };
+        let Err(err) = deserialize(table) else {
+            panic!("{section:?} accepted an unknown key");
+        };
+        let Some((_, list)) = err.split_once("expected one of ") else {
+            panic!("{err}");
+        };
+        list.split(", ")
+            .filter_map(|k| k.split('`').nth(1))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    #[test]
+    fn every_file_key_has_exactly_one_variable() {
+        let mut names = std::collections::BTreeSet::new();
+        let mut keys = std::collections::BTreeSet::new();
+        for row in ENV_VARS {
+            assert!(row.name.starts_with("SANDBOX_"), "{}", row.name);
+            assert!(names.insert(row.name), "{} appears twice", row.name);
+            assert!(keys.insert(row.key), "{} has two variables", row.key);
+            assert!(
+                !row.description.contains('|'),
+                "{}: breaks the README table",
+                row.name
+            );
+        }
+        let sections = ["redis", "docker", "limits", "server", "quotas"];
+        for key in expected_keys(None) {
+            if sections.contains(&key.as_str()) || key == "tenants" {
+                continue;
+            }
+            assert!(
+                keys.contains(key.as_str()),
+                "file key {key} has no SANDBOX_* variable"
+            );
+        }
+        for section in sections {
+            for key in expected_keys(Some(section)) {
+                let path = format!("{section}.{key}");
+                assert!(
+                    keys.contains(path.as_str()),
+                    "file key {path} has no SANDBOX_* variable"
+                );
+            }
+        }
+        // And the other way: every row names a key the file accepts.
+        for row in ENV_VARS {
+            let sample = match row.kind {
+                EnvKind::Flag => "true",
+                EnvKind::Count => "1",
+                EnvKind::Text | EnvKind::List => "x",
+            };
+            let mut table = toml::Table::new();
+            if let Err(e) = overlay(&mut table, &env(&[(row.name, sample)])) {
+                panic!("{}: {e}", row.name);
+            }
+            if let Err(e) = deserialize(table) {
+                assert!(
+                    !e.contains("unknown field"),
+                    "{} -> {}: {e}",
+                    row.name,
+                    row.key
+                );
+            }
+        }
     }
 }
