@@ -1,7 +1,9 @@
 //! Service configuration: a TOML file, then environment overrides, then validation.
 //!
-//! The `[docker]` section is the Docker adapter's own operator config
-//! ([`sandbox_provider_docker::DockerConfig`]), embedded rather than copied.
+//! Two levels, each written once: the adapters own their operator configs (`[docker]` is
+//! [`sandbox_provider_docker::DockerConfig`], `[redis]` is
+//! [`sandbox_store_redis::RedisStoreConfig`]) and this file embeds them; the stored,
+//! provider-neutral tenant record is [`sandbox_core::config::TenantSandboxConfig`].
 //!
 //! The environment overlay is the table [`ENV_VARS`]: each `SANDBOX_*` variable sets exactly
 //! one file key, written into the parsed file before it is deserialized, so a variable and its
@@ -24,7 +26,9 @@ pub struct ServiceConfig {
     pub listen: SocketAddr,
     /// `memory` (one process) or `redis` (shared by every replica; see `redis`).
     pub store: String,
-    pub redis: RedisSection,
+    /// The Redis binding store (`store = "redis"`); absent until configured.
+    #[cfg(feature = "redis")]
+    pub redis: Option<sandbox_store_redis::RedisStoreConfig>,
     /// The Docker backend's operator settings.
     #[cfg(feature = "docker")]
     pub docker: sandbox_provider_docker::DockerConfig,
@@ -39,49 +43,6 @@ pub struct ServiceConfig {
     /// tenant is configured (mode 0600), so `sandbox serve` works out of the box without the
     /// token ever being printed.
     pub dev_token_file: Option<PathBuf>,
-}
-
-/// The Redis binding store (`store = "redis"`).
-#[derive(Clone, Deserialize, Default)]
-#[serde(deny_unknown_fields, default)]
-pub struct RedisSection {
-    /// A standalone server: `redis://[user:password@]host:port[/db]`.
-    pub url: Option<String>,
-    /// Redis Cluster seed nodes (`host:port`); cluster mode when non-empty.
-    pub cluster_nodes: Vec<String>,
-    /// Scopes every key, so deployments can share one Redis (default `default`).
-    pub namespace: Option<String>,
-    /// ACL user. The password is best given as `SANDBOX_REDIS_PASSWORD`, not in a file.
-    pub username: Option<String>,
-    pub password: Option<String>,
-    /// The lifecycle lock's lease in milliseconds (default 60000; renewed at a third of it).
-    pub lock_lease_ms: Option<u64>,
-    /// Every Redis command's deadline in milliseconds (default 5000).
-    pub command_timeout_ms: Option<u64>,
-    /// TLS: the CA (PEM) that signed the server's certificate; setting it turns TLS on (so does
-    /// a `rediss://` URL, which otherwise trusts the system's roots).
-    pub tls_ca_file: Option<PathBuf>,
-    /// TLS client certificate chain and key (PEM), for servers with `tls-auth-clients yes`.
-    pub tls_client_cert_file: Option<PathBuf>,
-    pub tls_client_key_file: Option<PathBuf>,
-}
-
-impl std::fmt::Debug for RedisSection {
-    // The URL and the password may carry credentials.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisSection")
-            .field("url", &self.url.as_ref().map(|_| "[set]"))
-            .field("cluster_nodes", &self.cluster_nodes)
-            .field("namespace", &self.namespace)
-            .field("username", &self.username)
-            .field("password", &self.password.as_ref().map(|_| "[redacted]"))
-            .field("lock_lease_ms", &self.lock_lease_ms)
-            .field("command_timeout_ms", &self.command_timeout_ms)
-            .field("tls_ca_file", &self.tls_ca_file)
-            .field("tls_client_cert_file", &self.tls_client_cert_file)
-            .field("tls_client_key_file", &self.tls_client_key_file)
-            .finish()
-    }
 }
 
 /// Request limits.
@@ -180,7 +141,8 @@ impl Default for ServiceConfig {
         ServiceConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             store: "memory".to_owned(),
-            redis: RedisSection::default(),
+            #[cfg(feature = "redis")]
+            redis: None,
             #[cfg(feature = "docker")]
             docker: sandbox_provider_docker::DockerConfig::default(),
             limits: Limits::default(),
@@ -273,15 +235,11 @@ impl ServiceConfig {
         match self.store.as_str() {
             "memory" => {}
             "redis" => {
-                let r = &self.redis;
-                if r.url.is_some() != r.cluster_nodes.is_empty() {
+                // The section checks its own fields when it is read; here only its presence.
+                #[cfg(feature = "redis")]
+                if self.redis.is_none() {
                     return Err(ConfigError(
                         "store \"redis\" needs exactly one of redis.url (SANDBOX_REDIS_URL) and redis.cluster_nodes (SANDBOX_REDIS_CLUSTER_NODES)".to_owned(),
-                    ));
-                }
-                if r.lock_lease_ms.is_some_and(|ms| ms < 30) || r.command_timeout_ms == Some(0) {
-                    return Err(ConfigError(
-                        "redis.lock_lease_ms must be at least 30 and redis.command_timeout_ms positive".to_owned(),
                     ));
                 }
             }
@@ -748,7 +706,8 @@ pub fn parse_flag(name: &str, raw: &str) -> Result<bool, ConfigError> {
     }
 }
 
-#[cfg(all(test, feature = "docker"))]
+// The tests read the Docker and Redis sections, which exist with the default features.
+#[cfg(all(test, feature = "docker", feature = "redis"))]
 mod tests {
     use super::*;
 
@@ -856,11 +815,17 @@ mod tests {
             ]),
         )
         .unwrap();
+        let redis = c.redis.as_ref().unwrap();
         assert_eq!(
-            c.redis.cluster_nodes,
-            vec!["10.0.0.5:7000".to_owned(), "10.0.0.6:7000".to_owned()]
+            redis.topology,
+            sandbox_store_redis::Topology::Cluster {
+                nodes: vec!["10.0.0.5:7000".to_owned(), "10.0.0.6:7000".to_owned()]
+            }
         );
-        assert_eq!(c.redis.password.as_deref(), Some("hunter2"));
+        assert_eq!(
+            redis.password.as_ref().map(sandbox_core::Secret::expose),
+            Some("hunter2")
+        );
         assert_eq!(c.docker.idle_ttl, std::time::Duration::from_secs(90));
         let debug = format!("{c:?}");
         assert!(

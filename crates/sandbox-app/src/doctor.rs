@@ -70,29 +70,49 @@ async fn store(config: &ServiceConfig) -> Check {
             "memory store (single process; bindings do not survive a restart, sandboxes are re-adopted by metadata)",
         ),
         #[cfg(feature = "redis")]
-        "redis" => match crate::serve::redis_store(&config.redis).await {
-            Ok(store) => match store.ping().await {
-                Ok(()) => Check::pass("store", "redis answers"),
-                Err(e) => Check::fail(
-                    "store",
-                    e.to_string(),
-                    "check that Redis is up and reachable from this host",
-                ),
-            },
-            Err(e) => {
-                let fix = if e.contains("auth") || e.contains("WRONGPASS") || e.contains("NOAUTH") {
-                    "set the ACL user and password (redis.username, SANDBOX_REDIS_PASSWORD)"
-                } else {
-                    "start Redis or correct redis.url / redis.cluster_nodes (SANDBOX_REDIS_URL, SANDBOX_REDIS_CLUSTER_NODES)"
-                };
-                Check::fail("store", e, fix)
-            }
+        "redis" => match redis_section(config) {
+            Ok(section) => redis_check(section).await,
+            Err(e) => Check::fail(
+                "store",
+                e,
+                "set redis.url or redis.cluster_nodes (SANDBOX_REDIS_URL, SANDBOX_REDIS_CLUSTER_NODES)",
+            ),
         },
         other => Check::fail(
             "store",
             format!("store {other:?} is not available in this build"),
             "set store = \"memory\" or \"redis\" (SANDBOX_STORE)",
         ),
+    }
+}
+
+#[cfg(feature = "redis")]
+fn redis_section(config: &ServiceConfig) -> Result<&sandbox_store_redis::RedisStoreConfig, String> {
+    config
+        .redis
+        .as_ref()
+        .ok_or_else(|| "store \"redis\" has no [redis] section".to_owned())
+}
+
+#[cfg(feature = "redis")]
+async fn redis_check(section: &sandbox_store_redis::RedisStoreConfig) -> Check {
+    match crate::serve::redis_store(section).await {
+        Ok(store) => match store.ping().await {
+            Ok(()) => Check::pass("store", "redis answers"),
+            Err(e) => Check::fail(
+                "store",
+                e.to_string(),
+                "check that Redis is up and reachable from this host",
+            ),
+        },
+        Err(e) => {
+            let fix = if e.contains("auth") || e.contains("WRONGPASS") || e.contains("NOAUTH") {
+                "set the ACL user and password (redis.username, SANDBOX_REDIS_PASSWORD)"
+            } else {
+                "start Redis or correct redis.url / redis.cluster_nodes (SANDBOX_REDIS_URL, SANDBOX_REDIS_CLUSTER_NODES)"
+            };
+            Check::fail("store", e, fix)
+        }
     }
 }
 

@@ -110,7 +110,11 @@ pub async fn binding_store(
         "memory" => Ok((Arc::new(MemoryBindingStore::new()), StoreInfo::memory())),
         #[cfg(feature = "redis")]
         "redis" => {
-            let store = redis_store(&config.redis).await?;
+            let section = config
+                .redis
+                .as_ref()
+                .ok_or("store \"redis\" has no [redis] section")?;
+            let store = redis_store(section).await?;
             let info = StoreInfo {
                 kind: "redis",
                 health: Some(Arc::new(RedisHealth(store.clone()))),
@@ -131,36 +135,9 @@ pub async fn binding_store(
 /// Connects the Redis store the section describes.
 #[cfg(feature = "redis")]
 pub async fn redis_store(
-    section: &crate::config::RedisSection,
+    section: &sandbox_store_redis::RedisStoreConfig,
 ) -> Result<sandbox_store_redis::RedisBindingStore, String> {
-    use sandbox_store_redis::{RedisBindingStore, RedisStoreConfig, Topology};
-    let topology = match &section.url {
-        Some(url) => Topology::Standalone { url: url.clone() },
-        None => Topology::Cluster {
-            nodes: section.cluster_nodes.clone(),
-        },
-    };
-    let namespace = section
-        .namespace
-        .clone()
-        .unwrap_or_else(|| "default".to_owned());
-    let mut cfg = RedisStoreConfig::new(topology, namespace);
-    cfg.username.clone_from(&section.username);
-    cfg.password.clone_from(&section.password);
-    if section.tls_ca_file.is_some() || section.tls_client_cert_file.is_some() {
-        cfg.tls = Some(sandbox_store_redis::TlsSettings {
-            ca_file: section.tls_ca_file.clone(),
-            client_cert_file: section.tls_client_cert_file.clone(),
-            client_key_file: section.tls_client_key_file.clone(),
-        });
-    }
-    if let Some(ms) = section.lock_lease_ms {
-        cfg.lock_lease = Duration::from_millis(ms);
-    }
-    if let Some(ms) = section.command_timeout_ms {
-        cfg.command_timeout = Duration::from_millis(ms);
-    }
-    RedisBindingStore::connect(cfg)
+    sandbox_store_redis::RedisBindingStore::connect(section.clone())
         .await
         .map_err(|e| format!("redis store: {e}"))
 }
