@@ -7,7 +7,8 @@
 //!
 //! The environment overlay is the table [`ENV_VARS`]: each `SANDBOX_*` variable sets exactly
 //! one file key, written into the parsed file before it is deserialized, so a variable and its
-//! key are read by the same code and can never disagree.
+//! key are read by the same code and can never disagree. The README's list is that table
+//! (`config::tests::the_readme_lists_the_env_table` checks it).
 //!
 //! Every field has a safe default except the opt-ins that are the operator's act: the Docker
 //! backend stays disabled unless the file or `SANDBOX_DOCKER_ENABLED=true` says otherwise.
@@ -339,7 +340,7 @@ pub enum EnvKind {
 }
 
 impl EnvKind {
-    /// What the value is, in words.
+    /// What the README's table says the value is.
     pub fn describe(self) -> &'static str {
         match self {
             EnvKind::Flag => "on/off",
@@ -376,6 +377,9 @@ pub struct EnvVar {
     /// The dotted file key (`docker.enabled`).
     pub key: &'static str,
     pub kind: EnvKind,
+    /// The value when neither the file nor the environment sets the key, as the variable
+    /// would spell it; empty when unset means absent. A test proves each is the real default.
+    pub default: &'static str,
     pub description: &'static str,
 }
 
@@ -383,12 +387,14 @@ const fn var(
     name: &'static str,
     key: &'static str,
     kind: EnvKind,
+    default: &'static str,
     description: &'static str,
 ) -> EnvVar {
     EnvVar {
         name,
         key,
         kind,
+        default,
         description,
     }
 }
@@ -403,254 +409,302 @@ pub const ENV_VARS: &[EnvVar] = &[
         "SANDBOX_LISTEN",
         "listen",
         Text,
-        "address:port the HTTP API listens on (default 127.0.0.1:8080)",
+        "127.0.0.1:8080",
+        "address:port the HTTP API listens on (loopback: exposing it is a deliberate act)",
     ),
     var(
         "SANDBOX_STORE",
         "store",
         Text,
-        "binding store: `memory` (default) or `redis`",
+        "memory",
+        "binding store: `memory` (one process) or `redis` (shared by replicas)",
     ),
     var(
         "SANDBOX_DEV_TOKEN_FILE",
         "dev_token_file",
         Text,
-        "the development tenant's token file (default ~/.config/sandbox/dev-token)",
+        "",
+        "the development tenant's token file (unset: ~/.config/sandbox/dev-token)",
     ),
     var(
         "SANDBOX_REDIS_URL",
         "redis.url",
         Text,
+        "",
         "standalone Redis: `redis://[user:password@]host:port[/db]` (`rediss://` for TLS)",
     ),
     var(
         "SANDBOX_REDIS_CLUSTER_NODES",
         "redis.cluster_nodes",
         List,
+        "",
         "Redis Cluster seed nodes, `host:port,host:port`",
     ),
     var(
         "SANDBOX_REDIS_NAMESPACE",
         "redis.namespace",
         Text,
-        "scopes every key, so deployments can share one Redis (default `default`)",
+        "default",
+        "scopes every key, so deployments can share one Redis",
     ),
-    var("SANDBOX_REDIS_USERNAME", "redis.username", Text, "ACL user"),
+    var(
+        "SANDBOX_REDIS_USERNAME",
+        "redis.username",
+        Text,
+        "",
+        "ACL user",
+    ),
     var(
         "SANDBOX_REDIS_PASSWORD",
         "redis.password",
         Text,
+        "",
         "ACL password (a secret: never logged; better here than in a file)",
     ),
     var(
         "SANDBOX_REDIS_LOCK_LEASE_MS",
         "redis.lock_lease_ms",
         Count,
-        "the lifecycle lock's lease in ms (default 60000, at least 30)",
+        "60000",
+        "the lifecycle lock's lease in ms (at least 30; renewed at a third of it)",
     ),
     var(
         "SANDBOX_REDIS_COMMAND_TIMEOUT_MS",
         "redis.command_timeout_ms",
         Count,
-        "every Redis command's deadline in ms (default 5000)",
+        "5000",
+        "every Redis command's deadline in ms",
     ),
     var(
         "SANDBOX_REDIS_TLS_CA_FILE",
         "redis.tls_ca_file",
         Text,
+        "",
         "PEM CA of the server's certificate; turns TLS on",
     ),
     var(
         "SANDBOX_REDIS_TLS_CLIENT_CERT_FILE",
         "redis.tls_client_cert_file",
         Text,
+        "",
         "PEM client certificate chain, for `tls-auth-clients yes`",
     ),
     var(
         "SANDBOX_REDIS_TLS_CLIENT_KEY_FILE",
         "redis.tls_client_key_file",
         Text,
+        "",
         "PEM key of the client certificate",
     ),
     var(
         "SANDBOX_DOCKER_ENABLED",
         "docker.enabled",
         Flag,
-        "enable the Docker backend (a Docker socket is host root: off by default)",
+        "false",
+        "enable the Docker backend (a Docker socket is host root, so it is an opt-in)",
     ),
     var(
         "SANDBOX_DOCKER_HOST",
         "docker.host",
         Text,
-        "engine endpoint in `DOCKER_HOST` form (default `DOCKER_HOST`, then the local socket)",
+        "",
+        "engine endpoint in `DOCKER_HOST` form (unset: `DOCKER_HOST`, then the local socket)",
     ),
     var(
         "SANDBOX_DOCKER_TLS_CERT_PATH",
         "docker.tls_cert_path",
         Text,
+        "",
         "directory with `ca.pem`, `cert.pem`, `key.pem`; required for `tcp://` engines",
     ),
     var(
         "SANDBOX_DOCKER_IMAGE",
         "docker.image",
         Text,
-        "the image sandboxes boot (default `sandbox-busybox:test`)",
+        "sandbox-busybox:test",
+        "the image sandboxes boot",
     ),
     var(
         "SANDBOX_DOCKER_NAMESPACE",
         "docker.namespace",
         Text,
-        "scopes containers, networks and snapshots on the engine (default `default`)",
+        "default",
+        "scopes containers, networks and snapshots on the engine",
     ),
     var(
         "SANDBOX_DOCKER_PULL_POLICY",
         "docker.pull_policy",
         Text,
-        "`never` (default), `missing` or `always`",
+        "never",
+        "`never`, `missing` or `always`",
     ),
     var(
         "SANDBOX_DOCKER_NETWORK",
         "docker.network",
         Text,
-        "`bridge` (default, behind egress rules) or `none`",
+        "bridge",
+        "`bridge` (behind egress rules) or `none`",
     ),
     var(
         "SANDBOX_DOCKER_ALLOW_PRIVATE_ENDPOINTS",
         "docker.allow_private_endpoints",
         Flag,
+        "false",
         "let sandboxes reach private and loopback ranges (link-local stays blocked)",
     ),
     var(
         "SANDBOX_DOCKER_RUNTIME",
         "docker.runtime",
         Text,
-        "OCI runtime for sandboxes, e.g. `runsc` (default: the engine's)",
+        "",
+        "OCI runtime for sandboxes, e.g. `runsc` (unset: the engine's)",
     ),
     var(
         "SANDBOX_DOCKER_IDLE_TTL_SECONDS",
         "docker.idle_ttl_seconds",
         Count,
-        "an idle sandbox is reclaimed after this long (default 1800)",
+        "1800",
+        "an idle sandbox is reclaimed after this many seconds",
     ),
     var(
         "SANDBOX_DOCKER_LOG_MAX_BYTES",
         "docker.log_max_bytes",
         Count,
+        "1048576",
         "bound on each container's log on the engine's disk (0 = no log)",
     ),
     var(
         "SANDBOX_DOCKER_STORAGE_LIMIT_BYTES",
         "docker.storage_limit_bytes",
         Count,
+        "10737418240",
         "bound on each sandbox's writable layer where the engine enforces one (0 = none)",
     ),
     var(
         "SANDBOX_DOCKER_BUILD_IMAGE",
         "docker.build_missing_image",
         Flag,
-        "build a missing `sandbox-busybox:<tag>` image on start (default on)",
+        "true",
+        "build a missing `sandbox-busybox:<tag>` image on start",
     ),
     var(
         "SANDBOX_DOCKER_BUSYBOX",
         "docker.busybox_path",
         Text,
-        "the static busybox that image is built from (default /bin/busybox)",
+        "/bin/busybox",
+        "the static busybox that image is built from",
     ),
     var(
         "SANDBOX_UPLOAD_MAX_BYTES",
         "limits.upload_max_bytes",
         Count,
-        "largest upload (default 100 MiB; 413 beyond)",
+        "104857600",
+        "largest upload (413 beyond)",
     ),
     var(
         "SANDBOX_JSON_MAX_BYTES",
         "limits.json_max_bytes",
         Count,
-        "largest JSON request body (default 8 MiB)",
+        "8388608",
+        "largest JSON request body",
     ),
     var(
         "SANDBOX_DOWNLOAD_MAX_BYTES",
         "limits.download_max_bytes",
         Count,
-        "largest file a download streams (default 4 GiB)",
+        "4294967296",
+        "largest file a download streams",
     ),
     var(
         "SANDBOX_INFLIGHT_MAX_BYTES",
         "limits.inflight_max_bytes",
         Count,
-        "request-body bytes held at once by the process (default 1 GiB; 503 `server_busy` beyond)",
+        "1073741824",
+        "request-body bytes held at once by the process (503 `server_busy` beyond)",
     ),
     var(
         "SANDBOX_TERMINAL_IDLE_SECONDS",
         "limits.terminal_idle_seconds",
         Count,
-        "an idle terminal is disconnected after this long (default 900)",
+        "900",
+        "an idle terminal is disconnected after this many seconds",
     ),
     var(
         "SANDBOX_TICKETS_PER_TENANT",
         "limits.tickets_per_tenant",
         Count,
-        "unused terminal tickets one tenant may hold (default 16)",
+        "16",
+        "unused terminal tickets one tenant may hold",
     ),
     var(
         "SANDBOX_SERVER_HEADER_READ_TIMEOUT_SECONDS",
         "server.header_read_timeout_seconds",
         Count,
-        "a connection must send a request head within this (default 10)",
+        "10",
+        "a connection must send a request head within this many seconds",
     ),
     var(
         "SANDBOX_SERVER_BODY_IDLE_TIMEOUT_SECONDS",
         "server.body_idle_timeout_seconds",
         Count,
-        "a body silent this long fails with 408 (default 30)",
+        "30",
+        "a body silent this many seconds fails with 408",
     ),
     var(
         "SANDBOX_SERVER_BODY_READ_TIMEOUT_SECONDS",
         "server.body_read_timeout_seconds",
         Count,
-        "a body not complete this long after its head fails with 408 (default 600)",
+        "600",
+        "a body not complete this many seconds after its head fails with 408",
     ),
     var(
         "SANDBOX_SERVER_MAX_CONNECTIONS",
         "server.max_connections",
         Count,
-        "connections served at once (default 4096)",
+        "4096",
+        "connections served at once",
     ),
     var(
         "SANDBOX_SERVER_MAX_REQUESTS_PER_CONNECTION",
         "server.max_requests_per_connection",
         Count,
-        "requests per keep-alive connection (default 1000)",
+        "1000",
+        "requests per keep-alive connection",
     ),
     var(
         "SANDBOX_SERVER_SHUTDOWN_GRACE_SECONDS",
         "server.shutdown_grace_seconds",
         Count,
-        "how long in-flight requests may finish after SIGTERM (default 30)",
+        "30",
+        "seconds in-flight requests may take after SIGTERM",
     ),
     var(
         "SANDBOX_QUOTA_MAX_SANDBOXES",
         "quotas.max_sandboxes",
         Count,
-        "live sandboxes per tenant (default 16; 0 = no limit)",
+        "16",
+        "live sandboxes per tenant (0 = no limit, as for every quota)",
     ),
     var(
         "SANDBOX_QUOTA_MAX_CONCURRENT_EXECS",
         "quotas.max_concurrent_execs",
         Count,
-        "commands running at once per tenant (default 32)",
+        "32",
+        "commands running at once per tenant",
     ),
     var(
         "SANDBOX_QUOTA_MAX_TERMINALS",
         "quotas.max_terminals",
         Count,
-        "terminals open at once per tenant (default 8)",
+        "8",
+        "terminals open at once per tenant",
     ),
     var(
         "SANDBOX_QUOTA_MAX_SNAPSHOTS",
         "quotas.max_snapshots",
         Count,
-        "snapshots kept per tenant (default 32)",
+        "32",
+        "snapshots kept per tenant",
     ),
 ];
 
@@ -704,6 +758,27 @@ pub fn parse_flag(name: &str, raw: &str) -> Result<bool, ConfigError> {
             raw.chars().take(40).collect::<String>()
         ))),
     }
+}
+
+/// The README's configuration table, generated from [`ENV_VARS`].
+pub fn env_table_markdown() -> String {
+    let mut out = String::from(
+        "| variable | file key | value | default | what it sets |\n| --- | --- | --- | --- | --- |\n",
+    );
+    for row in ENV_VARS {
+        let default = match row.default {
+            "" => "unset".to_owned(),
+            d => format!("`{d}`"),
+        };
+        out.push_str(&format!(
+            "| `{}` | `{}` | {} | {default} | {} |\n",
+            row.name,
+            row.key,
+            row.kind.describe(),
+            row.description
+        ));
+    }
+    out
 }
 
 // The tests read the Docker and Redis sections, which exist with the default features.
@@ -916,5 +991,59 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn the_stated_defaults_are_the_real_ones() {
+        // Setting a key to its default changes nothing. The Redis section exists only with a
+        // topology, so both sides name one.
+        let base = [("SANDBOX_REDIS_URL", "redis://127.0.0.1:1")];
+        let baseline = format!("{:?}", ServiceConfig::load(None, &env(&base)).unwrap());
+        let mut checked = 0;
+        for row in ENV_VARS.iter().filter(|r| !r.default.is_empty()) {
+            let with = ServiceConfig::load(None, &env(&[base[0], (row.name, row.default)]))
+                .unwrap_or_else(|e| panic!("{}={}: {e}", row.name, row.default));
+            assert_eq!(
+                format!("{with:?}"),
+                baseline,
+                "{} is documented as defaulting to {:?}",
+                row.name,
+                row.default
+            );
+            checked += 1;
+        }
+        assert!(checked > 30, "{checked}");
+    }
+
+    const README_BEGIN: &str =
+        "<!-- env-table: generated from ENV_VARS in crates/sandbox-app/src/config.rs -->\n";
+    const README_END: &str = "<!-- env-table end -->";
+
+    /// `UPDATE_README=1 cargo test -p sandbox-app --lib the_readme_lists_the_env_table`
+    /// rewrites the block.
+    #[test]
+    fn the_readme_lists_the_env_table() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md");
+        let readme = std::fs::read_to_string(&path).unwrap();
+        let begin = readme
+            .find(README_BEGIN)
+            .expect("the README has the env-table block")
+            + README_BEGIN.len();
+        let end = readme[begin..]
+            .find(README_END)
+            .expect("the block is closed")
+            + begin;
+        let expected = env_table_markdown();
+        if readme[begin..end] == expected {
+            return;
+        }
+        if std::env::var_os("UPDATE_README").is_some() {
+            let updated = format!("{}{expected}{}", &readme[..begin], &readme[end..]);
+            std::fs::write(&path, updated).unwrap();
+            return;
+        }
+        panic!(
+            "README.md's environment table differs from ENV_VARS; rerun with UPDATE_README=1, or paste:\n{expected}"
+        );
     }
 }
