@@ -331,8 +331,11 @@ fn blame(applied: &[&EnvVar], error: &str) -> String {
 pub enum EnvKind {
     /// On or off, through [`parse_flag`].
     Flag,
-    /// A non-negative whole number.
+    /// A non-negative whole number: a count, or a size or duration in the unit the kind names.
     Count,
+    Bytes,
+    Seconds,
+    Millis,
     /// A string, parsed by the key's own type (address, path, enum, URL...).
     Text,
     /// Comma-separated strings; blanks dropped.
@@ -340,24 +343,33 @@ pub enum EnvKind {
 }
 
 impl EnvKind {
-    /// What the README's table says the value is.
+    /// What the value is, in the README's words.
     pub fn describe(self) -> &'static str {
         match self {
             EnvKind::Flag => "on/off",
             EnvKind::Count => "number",
+            EnvKind::Bytes => "bytes",
+            EnvKind::Seconds => "seconds",
+            EnvKind::Millis => "milliseconds",
             EnvKind::Text => "text",
             EnvKind::List => "list",
         }
     }
 
     fn value(self, name: &str, raw: &str) -> Result<toml::Value, ConfigError> {
+        let number = |what: &str| {
+            raw.parse::<i64>()
+                .ok()
+                .filter(|n| *n >= 0)
+                .map(toml::Value::Integer)
+                .ok_or_else(|| ConfigError(format!("{name}={raw:?} is not {what}")))
+        };
         Ok(match self {
             EnvKind::Flag => toml::Value::Boolean(parse_flag(name, raw)?),
-            EnvKind::Count => {
-                toml::Value::Integer(raw.parse::<i64>().ok().filter(|n| *n >= 0).ok_or_else(
-                    || ConfigError(format!("{name}={raw:?} is not a non-negative whole number")),
-                )?)
-            }
+            EnvKind::Count => number("a non-negative whole number")?,
+            EnvKind::Bytes => number("a byte count")?,
+            EnvKind::Seconds => number("a number of seconds")?,
+            EnvKind::Millis => number("a number of milliseconds")?,
             EnvKind::Text => toml::Value::String(raw.to_owned()),
             EnvKind::List => toml::Value::Array(
                 raw.split(',')
@@ -399,7 +411,7 @@ const fn var(
     }
 }
 
-use EnvKind::{Count, Flag, List, Text};
+use EnvKind::{Bytes, Count, Flag, List, Millis, Seconds, Text};
 
 /// Every `SANDBOX_*` variable the service reads for its config, one per file key (the
 /// structured `[[tenants]]` list is file-only). Adding a key means adding its row: the tests
@@ -464,16 +476,16 @@ pub const ENV_VARS: &[EnvVar] = &[
     var(
         "SANDBOX_REDIS_LOCK_LEASE_MS",
         "redis.lock_lease_ms",
-        Count,
+        Millis,
         "60000",
-        "the lifecycle lock's lease in ms (at least 30; renewed at a third of it)",
+        "the lifecycle lock's lease (at least 30; renewed at a third of it)",
     ),
     var(
         "SANDBOX_REDIS_COMMAND_TIMEOUT_MS",
         "redis.command_timeout_ms",
-        Count,
+        Millis,
         "5000",
-        "every Redis command's deadline in ms",
+        "every Redis command's deadline",
     ),
     var(
         "SANDBOX_REDIS_TLS_CA_FILE",
@@ -562,21 +574,21 @@ pub const ENV_VARS: &[EnvVar] = &[
     var(
         "SANDBOX_DOCKER_IDLE_TTL_SECONDS",
         "docker.idle_ttl_seconds",
-        Count,
+        Seconds,
         "1800",
-        "an idle sandbox is reclaimed after this many seconds",
+        "an idle sandbox is reclaimed after this long",
     ),
     var(
         "SANDBOX_DOCKER_LOG_MAX_BYTES",
         "docker.log_max_bytes",
-        Count,
+        Bytes,
         "1048576",
         "bound on each container's log on the engine's disk (0 = no log)",
     ),
     var(
         "SANDBOX_DOCKER_STORAGE_LIMIT_BYTES",
         "docker.storage_limit_bytes",
-        Count,
+        Bytes,
         "10737418240",
         "bound on each sandbox's writable layer where the engine enforces one (0 = none)",
     ),
@@ -597,37 +609,37 @@ pub const ENV_VARS: &[EnvVar] = &[
     var(
         "SANDBOX_UPLOAD_MAX_BYTES",
         "limits.upload_max_bytes",
-        Count,
+        Bytes,
         "104857600",
         "largest upload (413 beyond)",
     ),
     var(
         "SANDBOX_JSON_MAX_BYTES",
         "limits.json_max_bytes",
-        Count,
+        Bytes,
         "8388608",
         "largest JSON request body",
     ),
     var(
         "SANDBOX_DOWNLOAD_MAX_BYTES",
         "limits.download_max_bytes",
-        Count,
+        Bytes,
         "4294967296",
         "largest file a download streams",
     ),
     var(
         "SANDBOX_INFLIGHT_MAX_BYTES",
         "limits.inflight_max_bytes",
-        Count,
+        Bytes,
         "1073741824",
         "request-body bytes held at once by the process (503 `server_busy` beyond)",
     ),
     var(
         "SANDBOX_TERMINAL_IDLE_SECONDS",
         "limits.terminal_idle_seconds",
-        Count,
+        Seconds,
         "900",
-        "an idle terminal is disconnected after this many seconds",
+        "an idle terminal is disconnected after this long",
     ),
     var(
         "SANDBOX_TICKETS_PER_TENANT",
@@ -639,23 +651,23 @@ pub const ENV_VARS: &[EnvVar] = &[
     var(
         "SANDBOX_SERVER_HEADER_READ_TIMEOUT_SECONDS",
         "server.header_read_timeout_seconds",
-        Count,
+        Seconds,
         "10",
-        "a connection must send a request head within this many seconds",
+        "a connection must send a request head within this",
     ),
     var(
         "SANDBOX_SERVER_BODY_IDLE_TIMEOUT_SECONDS",
         "server.body_idle_timeout_seconds",
-        Count,
+        Seconds,
         "30",
-        "a body silent this many seconds fails with 408",
+        "a body silent this long fails with 408",
     ),
     var(
         "SANDBOX_SERVER_BODY_READ_TIMEOUT_SECONDS",
         "server.body_read_timeout_seconds",
-        Count,
+        Seconds,
         "600",
-        "a body not complete this many seconds after its head fails with 408",
+        "a body not complete this long after its head fails with 408",
     ),
     var(
         "SANDBOX_SERVER_MAX_CONNECTIONS",
@@ -674,9 +686,9 @@ pub const ENV_VARS: &[EnvVar] = &[
     var(
         "SANDBOX_SERVER_SHUTDOWN_GRACE_SECONDS",
         "server.shutdown_grace_seconds",
-        Count,
+        Seconds,
         "30",
-        "seconds in-flight requests may take after SIGTERM",
+        "how long in-flight requests may take after SIGTERM",
     ),
     var(
         "SANDBOX_QUOTA_MAX_SANDBOXES",
@@ -975,7 +987,7 @@ mod tests {
         for row in ENV_VARS {
             let sample = match row.kind {
                 EnvKind::Flag => "true",
-                EnvKind::Count => "1",
+                EnvKind::Count | EnvKind::Bytes | EnvKind::Seconds | EnvKind::Millis => "1",
                 EnvKind::Text | EnvKind::List => "x",
             };
             let mut table = toml::Table::new();
