@@ -331,10 +331,14 @@ fn blame(applied: &[&EnvVar], error: &str) -> String {
 pub enum EnvKind {
     /// On or off, through [`parse_flag`].
     Flag,
-    /// A non-negative whole number: a count, or a size or duration in the unit the kind names.
+    /// A non-negative whole number. The next three are the same in a unit, named in errors
+    /// and in the README so `10G` or `5s` is refused in the operator's terms.
     Count,
+    /// A size in bytes.
     Bytes,
+    /// A duration in whole seconds.
     Seconds,
+    /// A duration in milliseconds.
     Millis,
     /// A string, parsed by the key's own type (address, path, enum, URL...).
     Text,
