@@ -122,7 +122,7 @@ async fn run(samples: usize) -> Res<()> {
     let namespace = format!("bench-api-{:08x}", fastrand::u32(..));
     let mut config = ServiceConfig::load(None, &BTreeMap::new()).map_err(|e| e.to_string())?;
     config.docker.enabled = true;
-    config.docker.network = "none".to_owned();
+    config.docker.network = sandbox_provider_docker::NetworkMode::None;
     config.docker.namespace = namespace.clone();
     config.tenants = vec![TenantEntry {
         id: 1,

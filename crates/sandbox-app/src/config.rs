@@ -1,5 +1,15 @@
 //! Service configuration: a TOML file, then environment overrides, then validation.
 //!
+//! Two levels, each written once: the adapters own their operator configs (`[docker]` is
+//! [`sandbox_provider_docker::DockerConfig`], `[redis]` is
+//! [`sandbox_store_redis::RedisStoreConfig`]) and this file embeds them; the stored,
+//! provider-neutral tenant record is [`sandbox_core::config::TenantSandboxConfig`].
+//!
+//! The environment overlay is the table [`ENV_VARS`]: each `SANDBOX_*` variable sets exactly
+//! one file key, written into the parsed file before it is deserialized, so a variable and its
+//! key are read by the same code and can never disagree. The README's list is that table
+//! (`config::tests::the_readme_lists_the_env_table` checks it).
+//!
 //! Every field has a safe default except the opt-ins that are the operator's act: the Docker
 //! backend stays disabled unless the file or `SANDBOX_DOCKER_ENABLED=true` says otherwise.
 
@@ -15,10 +25,14 @@ use serde::Deserialize;
 pub struct ServiceConfig {
     /// Where the HTTP API listens. Loopback by default: exposing it is a deliberate act.
     pub listen: SocketAddr,
-    /// `memory` (one process) or `redis` (shared by every replica; see [`RedisSection`]).
+    /// `memory` (one process) or `redis` (shared by every replica; see `redis`).
     pub store: String,
-    pub redis: RedisSection,
-    pub docker: DockerSection,
+    /// The Redis binding store (`store = "redis"`); absent until configured.
+    #[cfg(feature = "redis")]
+    pub redis: Option<sandbox_store_redis::RedisStoreConfig>,
+    /// The Docker backend's operator settings.
+    #[cfg(feature = "docker")]
+    pub docker: sandbox_provider_docker::DockerConfig,
     pub limits: Limits,
     /// How the listener treats connections (timeouts, caps, shutdown).
     pub server: ServerSection,
@@ -30,76 +44,6 @@ pub struct ServiceConfig {
     /// tenant is configured (mode 0600), so `sandbox serve` works out of the box without the
     /// token ever being printed.
     pub dev_token_file: Option<PathBuf>,
-}
-
-/// The Docker backend section.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct DockerSection {
-    pub enabled: bool,
-    pub host: Option<String>,
-    pub image: String,
-    pub namespace: String,
-    pub pull_policy: String,
-    pub network: String,
-    pub allow_private_endpoints: bool,
-    pub idle_ttl_seconds: u64,
-    /// Build a missing `sandbox-busybox:<tag>` image on start (from `busybox_path`), rather than
-    /// failing every create with `image_not_present`. Other image names are never built.
-    pub build_missing_image: bool,
-    /// The statically linked busybox the local image is built from (Debian's busybox-static).
-    pub busybox_path: PathBuf,
-    /// Bound on each sandbox's container log on the engine's disk (0 = no container log).
-    pub log_max_bytes: u64,
-    /// Bound on each sandbox's writable layer, where the engine's storage enforces one (0 =
-    /// none); `sandbox doctor` says whether this engine does.
-    pub storage_limit_bytes: u64,
-    /// The OCI runtime sandboxes run under (e.g. `runsc` for gVisor); the engine's default when
-    /// unset.
-    pub runtime: Option<String>,
-}
-
-/// The Redis binding store (`store = "redis"`).
-#[derive(Clone, Deserialize, Default)]
-#[serde(deny_unknown_fields, default)]
-pub struct RedisSection {
-    /// A standalone server: `redis://[user:password@]host:port[/db]`.
-    pub url: Option<String>,
-    /// Redis Cluster seed nodes (`host:port`); cluster mode when non-empty.
-    pub cluster_nodes: Vec<String>,
-    /// Scopes every key, so deployments can share one Redis (default `default`).
-    pub namespace: Option<String>,
-    /// ACL user. The password is best given as `SANDBOX_REDIS_PASSWORD`, not in a file.
-    pub username: Option<String>,
-    pub password: Option<String>,
-    /// The lifecycle lock's lease in milliseconds (default 60000; renewed at a third of it).
-    pub lock_lease_ms: Option<u64>,
-    /// Every Redis command's deadline in milliseconds (default 5000).
-    pub command_timeout_ms: Option<u64>,
-    /// TLS: the CA (PEM) that signed the server's certificate; setting it turns TLS on (so does
-    /// a `rediss://` URL, which otherwise trusts the system's roots).
-    pub tls_ca_file: Option<PathBuf>,
-    /// TLS client certificate chain and key (PEM), for servers with `tls-auth-clients yes`.
-    pub tls_client_cert_file: Option<PathBuf>,
-    pub tls_client_key_file: Option<PathBuf>,
-}
-
-impl std::fmt::Debug for RedisSection {
-    // The URL and the password may carry credentials.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisSection")
-            .field("url", &self.url.as_ref().map(|_| "[set]"))
-            .field("cluster_nodes", &self.cluster_nodes)
-            .field("namespace", &self.namespace)
-            .field("username", &self.username)
-            .field("password", &self.password.as_ref().map(|_| "[redacted]"))
-            .field("lock_lease_ms", &self.lock_lease_ms)
-            .field("command_timeout_ms", &self.command_timeout_ms)
-            .field("tls_ca_file", &self.tls_ca_file)
-            .field("tls_client_cert_file", &self.tls_client_cert_file)
-            .field("tls_client_key_file", &self.tls_client_key_file)
-            .finish()
-    }
 }
 
 /// Request limits.
@@ -198,33 +142,15 @@ impl Default for ServiceConfig {
         ServiceConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             store: "memory".to_owned(),
-            redis: RedisSection::default(),
-            docker: DockerSection::default(),
+            #[cfg(feature = "redis")]
+            redis: None,
+            #[cfg(feature = "docker")]
+            docker: sandbox_provider_docker::DockerConfig::default(),
             limits: Limits::default(),
             server: ServerSection::default(),
             quotas: Quotas::default(),
             tenants: Vec::new(),
             dev_token_file: None,
-        }
-    }
-}
-
-impl Default for DockerSection {
-    fn default() -> Self {
-        DockerSection {
-            enabled: false,
-            host: None,
-            image: crate::image::DEFAULT_IMAGE.to_owned(),
-            namespace: "default".to_owned(),
-            pull_policy: "never".to_owned(),
-            network: "bridge".to_owned(),
-            allow_private_endpoints: false,
-            idle_ttl_seconds: 30 * 60,
-            build_missing_image: true,
-            busybox_path: PathBuf::from("/bin/busybox"),
-            log_max_bytes: 1024 * 1024,
-            storage_limit_bytes: 10 * 1024 * 1024 * 1024,
-            runtime: None,
         }
     }
 }
@@ -282,224 +208,27 @@ impl std::fmt::Display for ConfigError {
 impl std::error::Error for ConfigError {}
 
 impl ServiceConfig {
-    /// Reads `path` (when given) and applies environment overrides from `env`.
+    /// Reads `path` (when given), applies the environment overlay from `env` ([`ENV_VARS`]),
+    /// and validates.
     pub fn load(path: Option<&Path>, env: &BTreeMap<String, String>) -> Result<Self, ConfigError> {
-        let mut config = match path {
+        let mut table = match path {
             Some(path) => {
                 let text = std::fs::read_to_string(path).map_err(|e| {
                     ConfigError(format!("cannot read config {}: {e}", path.display()))
                 })?;
-                toml::from_str(&text)
-                    .map_err(|e| ConfigError(format!("config {}: {e}", path.display())))?
+                let table: toml::Table = toml::from_str(&text)
+                    .map_err(|e| ConfigError(format!("config {}: {e}", path.display())))?;
+                // The file alone first, so its own mistakes are reported as the file's.
+                deserialize(table.clone())
+                    .map_err(|e| ConfigError(format!("config {}: {e}", path.display())))?;
+                table
             }
-            None => ServiceConfig::default(),
+            None => toml::Table::new(),
         };
-        config.apply_env(env)?;
+        let applied = overlay(&mut table, env)?;
+        let config = deserialize(table).map_err(|e| ConfigError(blame(&applied, &e)))?;
         config.validate()?;
         Ok(config)
-    }
-
-    /// `SANDBOX_LISTEN`, `SANDBOX_STORE`, `SANDBOX_REDIS_URL`, `SANDBOX_REDIS_CLUSTER_NODES`,
-    /// `SANDBOX_REDIS_NAMESPACE`, `SANDBOX_REDIS_USERNAME`, `SANDBOX_REDIS_PASSWORD`,
-    /// `SANDBOX_REDIS_LOCK_LEASE_MS`, `SANDBOX_REDIS_COMMAND_TIMEOUT_MS`,
-    /// `SANDBOX_REDIS_TLS_CA_FILE`, `SANDBOX_REDIS_TLS_CLIENT_CERT_FILE`,
-    /// `SANDBOX_REDIS_TLS_CLIENT_KEY_FILE`, `SANDBOX_DOCKER_ENABLED`, `SANDBOX_DOCKER_HOST`,
-    /// `SANDBOX_DOCKER_IMAGE`,
-    /// `SANDBOX_DOCKER_NAMESPACE`, `SANDBOX_DOCKER_NETWORK`, `SANDBOX_DOCKER_PULL_POLICY`,
-    /// `SANDBOX_DOCKER_BUILD_IMAGE`, `SANDBOX_DOCKER_BUSYBOX`, `SANDBOX_DOCKER_LOG_MAX_BYTES`,
-    /// `SANDBOX_DOCKER_STORAGE_LIMIT_BYTES`, `SANDBOX_DOCKER_RUNTIME`,
-    /// `SANDBOX_UPLOAD_MAX_BYTES`, `SANDBOX_DOWNLOAD_MAX_BYTES`, `SANDBOX_INFLIGHT_MAX_BYTES`,
-    /// `SANDBOX_DEV_TOKEN_FILE`, `SANDBOX_SERVER_HEADER_READ_TIMEOUT_SECONDS`,
-    /// `SANDBOX_SERVER_BODY_IDLE_TIMEOUT_SECONDS`, `SANDBOX_SERVER_BODY_READ_TIMEOUT_SECONDS`,
-    /// `SANDBOX_SERVER_MAX_CONNECTIONS`, `SANDBOX_SERVER_MAX_REQUESTS_PER_CONNECTION`,
-    /// `SANDBOX_SERVER_SHUTDOWN_GRACE_SECONDS`, `SANDBOX_QUOTA_MAX_SANDBOXES`,
-    /// `SANDBOX_QUOTA_MAX_CONCURRENT_EXECS`, `SANDBOX_QUOTA_MAX_TERMINALS`,
-    /// `SANDBOX_QUOTA_MAX_SNAPSHOTS`, `SANDBOX_TICKETS_PER_TENANT`.
-    pub fn apply_env(&mut self, env: &BTreeMap<String, String>) -> Result<(), ConfigError> {
-        let get = |k: &str| {
-            env.get(k)
-                .map(|v| v.trim().to_owned())
-                .filter(|v| !v.is_empty())
-        };
-        if let Some(v) = get("SANDBOX_LISTEN") {
-            self.listen = v
-                .parse()
-                .map_err(|_| ConfigError(format!("SANDBOX_LISTEN={v:?} is not an address:port")))?;
-        }
-        if let Some(v) = get("SANDBOX_STORE") {
-            self.store = v;
-        }
-        if let Some(v) = get("SANDBOX_REDIS_URL") {
-            self.redis.url = Some(v);
-        }
-        if let Some(v) = get("SANDBOX_REDIS_CLUSTER_NODES") {
-            self.redis.cluster_nodes = v
-                .split(',')
-                .map(|n| n.trim().to_owned())
-                .filter(|n| !n.is_empty())
-                .collect();
-        }
-        if let Some(v) = get("SANDBOX_REDIS_NAMESPACE") {
-            self.redis.namespace = Some(v);
-        }
-        if let Some(v) = get("SANDBOX_REDIS_USERNAME") {
-            self.redis.username = Some(v);
-        }
-        if let Some(v) = get("SANDBOX_REDIS_PASSWORD") {
-            self.redis.password = Some(v);
-        }
-        for (name, field) in [
-            ("SANDBOX_REDIS_TLS_CA_FILE", &mut self.redis.tls_ca_file),
-            (
-                "SANDBOX_REDIS_TLS_CLIENT_CERT_FILE",
-                &mut self.redis.tls_client_cert_file,
-            ),
-            (
-                "SANDBOX_REDIS_TLS_CLIENT_KEY_FILE",
-                &mut self.redis.tls_client_key_file,
-            ),
-        ] {
-            if let Some(v) = get(name) {
-                *field = Some(PathBuf::from(v));
-            }
-        }
-        for (name, field) in [
-            ("SANDBOX_REDIS_LOCK_LEASE_MS", &mut self.redis.lock_lease_ms),
-            (
-                "SANDBOX_REDIS_COMMAND_TIMEOUT_MS",
-                &mut self.redis.command_timeout_ms,
-            ),
-        ] {
-            if let Some(v) = get(name) {
-                *field = Some(v.parse().map_err(|_| {
-                    ConfigError(format!("{name}={v:?} is not a number of milliseconds"))
-                })?);
-            }
-        }
-        if let Some(v) = get(sandbox_provider_docker_env::ENABLED) {
-            self.docker.enabled = flag(&v);
-        }
-        if let Some(v) = get("SANDBOX_DOCKER_BUILD_IMAGE") {
-            self.docker.build_missing_image = flag(&v);
-        }
-        if let Some(v) = get("SANDBOX_DOCKER_BUSYBOX") {
-            self.docker.busybox_path = PathBuf::from(v);
-        }
-        if let Some(v) = get("SANDBOX_DOCKER_HOST") {
-            self.docker.host = Some(v);
-        }
-        if let Some(v) = get("SANDBOX_DOCKER_IMAGE") {
-            self.docker.image = v;
-        }
-        if let Some(v) = get("SANDBOX_DOCKER_NAMESPACE") {
-            self.docker.namespace = v;
-        }
-        if let Some(v) = get("SANDBOX_DOCKER_NETWORK") {
-            self.docker.network = v;
-        }
-        if let Some(v) = get("SANDBOX_DOCKER_PULL_POLICY") {
-            self.docker.pull_policy = v;
-        }
-        for (name, field) in [
-            (
-                "SANDBOX_DOCKER_LOG_MAX_BYTES",
-                &mut self.docker.log_max_bytes,
-            ),
-            (
-                "SANDBOX_DOCKER_STORAGE_LIMIT_BYTES",
-                &mut self.docker.storage_limit_bytes,
-            ),
-        ] {
-            if let Some(v) = get(name) {
-                *field = v
-                    .parse()
-                    .map_err(|_| ConfigError(format!("{name}={v:?} is not a byte count")))?;
-            }
-        }
-        if let Some(v) = get("SANDBOX_DOCKER_RUNTIME") {
-            self.docker.runtime = Some(v);
-        }
-        if let Some(v) = get("SANDBOX_UPLOAD_MAX_BYTES") {
-            self.limits.upload_max_bytes = v.parse().map_err(|_| {
-                ConfigError(format!(
-                    "SANDBOX_UPLOAD_MAX_BYTES={v:?} is not a byte count"
-                ))
-            })?;
-        }
-        if let Some(v) = get("SANDBOX_DEV_TOKEN_FILE") {
-            self.dev_token_file = Some(PathBuf::from(v));
-        }
-        for (name, field) in [
-            (
-                "SANDBOX_DOWNLOAD_MAX_BYTES",
-                &mut self.limits.download_max_bytes,
-            ),
-            (
-                "SANDBOX_INFLIGHT_MAX_BYTES",
-                &mut self.limits.inflight_max_bytes,
-            ),
-            (
-                "SANDBOX_SERVER_HEADER_READ_TIMEOUT_SECONDS",
-                &mut self.server.header_read_timeout_seconds,
-            ),
-            (
-                "SANDBOX_SERVER_BODY_IDLE_TIMEOUT_SECONDS",
-                &mut self.server.body_idle_timeout_seconds,
-            ),
-            (
-                "SANDBOX_SERVER_BODY_READ_TIMEOUT_SECONDS",
-                &mut self.server.body_read_timeout_seconds,
-            ),
-            (
-                "SANDBOX_SERVER_MAX_REQUESTS_PER_CONNECTION",
-                &mut self.server.max_requests_per_connection,
-            ),
-            (
-                "SANDBOX_SERVER_SHUTDOWN_GRACE_SECONDS",
-                &mut self.server.shutdown_grace_seconds,
-            ),
-        ] {
-            if let Some(v) = get(name) {
-                *field = number(name, &v)?;
-            }
-        }
-        for (name, field) in [
-            (
-                "SANDBOX_SERVER_MAX_CONNECTIONS",
-                &mut self.server.max_connections,
-            ),
-            (
-                "SANDBOX_TICKETS_PER_TENANT",
-                &mut self.limits.tickets_per_tenant,
-            ),
-        ] {
-            if let Some(v) = get(name) {
-                *field = number(name, &v)?;
-            }
-        }
-        for (name, field) in [
-            (
-                "SANDBOX_QUOTA_MAX_SANDBOXES",
-                &mut self.quotas.max_sandboxes,
-            ),
-            (
-                "SANDBOX_QUOTA_MAX_CONCURRENT_EXECS",
-                &mut self.quotas.max_concurrent_execs,
-            ),
-            (
-                "SANDBOX_QUOTA_MAX_TERMINALS",
-                &mut self.quotas.max_terminals,
-            ),
-            (
-                "SANDBOX_QUOTA_MAX_SNAPSHOTS",
-                &mut self.quotas.max_snapshots,
-            ),
-        ] {
-            if let Some(v) = get(name) {
-                *field = number(name, &v)?;
-            }
-        }
-        Ok(())
     }
 
     /// Refuses configs that cannot work, with the field to fix.
@@ -507,15 +236,11 @@ impl ServiceConfig {
         match self.store.as_str() {
             "memory" => {}
             "redis" => {
-                let r = &self.redis;
-                if r.url.is_some() != r.cluster_nodes.is_empty() {
+                // The section checks its own fields when it is read; here only its presence.
+                #[cfg(feature = "redis")]
+                if self.redis.is_none() {
                     return Err(ConfigError(
                         "store \"redis\" needs exactly one of redis.url (SANDBOX_REDIS_URL) and redis.cluster_nodes (SANDBOX_REDIS_CLUSTER_NODES)".to_owned(),
-                    ));
-                }
-                if r.lock_lease_ms.is_some_and(|ms| ms < 30) || r.command_timeout_ms == Some(0) {
-                    return Err(ConfigError(
-                        "redis.lock_lease_ms must be at least 30 and redis.command_timeout_ms positive".to_owned(),
                     ));
                 }
             }
@@ -572,23 +297,508 @@ impl ServiceConfig {
 /// The most connections `server.max_connections` may name.
 pub const MAX_CONNECTIONS: usize = 1_000_000;
 
-/// A number from the environment, or an error naming the variable.
-fn number<T: std::str::FromStr>(name: &str, v: &str) -> Result<T, ConfigError> {
-    v.parse()
-        .map_err(|_| ConfigError(format!("{name}={v:?} is not a non-negative whole number")))
+/// `table` as the service config; the error on one line, ending with the key at fault.
+fn deserialize(table: toml::Table) -> Result<ServiceConfig, String> {
+    ServiceConfig::deserialize(toml::Value::Table(table)).map_err(|e| {
+        e.to_string()
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    })
 }
 
-/// An on/off environment value: `1`, `true`, `yes`, `on` (any case) mean on.
-fn flag(v: &str) -> bool {
-    matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on")
+/// Names the variable behind a refusal of the overlaid config: the one that set the key the
+/// error ends with, else every variable applied (the file alone was already accepted).
+fn blame(applied: &[&EnvVar], error: &str) -> String {
+    let culprit = applied.iter().find(|row| {
+        error.ends_with(&format!("in `{}`", row.key))
+            || row
+                .key
+                .split_once('.')
+                .is_some_and(|(section, _)| error.ends_with(&format!("in `{section}`")))
+    });
+    match culprit {
+        Some(row) => format!("{} ({}): {error}", row.name, row.key),
+        None => {
+            let names: Vec<&str> = applied.iter().map(|row| row.name).collect();
+            format!("with {} from the environment: {error}", names.join(", "))
+        }
+    }
 }
 
-/// The Docker opt-in variable, named once.
-mod sandbox_provider_docker_env {
-    pub(super) const ENABLED: &str = "SANDBOX_DOCKER_ENABLED";
+/// How an environment value becomes a file value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EnvKind {
+    /// On or off, through [`parse_flag`].
+    Flag,
+    /// A non-negative whole number. The next three are the same in a unit, named in errors
+    /// and in the README so `10G` or `5s` is refused in the operator's terms.
+    Count,
+    /// A size in bytes.
+    Bytes,
+    /// A duration in whole seconds.
+    Seconds,
+    /// A duration in milliseconds.
+    Millis,
+    /// A string, parsed by the key's own type (address, path, enum, URL...).
+    Text,
+    /// Comma-separated strings; blanks dropped.
+    List,
 }
 
-#[cfg(test)]
+impl EnvKind {
+    /// What the value is, in the README's words.
+    pub fn describe(self) -> &'static str {
+        match self {
+            EnvKind::Flag => "on/off",
+            EnvKind::Count => "number",
+            EnvKind::Bytes => "bytes",
+            EnvKind::Seconds => "seconds",
+            EnvKind::Millis => "milliseconds",
+            EnvKind::Text => "text",
+            EnvKind::List => "list",
+        }
+    }
+
+    fn value(self, name: &str, raw: &str) -> Result<toml::Value, ConfigError> {
+        let number = |what: &str| {
+            raw.parse::<i64>()
+                .ok()
+                .filter(|n| *n >= 0)
+                .map(toml::Value::Integer)
+                .ok_or_else(|| ConfigError(format!("{name}={raw:?} is not {what}")))
+        };
+        Ok(match self {
+            EnvKind::Flag => toml::Value::Boolean(parse_flag(name, raw)?),
+            EnvKind::Count => number("a non-negative whole number")?,
+            EnvKind::Bytes => number("a byte count")?,
+            EnvKind::Seconds => number("a number of seconds")?,
+            EnvKind::Millis => number("a number of milliseconds")?,
+            EnvKind::Text => toml::Value::String(raw.to_owned()),
+            EnvKind::List => toml::Value::Array(
+                raw.split(',')
+                    .map(str::trim)
+                    .filter(|item| !item.is_empty())
+                    .map(|item| toml::Value::String(item.to_owned()))
+                    .collect(),
+            ),
+        })
+    }
+}
+
+/// One environment variable: the file key it sets, how its value is read, and what it means.
+#[derive(Debug, Clone, Copy)]
+pub struct EnvVar {
+    pub name: &'static str,
+    /// The dotted file key (`docker.enabled`).
+    pub key: &'static str,
+    pub kind: EnvKind,
+    /// The value when neither the file nor the environment sets the key, as the variable
+    /// would spell it; empty when unset means absent. A test proves each is the real default.
+    pub default: &'static str,
+    pub description: &'static str,
+}
+
+const fn var(
+    name: &'static str,
+    key: &'static str,
+    kind: EnvKind,
+    default: &'static str,
+    description: &'static str,
+) -> EnvVar {
+    EnvVar {
+        name,
+        key,
+        kind,
+        default,
+        description,
+    }
+}
+
+use EnvKind::{Bytes, Count, Flag, List, Millis, Seconds, Text};
+
+/// Every `SANDBOX_*` variable the service reads for its config, one per file key (the
+/// structured `[[tenants]]` list is file-only). Adding a key means adding its row: the tests
+/// fail for a key without one.
+pub const ENV_VARS: &[EnvVar] = &[
+    var(
+        "SANDBOX_LISTEN",
+        "listen",
+        Text,
+        "127.0.0.1:8080",
+        "address:port the HTTP API listens on (loopback: exposing it is a deliberate act)",
+    ),
+    var(
+        "SANDBOX_STORE",
+        "store",
+        Text,
+        "memory",
+        "binding store: `memory` (one process) or `redis` (shared by replicas)",
+    ),
+    var(
+        "SANDBOX_DEV_TOKEN_FILE",
+        "dev_token_file",
+        Text,
+        "",
+        "the development tenant's token file (unset: ~/.config/sandbox/dev-token)",
+    ),
+    var(
+        "SANDBOX_REDIS_URL",
+        "redis.url",
+        Text,
+        "",
+        "standalone Redis: `redis://[user:password@]host:port[/db]` (`rediss://` for TLS)",
+    ),
+    var(
+        "SANDBOX_REDIS_CLUSTER_NODES",
+        "redis.cluster_nodes",
+        List,
+        "",
+        "Redis Cluster seed nodes, `host:port,host:port`",
+    ),
+    var(
+        "SANDBOX_REDIS_NAMESPACE",
+        "redis.namespace",
+        Text,
+        "default",
+        "scopes every key, so deployments can share one Redis",
+    ),
+    var(
+        "SANDBOX_REDIS_USERNAME",
+        "redis.username",
+        Text,
+        "",
+        "ACL user",
+    ),
+    var(
+        "SANDBOX_REDIS_PASSWORD",
+        "redis.password",
+        Text,
+        "",
+        "ACL password (a secret: never logged; better here than in a file)",
+    ),
+    var(
+        "SANDBOX_REDIS_LOCK_LEASE_MS",
+        "redis.lock_lease_ms",
+        Millis,
+        "60000",
+        "the lifecycle lock's lease (at least 30; renewed at a third of it)",
+    ),
+    var(
+        "SANDBOX_REDIS_COMMAND_TIMEOUT_MS",
+        "redis.command_timeout_ms",
+        Millis,
+        "5000",
+        "every Redis command's deadline",
+    ),
+    var(
+        "SANDBOX_REDIS_TLS_CA_FILE",
+        "redis.tls_ca_file",
+        Text,
+        "",
+        "PEM CA of the server's certificate; turns TLS on",
+    ),
+    var(
+        "SANDBOX_REDIS_TLS_CLIENT_CERT_FILE",
+        "redis.tls_client_cert_file",
+        Text,
+        "",
+        "PEM client certificate chain, for `tls-auth-clients yes`",
+    ),
+    var(
+        "SANDBOX_REDIS_TLS_CLIENT_KEY_FILE",
+        "redis.tls_client_key_file",
+        Text,
+        "",
+        "PEM key of the client certificate",
+    ),
+    var(
+        "SANDBOX_DOCKER_ENABLED",
+        "docker.enabled",
+        Flag,
+        "false",
+        "enable the Docker backend (a Docker socket is host root, so it is an opt-in)",
+    ),
+    var(
+        "SANDBOX_DOCKER_HOST",
+        "docker.host",
+        Text,
+        "",
+        "engine endpoint in `DOCKER_HOST` form (unset: `DOCKER_HOST`, then the local socket)",
+    ),
+    var(
+        "SANDBOX_DOCKER_TLS_CERT_PATH",
+        "docker.tls_cert_path",
+        Text,
+        "",
+        "directory with `ca.pem`, `cert.pem`, `key.pem`; required for `tcp://` engines",
+    ),
+    var(
+        "SANDBOX_DOCKER_IMAGE",
+        "docker.image",
+        Text,
+        "sandbox-busybox:test",
+        "the image sandboxes boot",
+    ),
+    var(
+        "SANDBOX_DOCKER_NAMESPACE",
+        "docker.namespace",
+        Text,
+        "default",
+        "scopes containers, networks and snapshots on the engine",
+    ),
+    var(
+        "SANDBOX_DOCKER_PULL_POLICY",
+        "docker.pull_policy",
+        Text,
+        "never",
+        "`never`, `missing` or `always`",
+    ),
+    var(
+        "SANDBOX_DOCKER_NETWORK",
+        "docker.network",
+        Text,
+        "bridge",
+        "`bridge` (behind egress rules) or `none`",
+    ),
+    var(
+        "SANDBOX_DOCKER_ALLOW_PRIVATE_ENDPOINTS",
+        "docker.allow_private_endpoints",
+        Flag,
+        "false",
+        "let sandboxes reach private and loopback ranges (link-local stays blocked)",
+    ),
+    var(
+        "SANDBOX_DOCKER_RUNTIME",
+        "docker.runtime",
+        Text,
+        "",
+        "OCI runtime for sandboxes, e.g. `runsc` (unset: the engine's)",
+    ),
+    var(
+        "SANDBOX_DOCKER_IDLE_TTL_SECONDS",
+        "docker.idle_ttl_seconds",
+        Seconds,
+        "1800",
+        "an idle sandbox is reclaimed after this long",
+    ),
+    var(
+        "SANDBOX_DOCKER_LOG_MAX_BYTES",
+        "docker.log_max_bytes",
+        Bytes,
+        "1048576",
+        "bound on each container's log on the engine's disk (0 = no log)",
+    ),
+    var(
+        "SANDBOX_DOCKER_STORAGE_LIMIT_BYTES",
+        "docker.storage_limit_bytes",
+        Bytes,
+        "10737418240",
+        "bound on each sandbox's writable layer where the engine enforces one (0 = none)",
+    ),
+    var(
+        "SANDBOX_DOCKER_BUILD_IMAGE",
+        "docker.build_missing_image",
+        Flag,
+        "true",
+        "build a missing `sandbox-busybox:<tag>` image on start",
+    ),
+    var(
+        "SANDBOX_DOCKER_BUSYBOX",
+        "docker.busybox_path",
+        Text,
+        "/bin/busybox",
+        "the static busybox that image is built from",
+    ),
+    var(
+        "SANDBOX_UPLOAD_MAX_BYTES",
+        "limits.upload_max_bytes",
+        Bytes,
+        "104857600",
+        "largest upload (413 beyond)",
+    ),
+    var(
+        "SANDBOX_JSON_MAX_BYTES",
+        "limits.json_max_bytes",
+        Bytes,
+        "8388608",
+        "largest JSON request body",
+    ),
+    var(
+        "SANDBOX_DOWNLOAD_MAX_BYTES",
+        "limits.download_max_bytes",
+        Bytes,
+        "4294967296",
+        "largest file a download streams",
+    ),
+    var(
+        "SANDBOX_INFLIGHT_MAX_BYTES",
+        "limits.inflight_max_bytes",
+        Bytes,
+        "1073741824",
+        "request-body bytes held at once by the process (503 `server_busy` beyond)",
+    ),
+    var(
+        "SANDBOX_TERMINAL_IDLE_SECONDS",
+        "limits.terminal_idle_seconds",
+        Seconds,
+        "900",
+        "an idle terminal is disconnected after this long",
+    ),
+    var(
+        "SANDBOX_TICKETS_PER_TENANT",
+        "limits.tickets_per_tenant",
+        Count,
+        "16",
+        "unused terminal tickets one tenant may hold",
+    ),
+    var(
+        "SANDBOX_SERVER_HEADER_READ_TIMEOUT_SECONDS",
+        "server.header_read_timeout_seconds",
+        Seconds,
+        "10",
+        "a connection must send a request head within this",
+    ),
+    var(
+        "SANDBOX_SERVER_BODY_IDLE_TIMEOUT_SECONDS",
+        "server.body_idle_timeout_seconds",
+        Seconds,
+        "30",
+        "a body silent this long fails with 408",
+    ),
+    var(
+        "SANDBOX_SERVER_BODY_READ_TIMEOUT_SECONDS",
+        "server.body_read_timeout_seconds",
+        Seconds,
+        "600",
+        "a body not complete this long after its head fails with 408",
+    ),
+    var(
+        "SANDBOX_SERVER_MAX_CONNECTIONS",
+        "server.max_connections",
+        Count,
+        "4096",
+        "connections served at once",
+    ),
+    var(
+        "SANDBOX_SERVER_MAX_REQUESTS_PER_CONNECTION",
+        "server.max_requests_per_connection",
+        Count,
+        "1000",
+        "requests per keep-alive connection",
+    ),
+    var(
+        "SANDBOX_SERVER_SHUTDOWN_GRACE_SECONDS",
+        "server.shutdown_grace_seconds",
+        Seconds,
+        "30",
+        "how long in-flight requests may take after SIGTERM",
+    ),
+    var(
+        "SANDBOX_QUOTA_MAX_SANDBOXES",
+        "quotas.max_sandboxes",
+        Count,
+        "16",
+        "live sandboxes per tenant (0 = no limit, as for every quota)",
+    ),
+    var(
+        "SANDBOX_QUOTA_MAX_CONCURRENT_EXECS",
+        "quotas.max_concurrent_execs",
+        Count,
+        "32",
+        "commands running at once per tenant",
+    ),
+    var(
+        "SANDBOX_QUOTA_MAX_TERMINALS",
+        "quotas.max_terminals",
+        Count,
+        "8",
+        "terminals open at once per tenant",
+    ),
+    var(
+        "SANDBOX_QUOTA_MAX_SNAPSHOTS",
+        "quotas.max_snapshots",
+        Count,
+        "32",
+        "snapshots kept per tenant",
+    ),
+];
+
+/// Writes every variable of [`ENV_VARS`] that `env` sets (blank counts as unset) into `table`
+/// at its key; returns the rows applied.
+fn overlay(
+    table: &mut toml::Table,
+    env: &BTreeMap<String, String>,
+) -> Result<Vec<&'static EnvVar>, ConfigError> {
+    let mut applied = Vec::new();
+    for row in ENV_VARS {
+        let Some(raw) = env
+            .get(row.name)
+            .map(|v| v.trim())
+            .filter(|v| !v.is_empty())
+        else {
+            continue;
+        };
+        let value = row.kind.value(row.name, raw)?;
+        let mut at = &mut *table;
+        let mut parts = row.key.split('.').peekable();
+        while let Some(part) = parts.next() {
+            if parts.peek().is_none() {
+                at.insert(part.to_owned(), value);
+                break;
+            }
+            let entry = at
+                .entry(part.to_owned())
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+            at = entry.as_table_mut().ok_or_else(|| {
+                ConfigError(format!(
+                    "{}: the file's `{part}` is not a section",
+                    row.name
+                ))
+            })?;
+        }
+        applied.push(row);
+    }
+    Ok(applied)
+}
+
+/// The one on/off parser: `1`, `true`, `yes`, `on` are on; `0`, `false`, `no`, `off` are off
+/// (any case). Anything else is an error naming the variable rather than a silent off, so an
+/// operator who typed `ture` learns it at start; it never turns anything on.
+pub fn parse_flag(name: &str, raw: &str) -> Result<bool, ConfigError> {
+    match raw.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" => Ok(false),
+        _ => Err(ConfigError(format!(
+            "{name}={:?} is neither on nor off: use true or false",
+            raw.chars().take(40).collect::<String>()
+        ))),
+    }
+}
+
+/// The README's configuration table, generated from [`ENV_VARS`].
+pub fn env_table_markdown() -> String {
+    let mut out = String::from(
+        "| variable | file key | value | default | what it sets |\n| --- | --- | --- | --- | --- |\n",
+    );
+    for row in ENV_VARS {
+        let default = match row.default {
+            "" => "unset".to_owned(),
+            d => format!("`{d}`"),
+        };
+        out.push_str(&format!(
+            "| `{}` | `{}` | {} | {default} | {} |\n",
+            row.name,
+            row.key,
+            row.kind.describe(),
+            row.description
+        ));
+    }
+    out
+}
+
+// The tests read the Docker and Redis sections, which exist with the default features.
+#[cfg(all(test, feature = "docker", feature = "redis"))]
 mod tests {
     use super::*;
 
@@ -646,5 +856,210 @@ mod tests {
         .unwrap();
         assert!(ServiceConfig::load(Some(&bad_hash), &BTreeMap::new()).is_err());
         let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn the_on_off_parser_is_strict_and_never_enables_by_accident() {
+        for on in ["1", "true", "YES", " on "] {
+            assert!(parse_flag("X", on).unwrap(), "{on}");
+        }
+        for off in ["0", "false", "No", "OFF"] {
+            assert!(!parse_flag("X", off).unwrap(), "{off}");
+        }
+        let err =
+            ServiceConfig::load(None, &env(&[("SANDBOX_DOCKER_ENABLED", "ture")])).unwrap_err();
+        assert!(err.0.contains("SANDBOX_DOCKER_ENABLED=\"ture\""), "{err}");
+        for unset in ["", "   "] {
+            let c = ServiceConfig::load(None, &env(&[("SANDBOX_DOCKER_ENABLED", unset)])).unwrap();
+            assert!(!c.docker.enabled, "{unset:?} must not enable Docker");
+        }
+        let c = ServiceConfig::load(
+            None,
+            &env(&[
+                ("SANDBOX_DOCKER_BUILD_IMAGE", "off"),
+                ("SANDBOX_DOCKER_NETWORK", "none"),
+            ]),
+        )
+        .unwrap();
+        assert!(!c.docker.build_missing_image);
+        assert_eq!(c.docker.network, sandbox_provider_docker::NetworkMode::None);
+    }
+
+    #[test]
+    fn env_values_are_typed_and_errors_name_the_variable() {
+        let err =
+            ServiceConfig::load(None, &env(&[("SANDBOX_UPLOAD_MAX_BYTES", "-1")])).unwrap_err();
+        assert!(err.0.contains("SANDBOX_UPLOAD_MAX_BYTES"), "{err}");
+        let err = ServiceConfig::load(None, &env(&[("SANDBOX_DOCKER_PULL_POLICY", "sometimes")]))
+            .unwrap_err();
+        assert!(err.0.contains("SANDBOX_DOCKER_PULL_POLICY"), "{err}");
+        let c = ServiceConfig::load(
+            None,
+            &env(&[
+                ("SANDBOX_STORE", "redis"),
+                (
+                    "SANDBOX_REDIS_CLUSTER_NODES",
+                    "10.0.0.5:7000, ,10.0.0.6:7000",
+                ),
+                ("SANDBOX_REDIS_PASSWORD", "hunter2"),
+                ("SANDBOX_DOCKER_IDLE_TTL_SECONDS", "90"),
+            ]),
+        )
+        .unwrap();
+        let redis = c.redis.as_ref().unwrap();
+        assert_eq!(
+            redis.topology,
+            sandbox_store_redis::Topology::Cluster {
+                nodes: vec!["10.0.0.5:7000".to_owned(), "10.0.0.6:7000".to_owned()]
+            }
+        );
+        assert_eq!(
+            redis.password.as_ref().map(sandbox_core::Secret::expose),
+            Some("hunter2")
+        );
+        assert_eq!(c.docker.idle_ttl, std::time::Duration::from_secs(90));
+        let debug = format!("{c:?}");
+        assert!(
+            !debug.contains("hunter2"),
+            "a config dump must not hold the password: {debug}"
+        );
+        let err = ServiceConfig::load(None, &env(&[("SANDBOX_STORE", "redis")])).unwrap_err();
+        assert!(err.0.contains("SANDBOX_REDIS_URL"), "{err}");
+    }
+
+    /// The fields a section's deserializer expects, read from its refusal of an unknown key.
+    fn expected_keys(section: Option<&str>) -> Vec<String> {
+        let mut probe = toml::Table::new();
+        probe.insert("zz_probe".to_owned(), toml::Value::Integer(1));
+        let table = match section {
+            Some(name) => {
+                // The Redis section checks its topology only after its keys.
+                probe.insert(
+                    "url".to_owned(),
+                    toml::Value::String("redis://a:1".to_owned()),
+                );
+                toml::Table::from_iter([(name.to_owned(), toml::Value::Table(probe))])
+            }
+            None => probe,
+        };
+        let Err(err) = deserialize(table) else {
+            panic!("{section:?} accepted an unknown key");
+        };
+        let Some((_, list)) = err.split_once("expected one of ") else {
+            panic!("{err}");
+        };
+        list.split(", ")
+            .filter_map(|k| k.split('`').nth(1))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    #[test]
+    fn every_file_key_has_exactly_one_variable() {
+        let mut names = std::collections::BTreeSet::new();
+        let mut keys = std::collections::BTreeSet::new();
+        for row in ENV_VARS {
+            assert!(row.name.starts_with("SANDBOX_"), "{}", row.name);
+            assert!(names.insert(row.name), "{} appears twice", row.name);
+            assert!(keys.insert(row.key), "{} has two variables", row.key);
+            assert!(
+                !row.description.contains('|'),
+                "{}: breaks the README table",
+                row.name
+            );
+        }
+        let sections = ["redis", "docker", "limits", "server", "quotas"];
+        for key in expected_keys(None) {
+            if sections.contains(&key.as_str()) || key == "tenants" {
+                continue;
+            }
+            assert!(
+                keys.contains(key.as_str()),
+                "file key {key} has no SANDBOX_* variable"
+            );
+        }
+        for section in sections {
+            for key in expected_keys(Some(section)) {
+                let path = format!("{section}.{key}");
+                assert!(
+                    keys.contains(path.as_str()),
+                    "file key {path} has no SANDBOX_* variable"
+                );
+            }
+        }
+        // And the other way: every row names a key the file accepts.
+        for row in ENV_VARS {
+            let sample = match row.kind {
+                EnvKind::Flag => "true",
+                EnvKind::Count | EnvKind::Bytes | EnvKind::Seconds | EnvKind::Millis => "1",
+                EnvKind::Text | EnvKind::List => "x",
+            };
+            let mut table = toml::Table::new();
+            if let Err(e) = overlay(&mut table, &env(&[(row.name, sample)])) {
+                panic!("{}: {e}", row.name);
+            }
+            if let Err(e) = deserialize(table) {
+                assert!(
+                    !e.contains("unknown field"),
+                    "{} -> {}: {e}",
+                    row.name,
+                    row.key
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_stated_defaults_are_the_real_ones() {
+        // Setting a key to its default changes nothing. The Redis section exists only with a
+        // topology, so both sides name one.
+        let base = [("SANDBOX_REDIS_URL", "redis://127.0.0.1:1")];
+        let baseline = format!("{:?}", ServiceConfig::load(None, &env(&base)).unwrap());
+        let mut checked = 0;
+        for row in ENV_VARS.iter().filter(|r| !r.default.is_empty()) {
+            let with = ServiceConfig::load(None, &env(&[base[0], (row.name, row.default)]))
+                .unwrap_or_else(|e| panic!("{}={}: {e}", row.name, row.default));
+            assert_eq!(
+                format!("{with:?}"),
+                baseline,
+                "{} is documented as defaulting to {:?}",
+                row.name,
+                row.default
+            );
+            checked += 1;
+        }
+        assert!(checked > 30, "{checked}");
+    }
+
+    const README_BEGIN: &str =
+        "<!-- env-table: generated from ENV_VARS in crates/sandbox-app/src/config.rs -->\n";
+    const README_END: &str = "<!-- env-table end -->";
+
+    /// `UPDATE_README=1 cargo test -p sandbox-app --lib the_readme_lists_the_env_table`
+    /// rewrites the block.
+    #[test]
+    fn the_readme_lists_the_env_table() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md");
+        let readme = std::fs::read_to_string(&path).unwrap();
+        let begin = readme
+            .find(README_BEGIN)
+            .expect("the README has the env-table block")
+            + README_BEGIN.len();
+        let end = readme[begin..]
+            .find(README_END)
+            .expect("the block is closed")
+            + begin;
+        let expected = env_table_markdown();
+        if readme[begin..end] == expected {
+            return;
+        }
+        if std::env::var_os("UPDATE_README").is_some() {
+            let updated = format!("{}{expected}{}", &readme[..begin], &readme[end..]);
+            std::fs::write(&path, updated).unwrap();
+            return;
+        }
+        panic!(
+            "README.md's environment table differs from ENV_VARS; rerun with UPDATE_README=1, or paste:\n{expected}"
+        );
     }
 }

@@ -70,29 +70,49 @@ async fn store(config: &ServiceConfig) -> Check {
             "memory store (single process; bindings do not survive a restart, sandboxes are re-adopted by metadata)",
         ),
         #[cfg(feature = "redis")]
-        "redis" => match crate::serve::redis_store(&config.redis).await {
-            Ok(store) => match store.ping().await {
-                Ok(()) => Check::pass("store", "redis answers"),
-                Err(e) => Check::fail(
-                    "store",
-                    e.to_string(),
-                    "check that Redis is up and reachable from this host",
-                ),
-            },
-            Err(e) => {
-                let fix = if e.contains("auth") || e.contains("WRONGPASS") || e.contains("NOAUTH") {
-                    "set the ACL user and password (redis.username, SANDBOX_REDIS_PASSWORD)"
-                } else {
-                    "start Redis or correct redis.url / redis.cluster_nodes (SANDBOX_REDIS_URL, SANDBOX_REDIS_CLUSTER_NODES)"
-                };
-                Check::fail("store", e, fix)
-            }
+        "redis" => match redis_section(config) {
+            Ok(section) => redis_check(section).await,
+            Err(e) => Check::fail(
+                "store",
+                e,
+                "set redis.url or redis.cluster_nodes (SANDBOX_REDIS_URL, SANDBOX_REDIS_CLUSTER_NODES)",
+            ),
         },
         other => Check::fail(
             "store",
             format!("store {other:?} is not available in this build"),
             "set store = \"memory\" or \"redis\" (SANDBOX_STORE)",
         ),
+    }
+}
+
+#[cfg(feature = "redis")]
+fn redis_section(config: &ServiceConfig) -> Result<&sandbox_store_redis::RedisStoreConfig, String> {
+    config
+        .redis
+        .as_ref()
+        .ok_or_else(|| "store \"redis\" has no [redis] section".to_owned())
+}
+
+#[cfg(feature = "redis")]
+async fn redis_check(section: &sandbox_store_redis::RedisStoreConfig) -> Check {
+    match crate::serve::redis_store(section).await {
+        Ok(store) => match store.ping().await {
+            Ok(()) => Check::pass("store", "redis answers"),
+            Err(e) => Check::fail(
+                "store",
+                e.to_string(),
+                "check that Redis is up and reachable from this host",
+            ),
+        },
+        Err(e) => {
+            let fix = if e.contains("auth") || e.contains("WRONGPASS") || e.contains("NOAUTH") {
+                "set the ACL user and password (redis.username, SANDBOX_REDIS_PASSWORD)"
+            } else {
+                "start Redis or correct redis.url / redis.cluster_nodes (SANDBOX_REDIS_URL, SANDBOX_REDIS_CLUSTER_NODES)"
+            };
+            Check::fail("store", e, fix)
+        }
     }
 }
 
@@ -136,10 +156,9 @@ async fn backend(config: &ServiceConfig) -> Vec<Check> {
     }
     match sandbox_core::narrow::template_catalog(&provider) {
         Some(catalog) => match catalog.list_templates().await {
-            Ok(list) if list.iter().any(|t| t.id == section.image) => out.push(Check::pass(
-                "image",
-                format!("{} is present", section.image),
-            )),
+            Ok(list) if list.iter().any(|t| t.id == section.image.as_str()) => out.push(
+                Check::pass("image", format!("{} is present", section.image)),
+            ),
             Ok(_) => out.push(missing_image(section)),
             Err(e) => out.push(Check::fail("image", e.to_string(), "check the engine")),
         },
@@ -242,14 +261,14 @@ fn isolation(report: &sandbox_provider_docker::IsolationReport) -> Vec<Check> {
 /// The image is missing: `serve` builds a `sandbox-busybox:<tag>` on start when it can, so the
 /// check says whether it can; any other image must be provided.
 #[cfg(feature = "docker")]
-fn missing_image(section: &crate::config::DockerSection) -> Check {
+fn missing_image(section: &sandbox_provider_docker::DockerConfig) -> Check {
     use sandbox_provider_docker::image_build::is_recipe_image;
     let what = format!(
         "{} is not present on the engine (pull policy {})",
         section.image, section.pull_policy
     );
     let busybox = section.busybox_path.display();
-    if section.build_missing_image && is_recipe_image(&section.image) {
+    if section.build_missing_image && is_recipe_image(section.image.as_str()) {
         if section.busybox_path.is_file() {
             return Check::pass(
                 "image",

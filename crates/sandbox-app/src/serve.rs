@@ -26,10 +26,10 @@ pub async fn build_state(config: &ServiceConfig) -> Result<AppState, String> {
     let auth = tenants(config)?;
     let provider = serving_backend(config).await?;
     let (store, store_info) = binding_store(config).await?;
-    let image = TemplateId::new(config.docker.image.clone()).map_err(|e| e.to_string())?;
+    let (image, idle_ttl) = default_template(config)?;
     let mut request = CreateRequest::new(image);
-    let idle = IdleTimeout::after(Duration::from_secs(config.docker.idle_ttl_seconds.max(1)))
-        .map_err(|e| e.to_string())?;
+    let idle =
+        IdleTimeout::after(idle_ttl.max(Duration::from_secs(1))).map_err(|e| e.to_string())?;
     // Docker reclaims idle containers itself (the sweeper) rather than pausing them.
     request.timeout = TimeoutPolicy {
         idle,
@@ -68,6 +68,17 @@ pub async fn build_state(config: &ServiceConfig) -> Result<AppState, String> {
     })
 }
 
+/// The image the default config's sandboxes boot, and their idle TTL.
+#[cfg(feature = "docker")]
+fn default_template(config: &ServiceConfig) -> Result<(TemplateId, Duration), String> {
+    Ok((config.docker.image.clone(), config.docker.idle_ttl))
+}
+
+#[cfg(not(feature = "docker"))]
+fn default_template(_config: &ServiceConfig) -> Result<(TemplateId, Duration), String> {
+    Err("this build has no backend: enable the `docker` feature".to_owned())
+}
+
 /// The config's quotas in the session layer's terms: `[quotas]` for every tenant, each
 /// tenant entry's overrides on top (0 = unlimited).
 pub fn quotas(config: &ServiceConfig) -> Result<Quotas, String> {
@@ -99,7 +110,11 @@ pub async fn binding_store(
         "memory" => Ok((Arc::new(MemoryBindingStore::new()), StoreInfo::memory())),
         #[cfg(feature = "redis")]
         "redis" => {
-            let store = redis_store(&config.redis).await?;
+            let section = config
+                .redis
+                .as_ref()
+                .ok_or("store \"redis\" has no [redis] section")?;
+            let store = redis_store(section).await?;
             let info = StoreInfo {
                 kind: "redis",
                 health: Some(Arc::new(RedisHealth(store.clone()))),
@@ -120,36 +135,9 @@ pub async fn binding_store(
 /// Connects the Redis store the section describes.
 #[cfg(feature = "redis")]
 pub async fn redis_store(
-    section: &crate::config::RedisSection,
+    section: &sandbox_store_redis::RedisStoreConfig,
 ) -> Result<sandbox_store_redis::RedisBindingStore, String> {
-    use sandbox_store_redis::{RedisBindingStore, RedisStoreConfig, Topology};
-    let topology = match &section.url {
-        Some(url) => Topology::Standalone { url: url.clone() },
-        None => Topology::Cluster {
-            nodes: section.cluster_nodes.clone(),
-        },
-    };
-    let namespace = section
-        .namespace
-        .clone()
-        .unwrap_or_else(|| "default".to_owned());
-    let mut cfg = RedisStoreConfig::new(topology, namespace);
-    cfg.username.clone_from(&section.username);
-    cfg.password.clone_from(&section.password);
-    if section.tls_ca_file.is_some() || section.tls_client_cert_file.is_some() {
-        cfg.tls = Some(sandbox_store_redis::TlsSettings {
-            ca_file: section.tls_ca_file.clone(),
-            client_cert_file: section.tls_client_cert_file.clone(),
-            client_key_file: section.tls_client_key_file.clone(),
-        });
-    }
-    if let Some(ms) = section.lock_lease_ms {
-        cfg.lock_lease = Duration::from_millis(ms);
-    }
-    if let Some(ms) = section.command_timeout_ms {
-        cfg.command_timeout = Duration::from_millis(ms);
-    }
-    RedisBindingStore::connect(cfg)
+    sandbox_store_redis::RedisBindingStore::connect(section.clone())
         .await
         .map_err(|e| format!("redis store: {e}"))
 }
@@ -282,25 +270,7 @@ async fn serving_backend(
 pub(crate) async fn connect_docker(
     config: &ServiceConfig,
 ) -> Result<sandbox_provider_docker::DockerProvider, String> {
-    use sandbox_provider_docker::{DockerConfig, DockerProvider, NetworkMode, PullPolicy};
-    let section = &config.docker;
-    let image = TemplateId::new(section.image.clone()).map_err(|e| e.to_string())?;
-    let mut docker = DockerConfig::new(image, &section.namespace);
-    docker.enabled = section.enabled;
-    docker.host = section.host.clone();
-    docker.pull_policy = PullPolicy::parse(&section.pull_policy).map_err(|e| e.to_string())?;
-    docker.network = NetworkMode::parse(&section.network).map_err(|e| e.to_string())?;
-    docker.allow_private_endpoints = section.allow_private_endpoints;
-    docker.idle_ttl = Duration::from_secs(section.idle_ttl_seconds.max(1));
-    docker.log_max_bytes = section.log_max_bytes;
-    docker.storage_limit_bytes = section.storage_limit_bytes;
-    docker.runtime = section
-        .runtime
-        .as_deref()
-        .map(str::trim)
-        .filter(|r| !r.is_empty())
-        .map(str::to_owned);
-    DockerProvider::connect(docker)
+    sandbox_provider_docker::DockerProvider::connect(config.docker.clone())
         .await
         .map_err(|e| e.to_string())
 }
@@ -311,7 +281,7 @@ pub(crate) async fn connect_docker(
 #[cfg(feature = "docker")]
 async fn prepare_image(
     provider: &sandbox_provider_docker::DockerProvider,
-    section: &crate::config::DockerSection,
+    section: &sandbox_provider_docker::DockerConfig,
 ) -> Result<(), String> {
     use sandbox_provider_docker::image_build::is_recipe_image;
     let image = section.image.as_str();

@@ -666,7 +666,7 @@ async fn live_work_keeps_its_sandbox_and_a_vanished_one_says_so() {
     let s = support::start_with(
         "thlive",
         &[TOKEN_A],
-        |c| c.docker.idle_ttl_seconds = 2,
+        |c| c.docker.idle_ttl = std::time::Duration::from_secs(2),
         |_| {},
     )
     .await;

@@ -6,8 +6,10 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// A credential (API key, traffic token, password). `Debug` and `Display` print `[redacted]`;
 /// the value is reachable only through [`Secret::expose`], so every place that sends it is
-/// greppable. Serialization writes the raw value, because bindings and configs must round-trip;
-/// never serialize a structure holding a secret into a log.
+/// greppable. Serialization writes the raw value, deliberately: what holds one is a stored
+/// record that must round-trip (a binding's traffic token, a tenant config's API key). Operator
+/// configs only deserialize secrets (a config file or `SANDBOX_*` variable), so nothing writes
+/// them back out; never serialize a structure holding a secret into a log.
 #[derive(Clone, PartialEq, Eq, Hash, Default)]
 pub struct Secret(String);
 
@@ -77,5 +79,8 @@ mod tests {
         assert_eq!(format!("{s:?}"), "Secret([redacted])");
         assert_eq!(s.expose(), "tok-123");
         assert_eq!(serde_json::to_string(&s).unwrap(), "\"tok-123\"");
+        let read: Option<Secret> = serde_json::from_str("\"pw\"").unwrap();
+        assert_eq!(read.as_ref().map(Secret::expose), Some("pw"));
+        assert_eq!(format!("{read:?}"), "Some(Secret([redacted]))");
     }
 }

@@ -1,14 +1,26 @@
-//! Configuration of the Docker backend, and the operator opt-in gate.
+//! The Docker backend's operator config, the operator opt-in gate, and how a tenant's stored
+//! `docker` section is combined with them ([`DockerConfig::from_tenant`]).
+//!
+//! [`DockerConfig`] is what the service's `[docker]` TOML section deserializes into: the keys
+//! are its serde fields. Fields marked `#[serde(skip)]` are runtime wiring and tuning for
+//! embedders and tests (clock, sweep throttle, labels), not operator settings.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sandbox_core::{Clock, Error, ErrorCode, Operation, SystemClock, TemplateId};
+use sandbox_core::config::TenantSandboxConfig;
+use sandbox_core::{Clock, Error, ErrorCode, Operation, SandboxType, SystemClock, TemplateId};
+use serde::{Deserialize, Deserializer};
 
-/// The environment variable an operator sets to enable the backend when no config file says so.
+/// The environment variable an operator sets to enable the backend when no config file says so
+/// (read by the service's environment overlay; named here because the refusal cites it).
 pub const ENABLED_ENV: &str = "SANDBOX_DOCKER_ENABLED";
+
+/// The image sandboxes boot by default: the locally built `FROM scratch` + busybox-static
+/// image `cargo xtask test` builds (never pulled from a registry).
+pub const DEFAULT_IMAGE: &str = "sandbox-busybox:test";
 
 /// Per-sandbox ceilings when a config names none: a session container hosts a whole turn's work
 /// (package installs, data processing), not one short script.
@@ -32,19 +44,21 @@ pub const DEFAULT_LOG_MAX_BYTES: u64 = 1024 * 1024;
 pub const DEFAULT_STORAGE_LIMIT_BYTES: u64 = 10 * 1024 * 1024 * 1024;
 
 /// When images are fetched from a registry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum PullPolicy {
-    /// Never pull: a missing image is an `invalid_request`. What tests use.
+    /// Never pull: a missing image is an `invalid_request`. The default, so no image is ever
+    /// fetched from a registry unless the operator asks for it.
+    #[default]
     Never,
     /// Pull only when the image is not present.
-    #[default]
     Missing,
     /// Pull on every create (snapshot images are never pulled).
     Always,
 }
 
 impl PullPolicy {
-    /// Parses `never`, `missing` or `always`.
+    /// Parses `never`, `missing` (also the empty string) or `always`.
     pub fn parse(raw: &str) -> Result<Self, Error> {
         match raw.trim() {
             "never" => Ok(PullPolicy::Never),
@@ -55,6 +69,16 @@ impl PullPolicy {
                 format!("unknown pull policy {other:?}: expected never, missing or always"),
             )),
         }
+    }
+}
+
+impl std::fmt::Display for PullPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            PullPolicy::Never => "never",
+            PullPolicy::Missing => "missing",
+            PullPolicy::Always => "always",
+        })
     }
 }
 
@@ -82,8 +106,22 @@ impl NetworkMode {
     }
 }
 
-/// Everything the adapter needs.
-#[derive(Debug, Clone)]
+impl<'de> Deserialize<'de> for NetworkMode {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let raw = String::deserialize(deserializer)?;
+        NetworkMode::parse(&raw).map_err(|_| {
+            serde::de::Error::custom(format!(
+                "network {:?} is not allowed: use \"bridge\" or \"none\"",
+                raw.chars().take(64).collect::<String>()
+            ))
+        })
+    }
+}
+
+/// Everything the adapter needs: the operator's settings (the service's `[docker]` section)
+/// and the runtime wiring an embedder injects.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
 pub struct DockerConfig {
     /// The operator's opt-in. A Docker socket is host root, so the backend is off unless an
     /// operator enables it (config, or `SANDBOX_DOCKER_ENABLED=true`).
@@ -97,21 +135,18 @@ pub struct DockerConfig {
     /// Scopes everything this adapter owns (labels, networks, snapshots): two deployments on one
     /// daemon never touch each other's containers. 1–24 of `[a-z0-9-]`.
     pub namespace: String,
+    /// `never` (default), `missing` or `always`.
     pub pull_policy: PullPolicy,
+    /// `bridge` (default) or `none`.
     pub network: NetworkMode,
     /// Let bridge-mode sandboxes reach private and loopback ranges (link-local stays blocked).
     pub allow_private_endpoints: bool,
-    /// An alternative OCI runtime such as `runsc`.
+    /// An alternative OCI runtime such as `runsc`; the engine's default when unset.
+    #[serde(deserialize_with = "non_blank")]
     pub runtime: Option<String>,
-    pub cpu_limit: f64,
-    pub memory_bytes: i64,
-    pub pids_limit: i64,
+    /// A container idle this long is reclaimed by the idle sweep (file key `idle_ttl_seconds`).
+    #[serde(rename = "idle_ttl_seconds", deserialize_with = "seconds")]
     pub idle_ttl: Duration,
-    pub rpc_timeout: Duration,
-    pub default_exec_timeout: Duration,
-    /// The most output of one stream an exec keeps (the rest is dropped; the result says
-    /// `truncated`).
-    pub max_output_bytes: usize,
     /// Bound on each container's log file on the engine's disk (json-file, one file, rotated
     /// at this size); 0 turns container logging off (driver `none`).
     pub log_max_bytes: u64,
@@ -120,43 +155,71 @@ pub struct DockerConfig {
     /// devicemapper): elsewhere creates go ahead without it, with one warning in the log, and
     /// [`crate::DockerProvider::isolation_report`] says it is not enforced.
     pub storage_limit_bytes: u64,
+    /// Build a missing `sandbox-busybox:<tag>` image when the service starts (from
+    /// `busybox_path`), rather than failing every create with `image_not_present`. Other image
+    /// names are never built. Read by the composition root, which calls
+    /// [`crate::DockerProvider::build_busybox_image`].
+    pub build_missing_image: bool,
+    /// The statically linked busybox the local image is built from (Debian's busybox-static).
+    pub busybox_path: PathBuf,
+    #[serde(skip)]
+    pub cpu_limit: f64,
+    #[serde(skip)]
+    pub memory_bytes: i64,
+    #[serde(skip)]
+    pub pids_limit: i64,
+    #[serde(skip)]
+    pub rpc_timeout: Duration,
+    #[serde(skip)]
+    pub default_exec_timeout: Duration,
+    /// The most output of one stream an exec keeps (the rest is dropped; the result says
+    /// `truncated`).
+    #[serde(skip)]
+    pub max_output_bytes: usize,
     /// Extra labels on every container (tests mark theirs `sandbox.test=1`).
+    #[serde(skip)]
     pub extra_labels: BTreeMap<String, String>,
     /// Run the idle sweeper. Off for connectivity checks: a half-finished config an admin is
     /// still editing must never delete containers a working config owns.
+    #[serde(skip)]
     pub idle_sweep: bool,
     /// How often at most the idle sweep runs against one daemon.
+    #[serde(skip)]
     pub sweep_interval: Duration,
     /// Shared by every provider of a process, so the interval holds per daemon, not per
     /// provider instance.
+    #[serde(skip)]
     pub sweep_throttle: Arc<crate::sweeper::SweepThrottle>,
     /// Time source of the idle sweep (injectable so tests need not wait for real TTLs).
+    #[serde(skip)]
     pub clock: Arc<dyn Clock>,
 }
 
-impl DockerConfig {
-    /// A config for `image` in `namespace` with every other field at its default (and the
-    /// backend *disabled*, as an operator must opt in).
-    pub fn new(image: TemplateId, namespace: &str) -> Self {
+impl Default for DockerConfig {
+    /// The operator defaults: [`DEFAULT_IMAGE`] in namespace `default`, never pulling, and the
+    /// backend *disabled*, as an operator must opt in.
+    fn default() -> Self {
         DockerConfig {
             enabled: false,
             host: None,
             tls_cert_path: None,
-            image,
-            namespace: namespace.to_owned(),
+            image: default_image(),
+            namespace: "default".to_owned(),
             pull_policy: PullPolicy::default(),
             network: NetworkMode::default(),
             allow_private_endpoints: false,
             runtime: None,
+            idle_ttl: DEFAULT_IDLE_TTL,
+            log_max_bytes: DEFAULT_LOG_MAX_BYTES,
+            storage_limit_bytes: DEFAULT_STORAGE_LIMIT_BYTES,
+            build_missing_image: true,
+            busybox_path: PathBuf::from(crate::image_build::DEFAULT_BUSYBOX),
             cpu_limit: DEFAULT_CPU_LIMIT,
             memory_bytes: DEFAULT_MEMORY_BYTES,
             pids_limit: DEFAULT_PIDS_LIMIT,
-            idle_ttl: DEFAULT_IDLE_TTL,
             rpc_timeout: DEFAULT_RPC_TIMEOUT,
             default_exec_timeout: DEFAULT_EXEC_TIMEOUT,
             max_output_bytes: crate::exec::DEFAULT_MAX_OUTPUT,
-            log_max_bytes: DEFAULT_LOG_MAX_BYTES,
-            storage_limit_bytes: DEFAULT_STORAGE_LIMIT_BYTES,
             extra_labels: BTreeMap::new(),
             idle_sweep: true,
             sweep_interval: Duration::from_secs(60),
@@ -164,10 +227,103 @@ impl DockerConfig {
             clock: Arc::new(SystemClock),
         }
     }
+}
+
+#[expect(
+    clippy::expect_used,
+    reason = "a constant the unit test `the_default_image_is_a_valid_template_id` checks"
+)]
+fn default_image() -> TemplateId {
+    TemplateId::new(DEFAULT_IMAGE).expect("DEFAULT_IMAGE is a valid template id")
+}
+
+/// A whole number of seconds; 0 is read as one second, as a sweep needs a positive TTL.
+fn seconds<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
+    u64::deserialize(deserializer).map(|s| Duration::from_secs(s.max(1)))
+}
+
+/// An optional name where a blank value means unset.
+fn non_blank<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<String>, D::Error> {
+    let raw = Option::<String>::deserialize(deserializer)?;
+    Ok(raw.map(|r| r.trim().to_owned()).filter(|r| !r.is_empty()))
+}
+
+impl DockerConfig {
+    /// A config for `image` in `namespace` with every other field at its default (and the
+    /// backend *disabled*, as an operator must opt in).
+    pub fn new(image: TemplateId, namespace: &str) -> Self {
+        DockerConfig {
+            image,
+            namespace: namespace.to_owned(),
+            ..DockerConfig::default()
+        }
+    }
+
+    /// The config a tenant's stored Docker section runs with: `operator` (the service's
+    /// settings) with what the tenant's record decides.
+    ///
+    /// The record is self-contained for where its sandboxes live ([`TenantSandboxConfig`]'s
+    /// rule): its image, its daemon (`host`, empty = the local default, never the operator's
+    /// daemon) and its TLS directory. Its resource limits, runtime and idle TTL apply when set,
+    /// else the operator's. The operator keeps the ceilings a tenant must not lift: the
+    /// opt-in, the namespace, the pull policy, the disk and log bounds, a network of `none`,
+    /// and private endpoints, which need both the operator's and the record's permission.
+    pub fn from_tenant(
+        tenant: &TenantSandboxConfig,
+        operator: &DockerConfig,
+    ) -> Result<Self, Error> {
+        if tenant.sandbox_type != SandboxType::Docker {
+            return Err(invalid(format!(
+                "a {} config cannot run on the Docker backend",
+                tenant.sandbox_type
+            )));
+        }
+        tenant.validate()?;
+        let section = &tenant.docker;
+        let mut config = operator.clone();
+        config.image = TemplateId::new(section.image.trim())?;
+        config.host = Some(section.host.trim())
+            .filter(|h| !h.is_empty())
+            .map(str::to_owned);
+        config.tls_cert_path = Some(section.tls_cert_path.trim())
+            .filter(|p| !p.is_empty())
+            .map(PathBuf::from);
+        if let Some(cpu) = section.cpu_limit {
+            config.cpu_limit = cpu;
+        }
+        if let Some(mb) = section.memory_mb {
+            config.memory_bytes = i64::try_from(mb.saturating_mul(1024 * 1024))
+                .map_err(|_| invalid(format!("docker.memory_mb {mb} is too large")))?;
+        }
+        if let Some(pids) = section.pids_limit {
+            config.pids_limit = i64::try_from(pids)
+                .map_err(|_| invalid(format!("docker.pids_limit {pids} is too large")))?;
+        }
+        if let Some(secs) = section.idle_ttl_seconds {
+            config.idle_ttl = Duration::from_secs(secs.max(1));
+        }
+        let runtime = section.runtime.trim();
+        if !runtime.is_empty() {
+            config.runtime = Some(runtime.to_owned());
+        }
+        if operator.network == NetworkMode::Bridge {
+            config.network = NetworkMode::parse(&section.network_mode)?;
+        }
+        config.allow_private_endpoints =
+            operator.allow_private_endpoints && tenant.allow_private_endpoints;
+        config.validate_settings()?;
+        Ok(config)
+    }
 
     /// Refuses configs that cannot work: backend not enabled, bad namespace, bad limits.
     pub fn validate(&self) -> Result<(), Error> {
         ensure_enabled(self.enabled)?;
+        self.validate_settings()
+    }
+
+    /// [`validate`](Self::validate) without the opt-in: what a config file or a tenant record
+    /// can get wrong.
+    pub fn validate_settings(&self) -> Result<(), Error> {
         validate_namespace(&self.namespace)?;
         if !self.cpu_limit.is_finite() || self.cpu_limit <= 0.0 || self.cpu_limit > 1024.0 {
             return Err(invalid(format!(
@@ -199,17 +355,6 @@ impl DockerConfig {
 
 fn invalid(message: String) -> Error {
     Error::invalid_request(Operation::VALIDATE, message)
-}
-
-/// Whether `SANDBOX_DOCKER_ENABLED` opts in. Empty or unparsable values are false: an operator
-/// who typed `ture` has not enabled host root.
-pub fn enabled_from_env() -> bool {
-    std::env::var(ENABLED_ENV).is_ok_and(|v| {
-        matches!(
-            v.trim().to_ascii_lowercase().as_str(),
-            "1" | "true" | "yes" | "on"
-        )
-    })
 }
 
 /// The choke point every path that would talk to a Docker daemon goes through.
@@ -300,5 +445,95 @@ mod tests {
         for bad in ["", "UPPER", "a_b", "-x", &"x".repeat(25)] {
             assert!(validate_namespace(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn the_default_image_is_a_valid_template_id() {
+        assert_eq!(DockerConfig::default().image.as_str(), DEFAULT_IMAGE);
+        assert!(!DockerConfig::default().enabled, "the backend is an opt-in");
+        assert_eq!(DockerConfig::default().pull_policy, PullPolicy::Never);
+    }
+
+    #[test]
+    fn the_operator_section_deserializes_with_enums_and_defaults() {
+        let c: DockerConfig = serde_json::from_value(serde_json::json!({
+            "enabled": true,
+            "network": "none",
+            "pull_policy": "always",
+            "idle_ttl_seconds": 0,
+            "runtime": "  ",
+            "tls_cert_path": "/etc/docker/certs",
+        }))
+        .unwrap();
+        assert!(c.enabled);
+        assert_eq!(c.network, NetworkMode::None);
+        assert_eq!(c.pull_policy, PullPolicy::Always);
+        assert_eq!(
+            c.idle_ttl,
+            Duration::from_secs(1),
+            "a sweep needs a positive TTL"
+        );
+        assert_eq!(c.runtime, None, "blank means the engine's default");
+        assert_eq!(c.namespace, "default");
+        assert_eq!(c.cpu_limit, DEFAULT_CPU_LIMIT);
+        for (bad, says) in [
+            (serde_json::json!({"network": "host"}), "not allowed"),
+            (
+                serde_json::json!({"pull_policy": "sometimes"}),
+                "unknown variant",
+            ),
+            (serde_json::json!({"cpu_limit": 4.0}), "unknown field"),
+            (serde_json::json!({"image": ""}), "template"),
+        ] {
+            let err = serde_json::from_value::<DockerConfig>(bad.clone()).unwrap_err();
+            assert!(err.to_string().contains(says), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn from_tenant_takes_the_records_location_and_keeps_the_operators_ceilings() {
+        let mut operator = config();
+        operator.host = Some("unix:///operator.sock".to_owned());
+        operator.runtime = Some("runsc".to_owned());
+        operator.allow_private_endpoints = true;
+        operator.storage_limit_bytes = 7;
+        let mut tenant = TenantSandboxConfig::new(SandboxType::Docker);
+        tenant.docker.image = "tenant-image:1".to_owned();
+        tenant.docker.memory_mb = Some(512);
+        tenant.docker.network_mode = "none".to_owned();
+        let c = DockerConfig::from_tenant(&tenant, &operator).unwrap();
+        assert_eq!(c.image.as_str(), "tenant-image:1");
+        assert_eq!(
+            c.host, None,
+            "an empty host is the local default, never the operator's"
+        );
+        assert_eq!(c.memory_bytes, 512 * 1024 * 1024);
+        assert_eq!(c.cpu_limit, DEFAULT_CPU_LIMIT);
+        assert_eq!(c.runtime.as_deref(), Some("runsc"));
+        assert_eq!(c.network, NetworkMode::None);
+        assert!(
+            !c.allow_private_endpoints,
+            "the record did not ask for private endpoints"
+        );
+        assert_eq!(c.storage_limit_bytes, 7);
+        assert_eq!(c.namespace, operator.namespace);
+
+        // A record cannot lift the operator's `none` network.
+        operator.network = NetworkMode::None;
+        tenant.docker.network_mode = "bridge".to_owned();
+        tenant.allow_private_endpoints = true;
+        let c = DockerConfig::from_tenant(&tenant, &operator).unwrap();
+        assert_eq!(c.network, NetworkMode::None);
+        assert!(c.allow_private_endpoints);
+
+        let mut incomplete = TenantSandboxConfig::new(SandboxType::Docker);
+        incomplete.docker.image = " ".to_owned();
+        let err = DockerConfig::from_tenant(&incomplete, &operator).unwrap_err();
+        assert_eq!(err.code(), Some(ErrorCode::ConfigIncomplete));
+        let err = DockerConfig::from_tenant(&TenantSandboxConfig::new(SandboxType::E2b), &operator)
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidRequest);
+        tenant.docker.cpu_limit = Some(0.0);
+        assert!(DockerConfig::from_tenant(&tenant, &operator).is_err());
     }
 }

@@ -1,4 +1,5 @@
-//! What the store connects to and the timings it runs with.
+//! What the store connects to and the timings it runs with: the store's operator config, which
+//! the service's `[redis]` TOML section deserializes into (the keys are those of `RedisFile`).
 
 use std::fmt;
 use std::path::PathBuf;
@@ -6,7 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fred::prelude::{Builder, Client, Config, ReconnectPolicy, ServerConfig};
-use sandbox_core::{Error, ErrorCode, Operation};
+use sandbox_core::{Error, ErrorCode, Operation, Secret};
+use serde::Deserialize;
 
 use crate::stored;
 
@@ -57,14 +59,15 @@ pub struct TlsSettings {
 }
 
 /// The store's settings. Timings default to the reference's.
-#[derive(Clone)]
+#[derive(Clone, Deserialize)]
+#[serde(try_from = "RedisFile")]
 pub struct RedisStoreConfig {
     pub topology: Topology,
     /// Scopes every key, so deployments can share one Redis.
     pub namespace: String,
     /// ACL user and password (cluster mode; a standalone URL may carry them instead).
     pub username: Option<String>,
-    pub password: Option<String>,
+    pub password: Option<Secret>,
     /// TLS (also implied by a `rediss://` URL).
     pub tls: Option<TlsSettings>,
     /// The lifecycle lock's lease; renewed at a third of it while held.
@@ -89,7 +92,7 @@ impl fmt::Debug for RedisStoreConfig {
             .field("topology", &self.topology)
             .field("namespace", &self.namespace)
             .field("username", &self.username)
-            .field("password", &self.password.as_ref().map(|_| "[redacted]"))
+            .field("password", &self.password)
             .field("tls", &self.tls)
             .field("lock_lease", &self.lock_lease)
             .field("turn_lease_ttl", &self.turn_lease_ttl)
@@ -170,8 +173,9 @@ impl RedisStoreConfig {
         if self.username.is_some() {
             config.username.clone_from(&self.username);
         }
-        if self.password.is_some() {
-            config.password.clone_from(&self.password);
+        if let Some(password) = &self.password {
+            // The one place the password leaves its wrapper: the client sends it in AUTH.
+            config.password = Some(password.expose().to_owned());
         }
         if let Some(tls) = &self.tls {
             config.tls = Some(tls_connector(tls)?.into());
@@ -191,6 +195,77 @@ impl RedisStoreConfig {
             .build()
             .map_err(|e| Self::invalid(format!("redis client: {}", e.details())))?;
         Ok(client)
+    }
+}
+
+/// The `[redis]` section as written: flat keys, times in milliseconds. Only the conversion
+/// into [`RedisStoreConfig`] gives them meaning, so the file format and the store's own shape
+/// can differ without a second config type anyone else sees.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+struct RedisFile {
+    /// A standalone server: `redis://[user:password@]host:port[/db]`.
+    url: Option<String>,
+    /// Redis Cluster seed nodes (`host:port`); cluster mode when non-empty.
+    cluster_nodes: Vec<String>,
+    /// Default `default`.
+    namespace: Option<String>,
+    username: Option<String>,
+    password: Option<Secret>,
+    lock_lease_ms: Option<u64>,
+    command_timeout_ms: Option<u64>,
+    /// Setting it (or the client certificate) turns TLS on.
+    tls_ca_file: Option<PathBuf>,
+    tls_client_cert_file: Option<PathBuf>,
+    tls_client_key_file: Option<PathBuf>,
+}
+
+impl TryFrom<RedisFile> for RedisStoreConfig {
+    type Error = String;
+
+    fn try_from(file: RedisFile) -> Result<Self, String> {
+        let url = file.url.filter(|u| !u.trim().is_empty());
+        let nodes: Vec<String> = file
+            .cluster_nodes
+            .iter()
+            .map(|n| n.trim().to_owned())
+            .filter(|n| !n.is_empty())
+            .collect();
+        let topology = match (url, nodes.is_empty()) {
+            (Some(url), true) => Topology::Standalone { url },
+            (None, false) => Topology::Cluster { nodes },
+            _ => {
+                return Err(
+                    "needs exactly one of url and cluster_nodes (SANDBOX_REDIS_URL, SANDBOX_REDIS_CLUSTER_NODES)"
+                        .to_owned(),
+                );
+            }
+        };
+        if file.lock_lease_ms.is_some_and(|ms| ms < 30) || file.command_timeout_ms == Some(0) {
+            return Err(
+                "lock_lease_ms must be at least 30 and command_timeout_ms positive".to_owned(),
+            );
+        }
+        let mut config = RedisStoreConfig::new(
+            topology,
+            file.namespace.unwrap_or_else(|| "default".to_owned()),
+        );
+        config.username = file.username;
+        config.password = file.password.filter(|p| !p.is_empty());
+        if file.tls_ca_file.is_some() || file.tls_client_cert_file.is_some() {
+            config.tls = Some(TlsSettings {
+                ca_file: file.tls_ca_file,
+                client_cert_file: file.tls_client_cert_file,
+                client_key_file: file.tls_client_key_file,
+            });
+        }
+        if let Some(ms) = file.lock_lease_ms {
+            config.lock_lease = Duration::from_millis(ms);
+        }
+        if let Some(ms) = file.command_timeout_ms {
+            config.command_timeout = Duration::from_millis(ms);
+        }
+        Ok(config)
     }
 }
 
@@ -264,4 +339,75 @@ fn rustls_native_certs_roots() -> Vec<rustls::pki_types::TrustAnchor<'static>> {
     }
     out.extend(store.roots);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(value: serde_json::Value) -> Result<RedisStoreConfig, String> {
+        serde_json::from_value(value).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn the_section_deserializes_into_the_stores_shape() {
+        let c = parse(serde_json::json!({
+            "url": "redis://u:pw-in-url@10.0.0.5:6379",
+            "password": "hunter2",
+            "lock_lease_ms": 2000,
+            "tls_ca_file": "/ca.pem",
+        }))
+        .unwrap();
+        assert!(!c.topology.is_cluster());
+        assert_eq!(c.namespace, "default");
+        assert_eq!(c.password.as_ref().map(Secret::expose), Some("hunter2"));
+        assert_eq!(c.lock_lease, Duration::from_secs(2));
+        assert_eq!(c.command_timeout, Duration::from_secs(5));
+        assert_eq!(
+            c.tls.as_ref().and_then(|t| t.ca_file.clone()),
+            Some(PathBuf::from("/ca.pem"))
+        );
+        let debug = format!("{c:?}");
+        assert!(
+            !debug.contains("hunter2") && !debug.contains("pw-in-url"),
+            "{debug}"
+        );
+        let c = parse(serde_json::json!({"cluster_nodes": ["a:1", " ", "b:2"], "namespace": "x"}))
+            .unwrap();
+        assert_eq!(
+            c.topology,
+            Topology::Cluster {
+                nodes: vec!["a:1".to_owned(), "b:2".to_owned()]
+            }
+        );
+    }
+
+    #[test]
+    fn incomplete_or_contradictory_sections_are_refused() {
+        for (bad, says) in [
+            (
+                serde_json::json!({}),
+                "exactly one of url and cluster_nodes",
+            ),
+            (
+                serde_json::json!({"url": "redis://a:1", "cluster_nodes": ["b:2"]}),
+                "exactly one of url and cluster_nodes",
+            ),
+            (
+                serde_json::json!({"url": "redis://a:1", "lock_lease_ms": 5}),
+                "at least 30",
+            ),
+            (
+                serde_json::json!({"url": "redis://a:1", "command_timeout_ms": 0}),
+                "positive",
+            ),
+            (
+                serde_json::json!({"url": "redis://a:1", "pasword": "x"}),
+                "unknown field",
+            ),
+        ] {
+            let err = parse(bad.clone()).unwrap_err();
+            assert!(err.contains(says), "{bad}: {err}");
+        }
+    }
 }

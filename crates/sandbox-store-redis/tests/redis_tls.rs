@@ -164,7 +164,7 @@ fn config(server: &TlsRedis, ca: &str, password: &str, tls: bool) -> RedisStoreC
         format!("ttls-{:08x}", fastrand::u32(..)),
     );
     c.username = Some(USER.to_owned());
-    c.password = Some(password.to_owned());
+    c.password = Some(sandbox_core::Secret::new(password));
     if tls {
         c.tls = Some(TlsSettings {
             ca_file: Some(server.dir.join(format!("{ca}-ca.crt"))),

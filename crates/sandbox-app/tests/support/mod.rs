@@ -55,7 +55,7 @@ pub(crate) async fn start_with(
     let mut cfg = ServiceConfig::load(None, &BTreeMap::new()).unwrap();
     cfg.listen = "127.0.0.1:0".parse().unwrap();
     cfg.docker.enabled = true;
-    cfg.docker.network = "none".to_owned();
+    cfg.docker.network = sandbox_provider_docker::NetworkMode::None;
     cfg.docker.namespace = namespace.clone();
     cfg.tenants = (1..)
         .zip(tokens)
