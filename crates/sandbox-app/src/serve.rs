@@ -281,7 +281,7 @@ async fn serving_backend(
 #[cfg(feature = "docker")]
 pub(crate) async fn connect_docker(
     config: &ServiceConfig,
-) -> Result<sandbox_provider_docker::DockerProvider, String> {
+) -> Result<sandbox_core::Checked<sandbox_provider_docker::DockerProvider>, String> {
     use sandbox_provider_docker::{DockerConfig, DockerProvider, NetworkMode, PullPolicy};
     let section = &config.docker;
     let image = TemplateId::new(section.image.clone()).map_err(|e| e.to_string())?;

@@ -87,7 +87,7 @@ impl Plan {
 
 /// One coordinator over a fresh fake and a fresh memory store.
 struct Env {
-    fake: FakeProvider,
+    fake: sandbox_core::Checked<FakeProvider>,
     provider: Arc<dyn SandboxProvider>,
     store: Arc<dyn BindingStore>,
     memory: MemoryBindingStore,

@@ -50,7 +50,7 @@ impl SessionExistence for Existence {
 }
 
 struct Env {
-    fake: FakeProvider,
+    fake: sandbox_core::Checked<FakeProvider>,
     store: Arc<dyn BindingStore>,
     existence: Arc<Existence>,
     lifecycle: Lifecycle,
@@ -64,7 +64,7 @@ fn config(requires_token: bool) -> LifecycleConfig {
     }
 }
 
-fn env_with(fake: FakeProvider, store: Arc<dyn BindingStore>) -> Env {
+fn env_with(fake: sandbox_core::Checked<FakeProvider>, store: Arc<dyn BindingStore>) -> Env {
     let existence = Arc::new(Existence::default());
     let lifecycle = Lifecycle::new(
         Arc::new(fake.clone()),

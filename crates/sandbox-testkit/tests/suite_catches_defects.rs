@@ -8,10 +8,10 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use sandbox_core::{
-    Capabilities, Capability, ConnectProbe, ConnectRequest, CreateRequest, DirEntry, Error,
-    ExecRequest, ExecResult, KeepAlive, ListFilter, Operation, Provider, SandboxHandle, SandboxId,
-    SandboxPath, SandboxProvider, SandboxSummary, SnapshotId, SnapshotRef, Snapshots, StatEntry,
-    TemplateCatalog,
+    Capabilities, Capability, Checked, ConnectProbe, ConnectRequest, CreateRequest, DirEntry,
+    Error, ExecRequest, ExecResult, KeepAlive, ListFilter, NetworkFields, Operation, Provider,
+    SandboxHandle, SandboxId, SandboxPath, SandboxProvider, SandboxSummary, SnapshotId,
+    SnapshotRef, Snapshots, StatEntry, TemplateCatalog,
 };
 use sandbox_testkit::conformance::{Target, find_case, run_case};
 use sandbox_testkit::{FakeProvider, fake_capabilities};
@@ -37,7 +37,7 @@ enum Defect {
 
 #[derive(Debug)]
 struct Broken {
-    inner: FakeProvider,
+    inner: Checked<FakeProvider>,
     defect: Defect,
 }
 
@@ -48,6 +48,9 @@ impl SandboxProvider for Broken {
     }
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
+    }
+    fn network_fields(&self) -> NetworkFields {
+        self.inner.network_fields()
     }
     async fn health(&self) -> Result<(), Error> {
         self.inner.health().await
@@ -273,7 +276,7 @@ async fn declaring_less_than_the_pinned_set_is_caught() {
 async fn a_dropped_capability_method_is_caught() {
     // Declares snapshots but a careless decorator does not forward the trait.
     #[derive(Debug)]
-    struct Forgetful(FakeProvider);
+    struct Forgetful(Checked<FakeProvider>);
     #[async_trait]
     impl SandboxProvider for Forgetful {
         fn provider(&self) -> Provider {
@@ -281,6 +284,9 @@ async fn a_dropped_capability_method_is_caught() {
         }
         fn capabilities(&self) -> Capabilities {
             self.0.capabilities()
+        }
+        fn network_fields(&self) -> NetworkFields {
+            self.0.network_fields()
         }
         async fn health(&self) -> Result<(), Error> {
             self.0.health().await
