@@ -27,7 +27,6 @@ use tokio::sync::mpsc;
 
 use super::error::ApiError;
 use super::output::{Piece, Utf8Carry, result_json};
-use super::sessions::observed;
 use super::{AppState, Caller, SessionPath, session_key};
 
 /// Output bytes queued for a slow streaming client before forwarding stops.
@@ -67,7 +66,7 @@ pub async fn exec(
             .manager
             .exec(&key, request)
             .await
-            .map_err(|e| observed(&state, e))?;
+            .map_err(ApiError::from)?;
         return Ok(Json(result_json(&result)).into_response());
     }
 

@@ -17,7 +17,6 @@ use serde::Deserialize;
 use super::body::read_json;
 use super::error::ApiError;
 use super::output::result_json;
-use super::sessions::observed;
 use super::{AppState, Caller};
 
 /// The body of the route.
@@ -68,6 +67,6 @@ pub async fn execute(
         .manager
         .execute(tenant, None, script)
         .await
-        .map_err(|e| observed(&state, e))?;
+        .map_err(ApiError::from)?;
     Ok(Json(result_json(&result)))
 }

@@ -18,11 +18,7 @@ pub async fn get_session(
 ) -> Result<Response, ApiError> {
     let key = session_key(caller, &session)?;
     let lifecycle = state.manager.lifecycle();
-    match lifecycle
-        .peek_state(&key)
-        .await
-        .map_err(|e| observed(&state, e))?
-    {
+    match lifecycle.peek_state(&key).await.map_err(ApiError::from)? {
         None => Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "no_live_sandbox",
@@ -46,11 +42,7 @@ pub async fn destroy(
     SessionPath(session): SessionPath,
 ) -> Result<StatusCode, ApiError> {
     let key = session_key(caller, &session)?;
-    state
-        .manager
-        .destroy(&key)
-        .await
-        .map_err(|e| observed(&state, e))?;
+    state.manager.destroy(&key).await.map_err(ApiError::from)?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -66,14 +58,8 @@ pub async fn keep_alive(
         .manager
         .keep_alive(&key)
         .await
-        .map_err(|e| observed(&state, e))?;
+        .map_err(ApiError::from)?;
     Ok(Json(
         json!({ "refreshed": !next.is_zero(), "next_refresh_ms": next.as_millis() as u64 }),
     ))
-}
-
-/// Converts a core error, counting it by kind.
-pub fn observed(state: &AppState, err: sandbox_core::Error) -> ApiError {
-    state.metrics.observe_error(&err);
-    ApiError::from(err)
 }

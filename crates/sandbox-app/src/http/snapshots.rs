@@ -16,7 +16,6 @@ use serde_json::json;
 
 use super::body::read_json;
 use super::error::ApiError;
-use super::sessions::observed;
 use super::{AppState, Caller, session_key};
 
 /// Body of the snapshot route (an empty body means no name).
@@ -66,7 +65,7 @@ pub async fn create(
         .manager
         .snapshot(&key, body.name.as_deref())
         .await
-        .map_err(|e| observed(&state, e))?;
+        .map_err(ApiError::from)?;
     Ok((
         StatusCode::CREATED,
         Json(json!({
@@ -101,7 +100,7 @@ pub async fn restore(
         .manager
         .create_from_snapshot(&key, &snapshot)
         .await
-        .map_err(|e| observed(&state, e))?;
+        .map_err(ApiError::from)?;
     Ok((
         StatusCode::CREATED,
         Json(json!({ "session": session, "sandbox_id": handle.id().as_str() })),

@@ -41,7 +41,6 @@ use tokio::time::{Instant, timeout};
 
 use super::error::ApiError;
 use super::metrics::Metrics;
-use super::sessions::observed;
 use super::{AppState, Caller, SessionPath, session_key};
 use crate::config::Limits;
 use crate::tickets::IssueError;
@@ -100,7 +99,7 @@ pub async fn issue_ticket(
         .manager
         .require_running(&key)
         .await
-        .map_err(|e| observed(&state, e))?;
+        .map_err(ApiError::from)?;
     let ticket = state.tickets.issue(key).map_err(|e| match e {
         IssueError::Full => ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -177,7 +176,7 @@ pub async fn open(
             .lifecycle()
             .peek_state(&key)
             .await
-            .map_err(|e| observed(&state, e))?;
+            .map_err(ApiError::from)?;
         if bound.is_none() {
             return Err(ApiError::new(
                 StatusCode::NOT_FOUND,
@@ -190,7 +189,7 @@ pub async fn open(
             .manager
             .require_running(&key)
             .await
-            .map_err(|e| observed(&state, e))?;
+            .map_err(ApiError::from)?;
     }
     if !state.tickets.redeem(ticket, &key) {
         // Used by a concurrent upgrade, or expired meanwhile.
@@ -210,7 +209,7 @@ pub async fn open(
         .manager
         .open_terminal(&key, options)
         .await
-        .map_err(|e| observed(&state, e))?
+        .map_err(ApiError::from)?
         .into_parts();
     // From here on the guard closes the terminal whatever happens, including a failed upgrade
     // (the callback below is then dropped without running).
