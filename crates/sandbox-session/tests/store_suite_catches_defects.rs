@@ -19,6 +19,7 @@ use sandbox_session::memory_store::MemoryBindingStore;
 use sandbox_testkit::conformance::store::{
     StoreFeature, StoreFeatures, StoreTarget, StoreTiming, find_store_case, run_store_case,
 };
+use sandbox_testkit::{ForwardStore, StoreHooks};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Defect {
@@ -366,55 +367,23 @@ async fn every_planted_defect_is_caught_by_its_case() {
 async fn declaring_a_feature_the_store_lacks_is_caught() {
     // A store that declares turn leases in its target but hands none out.
     #[derive(Debug)]
-    struct NoTurns(MemoryBindingStore);
-    #[async_trait]
-    impl BindingStore for NoTurns {
-        async fn get(&self, key: &BindingKey) -> Result<Option<Binding>, Error> {
-            self.0.get(key).await
-        }
-        async fn create(&self, key: &BindingKey, b: &Binding) -> Result<bool, Error> {
-            self.0.create(key, b).await
-        }
-        async fn delete_if_match(
-            &self,
-            key: &BindingKey,
-            p: Provider,
-            s: &SandboxId,
-        ) -> Result<bool, Error> {
-            self.0.delete_if_match(key, p, s).await
-        }
-        async fn replace_traffic_token_if_match(
-            &self,
-            key: &BindingKey,
-            e: &Binding,
-            t: &Secret,
-        ) -> Result<bool, Error> {
-            self.0.replace_traffic_token_if_match(key, e, t).await
-        }
-        async fn lock_lifecycle(&self, key: &BindingKey) -> Result<LifecycleLock, Error> {
-            self.0.lock_lifecycle(key).await
-        }
-        async fn invalidate_by_config(
-            &self,
-            t: TenantId,
-            c: &ConfigId,
-        ) -> Result<InvalidationReport, Error> {
-            self.0.invalidate_by_config(t, c).await
-        }
-        fn rewind_locks(&self) -> Option<&dyn RewindLocks> {
-            self.0.rewind_locks()
-        }
-        fn activities(&self) -> Option<&dyn ActivityRegistry> {
-            self.0.activities()
+    struct NoTurns;
+    impl StoreHooks for NoTurns {
+        fn hides_turn_leases(&self) -> bool {
+            true
         }
     }
     let case = find_store_case("store_declared_features_match").unwrap();
     let healthy = run_store_case(&case, target(|s| Arc::new(s)), 1).await;
     assert!(healthy.is_ok(), "{healthy:?}");
-    let err = run_store_case(&case, target(|s| Arc::new(NoTurns(s)) as _), 2)
-        .await
-        .unwrap_err()
-        .0;
+    let err = run_store_case(
+        &case,
+        target(|s| Arc::new(ForwardStore::new(Arc::new(s), NoTurns)) as _),
+        2,
+    )
+    .await
+    .unwrap_err()
+    .0;
     assert!(
         err.contains("feature turn_leases: declared=true but callable=false"),
         "{err}"
