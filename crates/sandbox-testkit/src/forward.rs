@@ -329,7 +329,8 @@ impl<H: ProviderHooks> ConnectProbe for Forward<H> {
     }
 }
 
-/// What a binding-store double changes; the defaults forward to `next`.
+/// What a binding-store double changes; the defaults forward to `next`. As for
+/// [`ProviderHooks`], there is a hook for each method a double changes today.
 #[async_trait]
 pub trait StoreHooks: Send + Sync + fmt::Debug {
     /// Whether the double hides the turn leases (`turn_leases()` answers `None`).
@@ -344,12 +345,56 @@ pub trait StoreHooks: Send + Sync + fmt::Debug {
     ) -> Result<bool, Error> {
         next.create(key, binding).await
     }
+    async fn delete_if_match(
+        &self,
+        next: &dyn BindingStore,
+        key: &BindingKey,
+        provider: Provider,
+        sandbox: &SandboxId,
+    ) -> Result<bool, Error> {
+        next.delete_if_match(key, provider, sandbox).await
+    }
+    async fn replace_traffic_token_if_match(
+        &self,
+        next: &dyn BindingStore,
+        key: &BindingKey,
+        expected: &Binding,
+        token: &Secret,
+    ) -> Result<bool, Error> {
+        next.replace_traffic_token_if_match(key, expected, token)
+            .await
+    }
     async fn lock_lifecycle(
         &self,
         next: &dyn BindingStore,
         key: &BindingKey,
     ) -> Result<LifecycleLock, Error> {
         next.lock_lifecycle(key).await
+    }
+    async fn invalidate_by_config(
+        &self,
+        next: &dyn BindingStore,
+        tenant: TenantId,
+        config: &ConfigId,
+    ) -> Result<InvalidationReport, Error> {
+        next.invalidate_by_config(tenant, config).await
+    }
+    async fn begin_turn(&self, next: &dyn TurnLeases, key: &BindingKey) -> Result<(), Error> {
+        next.begin_turn(key).await
+    }
+    async fn consume_turn_rebuild(
+        &self,
+        next: &dyn TurnLeases,
+        key: &BindingKey,
+    ) -> Result<(), Error> {
+        next.consume_turn_rebuild(key).await
+    }
+    async fn try_lock_rewind(
+        &self,
+        next: &dyn RewindLocks,
+        key: &BindingKey,
+    ) -> Result<RewindLock, Error> {
+        next.try_lock_rewind(key).await
     }
 }
 
@@ -390,7 +435,9 @@ impl<H: StoreHooks> BindingStore for ForwardStore<H> {
         provider: Provider,
         sandbox: &SandboxId,
     ) -> Result<bool, Error> {
-        self.inner.delete_if_match(key, provider, sandbox).await
+        self.hooks
+            .delete_if_match(&*self.inner, key, provider, sandbox)
+            .await
     }
     async fn replace_traffic_token_if_match(
         &self,
@@ -398,8 +445,8 @@ impl<H: StoreHooks> BindingStore for ForwardStore<H> {
         expected: &Binding,
         token: &Secret,
     ) -> Result<bool, Error> {
-        self.inner
-            .replace_traffic_token_if_match(key, expected, token)
+        self.hooks
+            .replace_traffic_token_if_match(&*self.inner, key, expected, token)
             .await
     }
     async fn lock_lifecycle(&self, key: &BindingKey) -> Result<LifecycleLock, Error> {
@@ -410,7 +457,9 @@ impl<H: StoreHooks> BindingStore for ForwardStore<H> {
         tenant: TenantId,
         config: &ConfigId,
     ) -> Result<InvalidationReport, Error> {
-        self.inner.invalidate_by_config(tenant, config).await
+        self.hooks
+            .invalidate_by_config(&*self.inner, tenant, config)
+            .await
     }
     fn turn_leases(&self) -> Option<&dyn TurnLeases> {
         (self.inner.turn_leases().is_some() && !self.hooks.hides_turn_leases())
@@ -436,9 +485,8 @@ impl<H: StoreHooks> BindingStore for ForwardStore<H> {
 impl<H: StoreHooks> TurnLeases for ForwardStore<H> {
     async fn begin_turn(&self, key: &BindingKey) -> Result<(), Error> {
         let next = self.inner.turn_leases();
-        next.ok_or_else(|| store_missing("begin_turn"))?
-            .begin_turn(key)
-            .await
+        let next = next.ok_or_else(|| store_missing("begin_turn"))?;
+        self.hooks.begin_turn(next, key).await
     }
     async fn end_turn(&self, key: &BindingKey) -> Result<(), Error> {
         let next = self.inner.turn_leases();
@@ -454,9 +502,8 @@ impl<H: StoreHooks> TurnLeases for ForwardStore<H> {
     }
     async fn consume_turn_rebuild(&self, key: &BindingKey) -> Result<(), Error> {
         let next = self.inner.turn_leases();
-        next.ok_or_else(|| store_missing("consume_turn_rebuild"))?
-            .consume_turn_rebuild(key)
-            .await
+        let next = next.ok_or_else(|| store_missing("consume_turn_rebuild"))?;
+        self.hooks.consume_turn_rebuild(next, key).await
     }
 }
 
@@ -465,9 +512,8 @@ impl<H: StoreHooks> TurnLeases for ForwardStore<H> {
 impl<H: StoreHooks> RewindLocks for ForwardStore<H> {
     async fn try_lock_rewind(&self, key: &BindingKey) -> Result<RewindLock, Error> {
         let next = self.inner.rewind_locks();
-        next.ok_or_else(|| store_missing("try_lock_rewind"))?
-            .try_lock_rewind(key)
-            .await
+        let next = next.ok_or_else(|| store_missing("try_lock_rewind"))?;
+        self.hooks.try_lock_rewind(next, key).await
     }
     async fn has_rewind_lock(&self, key: &BindingKey) -> Result<bool, Error> {
         let next = self.inner.rewind_locks();
