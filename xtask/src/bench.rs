@@ -45,6 +45,14 @@ pub const SUITES: &[Suite] = &[
         package: "sandbox-session",
         bench: "session",
     },
+    // Hermetic: what the production stack Metered(Checked(fake)) adds to a provider call, in
+    // the composition root where the metrics layer lives (the session bench measures the
+    // checking layer alone).
+    Suite {
+        name: "layers",
+        package: "sandbox-app",
+        bench: "layers",
+    },
     // The Redis binding store against the memory store, on the fake provider. The bench binary
     // starts its own redis-server (a child on a free loopback port, no persistence) and stops it
     // at the end; it fails with a message saying so when redis-server is not installed.

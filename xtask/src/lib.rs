@@ -10,5 +10,6 @@ pub mod prereq;
 pub mod process;
 pub mod redis;
 pub mod tidy;
+pub mod tidy_decorators;
 pub mod tidy_source;
 pub mod workspace;

@@ -685,6 +685,7 @@ pub fn check_live(root: &Path) -> Result<Vec<Violation>, String> {
         manifests.iter().map(|(n, t)| (*n, t.as_str())),
     ));
     violations.extend(crate::tidy_source::check_crates(&root.join("crates"))?);
+    violations.extend(crate::tidy_decorators::check_crates(&root.join("crates"))?);
     Ok(violations)
 }
 

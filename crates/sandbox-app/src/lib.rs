@@ -16,6 +16,7 @@ pub mod config;
 pub mod doctor;
 pub mod http;
 pub mod image;
+pub mod metered;
 pub mod serve;
 pub mod server;
 pub mod tickets;

@@ -26,6 +26,10 @@ pub async fn build_state(config: &ServiceConfig) -> Result<AppState, String> {
     let auth = tenants(config)?;
     let provider = serving_backend(config).await?;
     let (store, store_info) = binding_store(config).await?;
+    // The production stack: Metered(Checked(adapter)), the adapter's constructor having
+    // applied the checking layer.
+    let metrics = Arc::new(Metrics::new());
+    let (provider, store) = crate::metered::stack(provider, store, &metrics);
     let (image, idle_ttl) = default_template(config)?;
     let mut request = CreateRequest::new(image);
     let idle =
@@ -43,7 +47,6 @@ pub async fn build_state(config: &ServiceConfig) -> Result<AppState, String> {
     };
     // With the memory store this process is the only writer, so its own destroy is the only way
     // a session ends; a shared store must consult real session records.
-    let metrics = Arc::new(Metrics::new());
     let lifecycle = Lifecycle::new(
         provider.clone(),
         store,
@@ -269,7 +272,7 @@ async fn serving_backend(
 #[cfg(feature = "docker")]
 pub(crate) async fn connect_docker(
     config: &ServiceConfig,
-) -> Result<sandbox_provider_docker::DockerProvider, String> {
+) -> Result<sandbox_core::Checked<sandbox_provider_docker::DockerProvider>, String> {
     sandbox_provider_docker::DockerProvider::connect(config.docker.clone())
         .await
         .map_err(|e| e.to_string())

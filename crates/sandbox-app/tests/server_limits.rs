@@ -29,7 +29,7 @@ fn state(limits: Limits) -> AppState {
     state_on(limits, FakeProvider::new())
 }
 
-fn state_on(limits: Limits, fake: FakeProvider) -> AppState {
+fn state_on(limits: Limits, fake: sandbox_core::Checked<FakeProvider>) -> AppState {
     let provider: Arc<dyn SandboxProvider> = Arc::new(fake);
     let lifecycle = Lifecycle::new(
         provider.clone(),

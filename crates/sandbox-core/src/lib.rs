@@ -10,6 +10,8 @@
 //! - [`ids`], [`path`], [`secret`]: validated identifiers, sandbox paths, credentials.
 //! - [`sandbox`], [`exec`], [`fs`], [`terminal`], [`template`]: provider DTOs.
 //! - [`capabilities`]: the declared capability set.
+//! - [`layers`]: decorators every adapter is wrapped in; [`layers::Checked`] refuses what the
+//!   declarations do not allow.
 //! - [`binding`]: binding key, binding schema v1, ownership metadata.
 //! - [`ownership`]: the runtime-free ownership token of the lifecycle lock.
 //! - [`ports`]: [`SandboxProvider`] and its capability traits, [`BindingStore`] and friends,
@@ -27,6 +29,7 @@ pub mod error;
 pub mod exec;
 pub mod fs;
 pub mod ids;
+pub mod layers;
 pub mod ownership;
 pub mod path;
 pub mod policy;
@@ -48,6 +51,7 @@ pub use fs::{
     BufferedStream, ByteStream, DirEntry, EntryKind, ReadStream, StatEntry, TreeLimits, TreeListing,
 };
 pub use ids::{ConfigId, SandboxId, SessionId, SnapshotId, TemplateId, TenantId};
+pub use layers::Checked;
 pub use ownership::{OwnershipSource, OwnershipToken};
 pub use path::SandboxPath;
 pub use ports::provider::{
@@ -63,8 +67,9 @@ pub use ports::store::{
 };
 pub use provider::{Provider, SandboxType};
 pub use sandbox::{
-    ConnectRequest, CreateRequest, IdleTimeout, ListFilter, Metadata, NetworkPolicy, SandboxHandle,
-    SandboxState, SandboxSummary, TimeoutAction, TimeoutPolicy, VolumeMount,
+    ConnectRequest, CreateRequest, IdleTimeout, ListFilter, Metadata, NetworkField, NetworkFields,
+    NetworkPolicy, SandboxHandle, SandboxState, SandboxSummary, TimeoutAction, TimeoutPolicy,
+    VolumeMount,
 };
 pub use secret::Secret;
 pub use template::{SnapshotRef, Template};

@@ -335,6 +335,102 @@ impl NetworkPolicy {
     }
 }
 
+impl NetworkPolicy {
+    /// The fields this policy sets (a switch that is `Some`, a list that is non-empty), in
+    /// declaration order. An unset field asks nothing of the backend, so only these need to be
+    /// among the fields it enforces ([`NetworkFields`]).
+    pub fn set_fields(&self) -> impl Iterator<Item = NetworkField> + '_ {
+        NetworkField::ALL.into_iter().filter(|f| match f {
+            NetworkField::AllowInternetAccess => self.allow_internet_access.is_some(),
+            NetworkField::AllowPublicTraffic => self.allow_public_traffic.is_some(),
+            NetworkField::AllowOut => !self.allow_out.is_empty(),
+            NetworkField::DenyOut => !self.deny_out.is_empty(),
+            NetworkField::CubeRules => !self.cube_rules.is_empty(),
+            NetworkField::E2bHostRules => !self.e2b_host_rules.is_empty(),
+        })
+    }
+}
+
+/// One field of [`NetworkPolicy`], named as on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum NetworkField {
+    AllowInternetAccess,
+    AllowPublicTraffic,
+    AllowOut,
+    DenyOut,
+    CubeRules,
+    E2bHostRules,
+}
+
+impl NetworkField {
+    /// Every field, in declaration order.
+    pub const ALL: [NetworkField; 6] = [
+        NetworkField::AllowInternetAccess,
+        NetworkField::AllowPublicTraffic,
+        NetworkField::AllowOut,
+        NetworkField::DenyOut,
+        NetworkField::CubeRules,
+        NetworkField::E2bHostRules,
+    ];
+
+    /// The field's name in [`NetworkPolicy`]'s serde form.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NetworkField::AllowInternetAccess => "allow_internet_access",
+            NetworkField::AllowPublicTraffic => "allow_public_traffic",
+            NetworkField::AllowOut => "allow_out",
+            NetworkField::DenyOut => "deny_out",
+            NetworkField::CubeRules => "cube_rules",
+            NetworkField::E2bHostRules => "e2b_host_rules",
+        }
+    }
+
+    fn bit(self) -> u8 {
+        1 << (self as u8)
+    }
+}
+
+impl fmt::Display for NetworkField {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The network-policy fields a backend enforces, declared beside its capabilities
+/// ([`SandboxProvider::network_fields`](crate::SandboxProvider::network_fields)). A request
+/// setting any other field is refused with `unsupported` by the checking layer, because a
+/// policy that is accepted and not applied is worse than one refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct NetworkFields(u8);
+
+impl NetworkFields {
+    /// No field enforced: every policy but the empty one is refused.
+    pub const NONE: NetworkFields = NetworkFields(0);
+
+    /// A set holding exactly `fields`.
+    pub fn from_slice(fields: &[NetworkField]) -> Self {
+        NetworkFields(fields.iter().fold(0, |bits, f| bits | f.bit()))
+    }
+
+    /// Whether `field` is enforced.
+    pub fn has(&self, field: NetworkField) -> bool {
+        self.0 & field.bit() != 0
+    }
+
+    /// The enforced fields, in declaration order.
+    pub fn iter(&self) -> impl Iterator<Item = NetworkField> + '_ {
+        NetworkField::ALL.into_iter().filter(|&f| self.has(f))
+    }
+
+    /// The fields `policy` sets that are not enforced here, in declaration order.
+    pub fn unenforced<'a>(
+        &'a self,
+        policy: &'a NetworkPolicy,
+    ) -> impl Iterator<Item = NetworkField> + 'a {
+        policy.set_fields().filter(|&f| !self.has(f))
+    }
+}
+
 /// Whether `entry` is a CIDR with prefix length 0 (`0.0.0.0/0`, `::/0`, `10.0.0.0/0`).
 fn is_deny_all(entry: &str) -> bool {
     let Some((addr, prefix)) = entry.trim().split_once('/') else {
@@ -584,6 +680,48 @@ mod tests {
         assert!(IdleTimeout::after(Duration::ZERO).is_err());
         assert!(IdleTimeout::after(MAX_IDLE_TIMEOUT + Duration::from_secs(1)).is_err());
         assert!(IdleTimeout::after(Duration::from_millis(1)).is_ok());
+    }
+
+    #[test]
+    fn set_fields_and_unenforced_name_each_field() {
+        let empty = NetworkPolicy::default();
+        assert_eq!(empty.set_fields().count(), 0);
+        let p = NetworkPolicy {
+            allow_internet_access: Some(true),
+            allow_public_traffic: Some(false),
+            allow_out: vec!["10.1.0.0/16".to_owned()],
+            deny_out: vec!["10.0.0.0/8".to_owned()],
+            cube_rules: vec![CubeEgressRule::default()],
+            e2b_host_rules: vec![E2bHostRule::default()],
+        };
+        let names: Vec<&str> = p.set_fields().map(NetworkField::as_str).collect();
+        assert_eq!(
+            names,
+            [
+                "allow_internet_access",
+                "allow_public_traffic",
+                "allow_out",
+                "deny_out",
+                "cube_rules",
+                "e2b_host_rules"
+            ]
+        );
+        // The names are the serde names of the policy's fields.
+        let json = serde_json::to_value(&p).unwrap();
+        for f in NetworkField::ALL {
+            assert!(json.get(f.as_str()).is_some(), "{f}");
+        }
+        let docker_like = NetworkFields::from_slice(&[NetworkField::AllowInternetAccess]);
+        assert!(docker_like.has(NetworkField::AllowInternetAccess));
+        assert!(!docker_like.has(NetworkField::DenyOut));
+        assert_eq!(
+            docker_like.iter().collect::<Vec<_>>(),
+            [NetworkField::AllowInternetAccess]
+        );
+        let refused: Vec<NetworkField> = docker_like.unenforced(&p).collect();
+        assert_eq!(refused.len(), 5);
+        assert!(!refused.contains(&NetworkField::AllowInternetAccess));
+        assert_eq!(NetworkFields::NONE.unenforced(&empty).count(), 0);
     }
 
     #[test]

@@ -17,11 +17,11 @@ use bollard::query_parameters::{
 };
 use futures_util::StreamExt;
 use sandbox_core::{
-    Capabilities, Capability, ConnectProbe, ConnectRequest, CreateRequest, DirEntry, Error,
-    ErrorCode, ErrorKind, ExecRequest, ExecResult, IdleTimeout, KeepAlive, ListFilter, Operation,
-    Provider, ReadStream, SandboxHandle, SandboxId, SandboxPath, SandboxProvider, SandboxState,
-    SandboxSummary, Snapshots, StatEntry, TemplateCatalog, TemplateId, Terminals, TimeoutAction,
-    TreeLimits, TreeListing, owner_metadata,
+    Capabilities, Capability, Checked, ConnectProbe, ConnectRequest, CreateRequest, DirEntry,
+    Error, ErrorCode, ErrorKind, ExecRequest, ExecResult, IdleTimeout, KeepAlive, ListFilter,
+    NetworkField, NetworkFields, Operation, Provider, ReadStream, SandboxHandle, SandboxId,
+    SandboxPath, SandboxProvider, SandboxState, SandboxSummary, Snapshots, StatEntry,
+    TemplateCatalog, TemplateId, Terminals, TimeoutAction, TreeLimits, TreeListing, owner_metadata,
 };
 
 use crate::config::{DockerConfig, NetworkMode, PullPolicy};
@@ -52,6 +52,14 @@ pub fn docker_capabilities() -> Capabilities {
     ])
 }
 
+/// The network-policy fields this backend enforces: only the internet switch (off: no network at
+/// all; on: the adapter's protected bridge). A Docker network cannot allow-list or deny-list
+/// destinations, so `allow_out` and `deny_out` would be accepted and not applied; there is no
+/// inbound exposure to open (`allow_public_traffic`), and the Cube and E2B rules are theirs.
+pub fn docker_network_fields() -> NetworkFields {
+    NetworkFields::from_slice(&[NetworkField::AllowInternetAccess])
+}
+
 /// Capabilities dropped from the default set are all of them except these: what package
 /// managers and ordinary file ownership changes need, and `KILL` so a shell can signal its jobs.
 const CAP_ADD: &[&str] = &[
@@ -80,6 +88,11 @@ pub(crate) struct Inner {
 
 /// The Docker backend. Cheap to clone; safe for concurrent use (the engine client is, and the
 /// provider holds no mutable state).
+///
+/// The constructors hand it out wrapped in the checking layer ([`Checked`]), which refuses
+/// what [`docker_capabilities`] and [`docker_network_fields`] do not allow; the wrapper
+/// dereferences to the provider for the Docker-specific methods (the engine client, the
+/// sweep, isolation).
 #[derive(Clone)]
 pub struct DockerProvider {
     pub(crate) inner: Arc<Inner>,
@@ -99,14 +112,17 @@ impl DockerProvider {
     /// Connects to the engine the config names (after the operator gate and validation) and
     /// negotiates the API version. A TCP daemon is dialled through the guarded connector with
     /// the system resolver ([`engine::connect`]).
-    pub async fn connect(config: DockerConfig) -> Result<Self, Error> {
+    pub async fn connect(config: DockerConfig) -> Result<Checked<Self>, Error> {
         let dialing = Dialing::system(config.rpc_timeout);
         DockerProvider::connect_with(config, dialing).await
     }
 
     /// [`DockerProvider::connect`], with a TCP daemon's name resolution and dialling injected;
     /// the guard and its policy are the same.
-    pub async fn connect_with(config: DockerConfig, dialing: Dialing) -> Result<Self, Error> {
+    pub async fn connect_with(
+        config: DockerConfig,
+        dialing: Dialing,
+    ) -> Result<Checked<Self>, Error> {
         config.validate()?;
         let endpoint = engine::resolve_endpoint(
             config.host.as_deref(),
@@ -136,7 +152,7 @@ impl DockerProvider {
             NetworkMode::Bridge => Some(EgressGuard::new(docker.clone(), &config.namespace)?),
             NetworkMode::None => None,
         };
-        Ok(DockerProvider {
+        Ok(Checked::new(DockerProvider {
             inner: Arc::new(Inner {
                 docker,
                 config,
@@ -145,7 +161,7 @@ impl DockerProvider {
                 endpoint: format!("{endpoint:?}"),
                 storage: StorageState::default(),
             }),
-        })
+        }))
     }
 
     /// The engine's version answer.
@@ -495,6 +511,10 @@ impl SandboxProvider for DockerProvider {
         docker_capabilities()
     }
 
+    fn network_fields(&self) -> NetworkFields {
+        docker_network_fields()
+    }
+
     async fn health(&self) -> Result<(), Error> {
         self.docker_ref()
             .ping()
@@ -504,17 +524,8 @@ impl SandboxProvider for DockerProvider {
     }
 
     async fn create(&self, request: CreateRequest) -> Result<SandboxHandle, Error> {
+        // Validation, volumes and network-policy fields are the checking layer's.
         let op = Operation::CREATE;
-        request
-            .validate()
-            .map_err(|e| e.with_operation(op).with_provider(Provider::Docker))?;
-        if !request.volumes.is_empty() {
-            return Err(provider_error(
-                ErrorKind::Unsupported,
-                op,
-                "the Docker backend does not mount volumes yet",
-            ));
-        }
         if request.timeout.on_timeout == TimeoutAction::Pause || request.timeout.auto_resume {
             return Err(provider_error(
                 ErrorKind::Unsupported,
@@ -900,6 +911,21 @@ mod tests {
             })
             .fold(Capabilities::NONE, |set, c| set.with(c, true));
         assert_eq!(docker_capabilities(), expected);
+    }
+
+    #[test]
+    fn enforces_only_the_internet_switch_of_a_network_policy() {
+        let fields: Vec<NetworkField> = docker_network_fields().iter().collect();
+        assert_eq!(fields, [NetworkField::AllowInternetAccess]);
+        // A deny list is refused by name before any engine call (the Docker network cannot
+        // apply it), and the internet switch alone passes the policy.
+        let policy = sandbox_core::NetworkPolicy {
+            allow_internet_access: Some(false),
+            deny_out: vec!["10.0.0.0/8".to_owned()],
+            ..sandbox_core::NetworkPolicy::default()
+        };
+        let refused: Vec<NetworkField> = docker_network_fields().unenforced(&policy).collect();
+        assert_eq!(refused, [NetworkField::DenyOut]);
     }
 
     #[test]

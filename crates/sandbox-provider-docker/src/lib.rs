@@ -31,6 +31,6 @@ pub mod snapshots;
 pub mod sweeper;
 pub mod terminal;
 
-pub use client::{DockerProvider, docker_capabilities};
+pub use client::{DockerProvider, docker_capabilities, docker_network_fields};
 pub use config::{DockerConfig, NetworkMode, PullPolicy};
 pub use isolation::{IsolationReport, StorageLimit};

@@ -28,7 +28,7 @@ use sandbox_provider_docker::{DockerProvider, NetworkMode, labels, sweeper};
 
 use support::{IMAGE, config, namespace};
 
-async fn provider(ns: &str) -> DockerProvider {
+async fn provider(ns: &str) -> sandbox_core::Checked<DockerProvider> {
     DockerProvider::connect(config(ns))
         .await
         .expect("connect to the local engine")
@@ -163,6 +163,35 @@ async fn no_egress_policy_means_no_network() {
         inspect.host_config.unwrap().network_mode.as_deref(),
         Some("none")
     );
+    cleanup(&p).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Docker engine and the sandbox-busybox:test image: cargo xtask test runs it"]
+async fn a_deny_list_the_network_cannot_apply_is_refused_by_name() {
+    let ns = namespace("deny");
+    let mut c = config(&ns);
+    c.network = NetworkMode::Bridge;
+    let p = DockerProvider::connect(c).await.unwrap();
+    // Once accepted and silently not applied: a Docker network cannot deny one subnet.
+    let mut req = request();
+    req.network = NetworkPolicy {
+        deny_out: vec!["10.0.0.0/8".to_owned()],
+        ..NetworkPolicy::default()
+    };
+    let err = p.create(req).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
+    assert!(err.to_string().contains("deny_out"), "{err}");
+    assert_eq!(
+        err.origin(),
+        sandbox_core::Origin::Provider(sandbox_core::Provider::Docker)
+    );
+    let mut allow = request();
+    allow.network.allow_out = vec!["192.0.2.0/24".to_owned()];
+    let err = p.create(allow).await.unwrap_err();
+    assert!(err.to_string().contains("allow_out"), "{err}");
+    // Nothing was created for either request.
+    assert!(p.list(&ListFilter::default()).await.unwrap().is_empty());
     cleanup(&p).await;
 }
 

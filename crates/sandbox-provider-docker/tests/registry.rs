@@ -81,7 +81,7 @@ impl Drop for Registry {
     }
 }
 
-async fn provider(policy: PullPolicy) -> DockerProvider {
+async fn provider(policy: PullPolicy) -> sandbox_core::Checked<DockerProvider> {
     let mut c = DockerConfig::new(
         TemplateId::new(IMAGE).unwrap(),
         &format!("treg-{:08x}", fastrand::u32(..)),

@@ -22,6 +22,15 @@
 //!   provider's API round trip, far below a real boot) and once with none (the CPU cost of the
 //!   coordinator and the fake alone). Each round starts from a fresh provider and store.
 //!
+//! - Layered exec: the per-call cost of the checking layer every adapter's constructor applies
+//!   (`sandbox_core::Checked`): a tight loop of `exec` of `true` on one fake sandbox, through
+//!   the checked fake and through the bare fake (`Checked::inner`), both as the same
+//!   `Arc<dyn SandboxProvider>`, in alternating rounds. `layered_exec_ns` is the median over
+//!   rounds of (checked − bare) nanoseconds per call. The service's full stack also has the
+//!   metrics layer, which lives in `sandbox-app` (the composition root, which nothing may depend
+//!   on), so it is not in this figure; `cargo xtask bench layers` measures the whole
+//!   `Metered(Checked(fake))` stack the same way.
+//!
 //! Throughput rounds are sized to about 0.3 s each after a warm-up; the best of 9 rounds is the
 //! headline (the least-disturbed run, as in the `core` suite), the median is printed as a raw
 //! line. Prints raw lines, then one `BENCH session <key>=<value>` line per headline figure.
@@ -34,7 +43,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sandbox_core::{
-    BindingKey, BindingStore, ConfigId, ConnectRequest, CreateRequest, ListFilter,
+    BindingKey, BindingStore, ConfigId, ConnectRequest, CreateRequest, ExecRequest, ListFilter,
     PermissiveSessionExistence, SandboxProvider, narrow, owner_metadata,
 };
 use sandbox_session::lifecycle::{Lifecycle, LifecycleConfig};
@@ -87,7 +96,7 @@ impl Plan {
 
 /// One coordinator over a fresh fake and a fresh memory store.
 struct Env {
-    fake: FakeProvider,
+    fake: sandbox_core::Checked<FakeProvider>,
     provider: Arc<dyn SandboxProvider>,
     store: Arc<dyn BindingStore>,
     memory: MemoryBindingStore,
@@ -226,6 +235,53 @@ fn throughput(rt: &Runtime, plan: &Plan, ours: &Loop, raw: &Loop, keys: &[Bindin
         raw_median,
         ratio: best_and_median(ratios).1,
     }
+}
+
+/// Per-call nanoseconds of `exec` of `true` through `layered` and `bare` on `sandbox`, in
+/// alternating rounds of `calls` each: (median layered, median bare, median of the per-round
+/// differences).
+fn exec_overhead(
+    rt: &Runtime,
+    layered: &Arc<dyn SandboxProvider>,
+    bare: &Arc<dyn SandboxProvider>,
+    sandbox: &sandbox_core::SandboxHandle,
+    rounds: usize,
+    calls: u32,
+) -> (f64, f64, f64) {
+    let per_call = |provider: &Arc<dyn SandboxProvider>| {
+        rt.block_on(async {
+            let start = Instant::now();
+            for _ in 0..calls {
+                let r = provider
+                    .exec(sandbox, ExecRequest::argv("true", Vec::<String>::new()))
+                    .await
+                    .unwrap();
+                black_box(r);
+            }
+            start.elapsed().as_secs_f64() * 1e9 / f64::from(calls)
+        })
+    };
+    // Warm both paths once.
+    per_call(layered);
+    per_call(bare);
+    let (mut l, mut b, mut diff) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..rounds {
+        let (x, y) = if round % 2 == 0 {
+            let x = per_call(layered);
+            (x, per_call(bare))
+        } else {
+            let y = per_call(bare);
+            (per_call(layered), y)
+        };
+        l.push(x);
+        b.push(y);
+        diff.push(x - y);
+    }
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    (median(l), median(b), median(diff))
 }
 
 /// Nearest-rank percentile of sorted samples.
@@ -388,7 +444,18 @@ fn main() {
         "idle lifecycle locks are retired"
     );
 
-    // 2. First resolves.
+    // 2. Layered exec: the checked fake against the bare one, on one sandbox.
+    let checked = FakeProvider::new();
+    let layered: Arc<dyn SandboxProvider> = Arc::new(checked.clone());
+    let bare: Arc<dyn SandboxProvider> = Arc::new(checked.inner().clone());
+    let sandbox = rt
+        .block_on(layered.create(CreateRequest::new(FakeProvider::template())))
+        .unwrap();
+    let (exec_rounds, exec_calls) = if smoke { (3, 200) } else { (31, 20_000) };
+    let (layered_ns, bare_ns, added_ns) =
+        exec_overhead(&rt, &layered, &bare, &sandbox, exec_rounds, exec_calls);
+
+    // 3. First resolves.
     let with_latency = first_resolves(&rt, plan.sessions, plan.first_rounds, Some(CREATE_LATENCY));
     let without = first_resolves(&rt, plan.sessions, plan.first_rounds_nolatency, None);
     let list_cost = fake_list_cost(&rt, plan.sessions, if smoke { 3 } else { 50 });
@@ -492,10 +559,17 @@ fn main() {
         ms(list_cost) * plan.sessions as f64 / 2.0,
     );
     println!(
+        "exec of `true` on the fake, {exec_rounds} alternating rounds of {exec_calls} calls: \
+         through the checking layer {layered_ns:.0} ns/call, bare {bare_ns:.0} ns/call (medians); \
+         added by the layer {added_ns:.0} ns/call (median of the per-round differences; the \
+         metrics layer is measured by `cargo xtask bench layers`)"
+    );
+    println!(
         "elapsed: {:.1?}",
         started.elapsed().max(Duration::from_millis(1))
     );
     println!("BENCH session bound_resolves_per_s={:.0}", single.ours_best);
+    println!("BENCH session layered_exec_ns={added_ns:.0}");
     println!(
         "BENCH session bound_resolves_per_s_2tasks={:.0}",
         double.ours_best

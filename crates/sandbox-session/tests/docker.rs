@@ -23,7 +23,7 @@ use sandbox_session::memory_store::MemoryBindingStore;
 
 const IMAGE: &str = "sandbox-busybox:test";
 
-async fn docker(namespace: &str) -> DockerProvider {
+async fn docker(namespace: &str) -> sandbox_core::Checked<DockerProvider> {
     let mut c = DockerConfig::new(TemplateId::new(IMAGE).unwrap(), namespace);
     c.enabled = true;
     c.pull_policy = PullPolicy::Never;

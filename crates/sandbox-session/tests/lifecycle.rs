@@ -10,14 +10,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use sandbox_core::{
-    Binding, BindingKey, BindingStore, Bootstrapper, Capability, ConfigId, CreateRequest, Error,
-    ErrorCode, ErrorKind, ListFilter, Operation, Provider, SandboxHandle, SandboxId,
-    SandboxProvider, SandboxState, Secret, SessionExistence, TemplateId, owner_metadata,
+    BindingKey, BindingStore, Bootstrapper, Capability, ConfigId, CreateRequest, Error, ErrorCode,
+    ErrorKind, ListFilter, Operation, Provider, SandboxHandle, SandboxProvider, SandboxState,
+    Secret, SessionExistence, TemplateId, owner_metadata,
 };
 use sandbox_session::lifecycle::{Lifecycle, LifecycleConfig, ResolveOptions};
 use sandbox_session::memory_store::MemoryBindingStore;
 use sandbox_testkit::fake::{FakeCall, FakeProvider};
-use sandbox_testkit::{FakeOp, FaultyStore, StoreOp};
+use sandbox_testkit::{FakeOp, FaultyStore, ForwardStore, StoreHooks, StoreOp};
 
 /// Session existence a test can flip.
 #[derive(Debug, Default)]
@@ -50,7 +50,7 @@ impl SessionExistence for Existence {
 }
 
 struct Env {
-    fake: FakeProvider,
+    fake: sandbox_core::Checked<FakeProvider>,
     store: Arc<dyn BindingStore>,
     existence: Arc<Existence>,
     lifecycle: Lifecycle,
@@ -64,7 +64,7 @@ fn config(requires_token: bool) -> LifecycleConfig {
     }
 }
 
-fn env_with(fake: FakeProvider, store: Arc<dyn BindingStore>) -> Env {
+fn env_with(fake: sandbox_core::Checked<FakeProvider>, store: Arc<dyn BindingStore>) -> Env {
     let existence = Arc::new(Existence::default());
     let lifecycle = Lifecycle::new(
         Arc::new(fake.clone()),
@@ -374,8 +374,8 @@ async fn create_race_loser_deletes_its_own_sandbox() {
     // shared, model two replicas whose locking failed open; only create-if-absent decides.
     let backing = MemoryBindingStore::new();
     let fake = FakeProvider::new();
-    let a = env_with(fake.clone(), Arc::new(UnlockedStore(backing.clone())));
-    let b = env_with(fake.clone(), Arc::new(UnlockedStore(backing.clone())));
+    let a = env_with(fake.clone(), Arc::new(UnlockedStore::over(backing.clone())));
+    let b = env_with(fake.clone(), Arc::new(UnlockedStore::over(backing.clone())));
     let barrier = Arc::new(tokio::sync::Barrier::new(2));
     fake.set_hook(
         FakeOp::Create,
@@ -410,39 +410,22 @@ async fn create_race_loser_deletes_its_own_sandbox() {
     assert!(c.fake.sandbox_ids().is_empty());
 }
 
-/// A store whose lifecycle lock never excludes (everything else delegates): two coordinators
-/// on it race all the way to create-if-absent.
+/// A store whose lifecycle lock never excludes (everything else forwards, through the test
+/// kit's forwarding helper): two coordinators on it race all the way to create-if-absent.
 #[derive(Debug)]
-struct UnlockedStore(MemoryBindingStore);
+struct UnlockedStore;
+
+impl UnlockedStore {
+    fn over(backing: MemoryBindingStore) -> ForwardStore<UnlockedStore> {
+        ForwardStore::new(Arc::new(backing), UnlockedStore)
+    }
+}
 
 #[async_trait]
-impl BindingStore for UnlockedStore {
-    async fn get(&self, key: &BindingKey) -> Result<Option<Binding>, Error> {
-        self.0.get(key).await
-    }
-    async fn create(&self, key: &BindingKey, binding: &Binding) -> Result<bool, Error> {
-        self.0.create(key, binding).await
-    }
-    async fn delete_if_match(
-        &self,
-        key: &BindingKey,
-        provider: Provider,
-        sandbox: &SandboxId,
-    ) -> Result<bool, Error> {
-        self.0.delete_if_match(key, provider, sandbox).await
-    }
-    async fn replace_traffic_token_if_match(
-        &self,
-        key: &BindingKey,
-        expected: &Binding,
-        token: &Secret,
-    ) -> Result<bool, Error> {
-        self.0
-            .replace_traffic_token_if_match(key, expected, token)
-            .await
-    }
+impl StoreHooks for UnlockedStore {
     async fn lock_lifecycle(
         &self,
+        _next: &dyn BindingStore,
         _key: &BindingKey,
     ) -> Result<sandbox_core::LifecycleLock, Error> {
         #[derive(Debug)]
@@ -457,13 +440,6 @@ impl BindingStore for UnlockedStore {
             sandbox_core::OwnershipToken::never_lost(),
             Box::new(Noop),
         ))
-    }
-    async fn invalidate_by_config(
-        &self,
-        tenant: sandbox_core::TenantId,
-        config: &ConfigId,
-    ) -> Result<sandbox_core::InvalidationReport, Error> {
-        self.0.invalidate_by_config(tenant, config).await
     }
 }
 

@@ -18,12 +18,12 @@ use sandbox_session::memory_store::MemoryBindingStore;
 use sandbox_testkit::{FakeOp, FakeProvider};
 
 struct Env {
-    fake: FakeProvider,
+    fake: sandbox_core::Checked<FakeProvider>,
     store: MemoryBindingStore,
     m: SessionManager,
 }
 
-fn env_with(fake: FakeProvider) -> Env {
+fn env_with(fake: sandbox_core::Checked<FakeProvider>) -> Env {
     let store = MemoryBindingStore::new();
     let config = LifecycleConfig {
         config_id: ConfigId::new("cfg").unwrap(),

@@ -1,5 +1,5 @@
 //! The store suite must be able to fail: each defect below is planted in a decorator around the
-//! memory store, and the case that guards against it must reject it, while the healthy store
+//! memory store (the test kit's forwarding helper: only the changed methods are written), and the case that guards against it must reject it, while the healthy store
 //! passes the same case. A case that passes a broken store is a case that checks nothing.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Test binary: a failed unwrap is a failed test.
@@ -10,15 +10,15 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use sandbox_core::{
-    ActivityRegistry, BackgroundActivity, Binding, BindingKey, BindingStore, Clock, ConfigId,
-    Error, ErrorCode, InvalidationReport, LifecycleLock, LockRelease, ManualClock, Origin,
-    Provider, RewindLock, RewindLocks, SandboxId, Secret, SystemClock, TenantId, TurnLeases,
-    TurnState,
+    Binding, BindingKey, BindingStore, Clock, ConfigId, Error, ErrorCode, InvalidationReport,
+    LifecycleLock, LockRelease, ManualClock, Origin, Provider, RewindLock, RewindLocks, SandboxId,
+    Secret, SystemClock, TenantId, TurnLeases,
 };
 use sandbox_session::memory_store::MemoryBindingStore;
 use sandbox_testkit::conformance::store::{
     StoreFeature, StoreFeatures, StoreTarget, StoreTiming, find_store_case, run_store_case,
 };
+use sandbox_testkit::{ForwardStore, StoreHooks};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Defect {
@@ -59,6 +59,11 @@ impl Broken {
         }
     }
 
+    /// The memory store with this defect planted, through the forwarding helper.
+    fn store(inner: MemoryBindingStore, defect: Defect) -> ForwardStore<Broken> {
+        ForwardStore::new(Arc::new(inner.clone()), Broken::new(inner, defect))
+    }
+
     /// Overwrites `key`'s binding with `binding` (delete, then create).
     async fn overwrite(&self, key: &BindingKey, binding: &Binding) -> Result<(), Error> {
         if let Some(old) = self.inner.get(key).await? {
@@ -95,13 +100,16 @@ impl LockRelease for GlobalRelease {
     }
 }
 
+/// Only the methods a defect touches; the test kit's forwarding helper forwards the rest. The
+/// hooks reach the store through `self.inner`, the same store `next` is.
 #[async_trait]
-impl BindingStore for Broken {
-    async fn get(&self, key: &BindingKey) -> Result<Option<Binding>, Error> {
-        self.inner.get(key).await
-    }
-
-    async fn create(&self, key: &BindingKey, binding: &Binding) -> Result<bool, Error> {
+impl StoreHooks for Broken {
+    async fn create(
+        &self,
+        _next: &dyn BindingStore,
+        key: &BindingKey,
+        binding: &Binding,
+    ) -> Result<bool, Error> {
         binding
             .validate(key)
             .map_err(|e| e.with_origin(Origin::Store))?;
@@ -115,6 +123,7 @@ impl BindingStore for Broken {
 
     async fn delete_if_match(
         &self,
+        _next: &dyn BindingStore,
         key: &BindingKey,
         provider: Provider,
         sandbox: &SandboxId,
@@ -133,6 +142,7 @@ impl BindingStore for Broken {
 
     async fn replace_traffic_token_if_match(
         &self,
+        _next: &dyn BindingStore,
         key: &BindingKey,
         expected: &Binding,
         token: &Secret,
@@ -159,7 +169,11 @@ impl BindingStore for Broken {
             .await
     }
 
-    async fn lock_lifecycle(&self, key: &BindingKey) -> Result<LifecycleLock, Error> {
+    async fn lock_lifecycle(
+        &self,
+        _next: &dyn BindingStore,
+        key: &BindingKey,
+    ) -> Result<LifecycleLock, Error> {
         if self.defect == Defect::GlobalLifecycleLock {
             let global = self.global.clone().lock_owned().await;
             let (token, release) = self.inner.lock_lifecycle(key).await?.into_parts();
@@ -176,6 +190,7 @@ impl BindingStore for Broken {
 
     async fn invalidate_by_config(
         &self,
+        _next: &dyn BindingStore,
         tenant: TenantId,
         config: &ConfigId,
     ) -> Result<InvalidationReport, Error> {
@@ -199,43 +214,28 @@ impl BindingStore for Broken {
         Ok(report)
     }
 
-    fn turn_leases(&self) -> Option<&dyn TurnLeases> {
-        Some(self)
-    }
-    fn rewind_locks(&self) -> Option<&dyn RewindLocks> {
-        Some(self)
-    }
-    fn activities(&self) -> Option<&dyn ActivityRegistry> {
-        Some(self)
-    }
-}
-
-#[async_trait]
-impl TurnLeases for Broken {
-    async fn begin_turn(&self, key: &BindingKey) -> Result<(), Error> {
+    async fn begin_turn(&self, _next: &dyn TurnLeases, key: &BindingKey) -> Result<(), Error> {
         self.inner.begin_turn(key).await?;
         if self.defect == Defect::BeginTurnNeverArmsRebuild {
             self.inner.consume_turn_rebuild(key).await?;
         }
         Ok(())
     }
-    async fn end_turn(&self, key: &BindingKey) -> Result<(), Error> {
-        self.inner.end_turn(key).await
-    }
-    async fn turn_state(&self, key: &BindingKey) -> Result<TurnState, Error> {
-        self.inner.turn_state(key).await
-    }
-    async fn consume_turn_rebuild(&self, key: &BindingKey) -> Result<(), Error> {
+    async fn consume_turn_rebuild(
+        &self,
+        _next: &dyn TurnLeases,
+        key: &BindingKey,
+    ) -> Result<(), Error> {
         if self.defect == Defect::ConsumeCreatesLease && !self.inner.turn_state(key).await?.active {
             self.inner.begin_turn(key).await?;
         }
         self.inner.consume_turn_rebuild(key).await
     }
-}
-
-#[async_trait]
-impl RewindLocks for Broken {
-    async fn try_lock_rewind(&self, key: &BindingKey) -> Result<RewindLock, Error> {
+    async fn try_lock_rewind(
+        &self,
+        _next: &dyn RewindLocks,
+        key: &BindingKey,
+    ) -> Result<RewindLock, Error> {
         match self.inner.try_lock_rewind(key).await {
             Err(e)
                 if self.defect == Defect::RewindNotExclusive
@@ -248,31 +248,6 @@ impl RewindLocks for Broken {
             }
             other => other,
         }
-    }
-    async fn has_rewind_lock(&self, key: &BindingKey) -> Result<bool, Error> {
-        self.inner.has_rewind_lock(key).await
-    }
-}
-
-#[async_trait]
-impl ActivityRegistry for Broken {
-    async fn add(
-        &self,
-        key: &BindingKey,
-        activity: &BackgroundActivity,
-        lease: Duration,
-        kind_cap: usize,
-    ) -> Result<(), Error> {
-        self.inner.add(key, activity, lease, kind_cap).await
-    }
-    async fn renew(&self, key: &BindingKey, id: &str, lease: Duration) -> Result<bool, Error> {
-        self.inner.renew(key, id, lease).await
-    }
-    async fn remove(&self, key: &BindingKey, id: &str) -> Result<(), Error> {
-        self.inner.remove(key, id).await
-    }
-    async fn list(&self, key: &BindingKey) -> Result<Vec<BackgroundActivity>, Error> {
-        self.inner.list(key).await
     }
 }
 
@@ -350,14 +325,14 @@ async fn every_planted_defect_is_caught_by_its_case() {
         // the wrapping rather than the defect.
         let wrapped = outcome(
             case,
-            target(|s| Arc::new(Broken::new(s, Defect::Nothing)) as _),
+            target(|s| Arc::new(Broken::store(s, Defect::Nothing)) as _),
         )
         .await;
         assert!(
             wrapped.is_ok(),
             "{case} fails the bare decorator: {wrapped:?}"
         );
-        let broken = outcome(case, target(|s| Arc::new(Broken::new(s, defect)) as _)).await;
+        let broken = outcome(case, target(|s| Arc::new(Broken::store(s, defect)) as _)).await;
         assert!(broken.is_err(), "{case} did not catch {defect:?}");
     }
 }
@@ -366,55 +341,23 @@ async fn every_planted_defect_is_caught_by_its_case() {
 async fn declaring_a_feature_the_store_lacks_is_caught() {
     // A store that declares turn leases in its target but hands none out.
     #[derive(Debug)]
-    struct NoTurns(MemoryBindingStore);
-    #[async_trait]
-    impl BindingStore for NoTurns {
-        async fn get(&self, key: &BindingKey) -> Result<Option<Binding>, Error> {
-            self.0.get(key).await
-        }
-        async fn create(&self, key: &BindingKey, b: &Binding) -> Result<bool, Error> {
-            self.0.create(key, b).await
-        }
-        async fn delete_if_match(
-            &self,
-            key: &BindingKey,
-            p: Provider,
-            s: &SandboxId,
-        ) -> Result<bool, Error> {
-            self.0.delete_if_match(key, p, s).await
-        }
-        async fn replace_traffic_token_if_match(
-            &self,
-            key: &BindingKey,
-            e: &Binding,
-            t: &Secret,
-        ) -> Result<bool, Error> {
-            self.0.replace_traffic_token_if_match(key, e, t).await
-        }
-        async fn lock_lifecycle(&self, key: &BindingKey) -> Result<LifecycleLock, Error> {
-            self.0.lock_lifecycle(key).await
-        }
-        async fn invalidate_by_config(
-            &self,
-            t: TenantId,
-            c: &ConfigId,
-        ) -> Result<InvalidationReport, Error> {
-            self.0.invalidate_by_config(t, c).await
-        }
-        fn rewind_locks(&self) -> Option<&dyn RewindLocks> {
-            self.0.rewind_locks()
-        }
-        fn activities(&self) -> Option<&dyn ActivityRegistry> {
-            self.0.activities()
+    struct NoTurns;
+    impl StoreHooks for NoTurns {
+        fn hides_turn_leases(&self) -> bool {
+            true
         }
     }
     let case = find_store_case("store_declared_features_match").unwrap();
     let healthy = run_store_case(&case, target(|s| Arc::new(s)), 1).await;
     assert!(healthy.is_ok(), "{healthy:?}");
-    let err = run_store_case(&case, target(|s| Arc::new(NoTurns(s)) as _), 2)
-        .await
-        .unwrap_err()
-        .0;
+    let err = run_store_case(
+        &case,
+        target(|s| Arc::new(ForwardStore::new(Arc::new(s), NoTurns)) as _),
+        2,
+    )
+    .await
+    .unwrap_err()
+    .0;
     assert!(
         err.contains("feature turn_leases: declared=true but callable=false"),
         "{err}"

@@ -229,7 +229,7 @@ fn self_cpu() -> Duration {
 // Stores and coordinators.
 
 /// A coordinator over its own fake provider and `store`.
-fn lifecycle(store: Arc<dyn BindingStore>) -> (FakeProvider, Lifecycle) {
+fn lifecycle(store: Arc<dyn BindingStore>) -> (sandbox_core::Checked<FakeProvider>, Lifecycle) {
     let fake = FakeProvider::new();
     let provider: Arc<dyn SandboxProvider> = Arc::new(fake.clone());
     let lc = Lifecycle::new(

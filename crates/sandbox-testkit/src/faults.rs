@@ -328,6 +328,7 @@ impl fmt::Debug for FaultyStore {
 }
 
 #[async_trait]
+#[deny(clippy::missing_trait_methods)]
 impl BindingStore for FaultyStore {
     async fn get(&self, key: &BindingKey) -> Result<Option<Binding>, Error> {
         let served = {
@@ -444,6 +445,7 @@ impl BindingStore for FaultyStore {
 
 /// The fast-path read is a read: `get`'s faults apply to it.
 #[async_trait]
+#[deny(clippy::missing_trait_methods)]
 impl sandbox_core::OptimisticReads for FaultyStore {
     async fn read_for_resolve(
         &self,
@@ -461,6 +463,7 @@ impl sandbox_core::OptimisticReads for FaultyStore {
 }
 
 #[async_trait]
+#[deny(clippy::missing_trait_methods)]
 impl TurnLeases for FaultyStore {
     async fn begin_turn(&self, key: &BindingKey) -> Result<(), Error> {
         self.enter(StoreOp::BeginTurn)?;
@@ -484,6 +487,7 @@ impl TurnLeases for FaultyStore {
 }
 
 #[async_trait]
+#[deny(clippy::missing_trait_methods)]
 impl RewindLocks for FaultyStore {
     async fn try_lock_rewind(&self, key: &BindingKey) -> Result<RewindLock, Error> {
         self.enter(StoreOp::TryLockRewind)?;
@@ -497,6 +501,7 @@ impl RewindLocks for FaultyStore {
 }
 
 #[async_trait]
+#[deny(clippy::missing_trait_methods)]
 impl ActivityRegistry for FaultyStore {
     async fn add(
         &self,

@@ -6,12 +6,15 @@
 //!   calls.
 //! - [`fake`]: the in-memory fake provider (conformance adapter `fake`) with failure injection.
 //! - [`faults`]: a fault-injecting wrapper for any `BindingStore`.
+//! - [`forward`]: the forwarding helper test doubles change a few methods through.
 //!
 //! This crate is a dev-dependency only; `cargo xtask tidy` refuses it as a normal dependency.
 
 pub mod conformance;
 pub mod fake;
 pub mod faults;
+pub mod forward;
 
 pub use fake::{FakeOp, FakeProvider, fake_capabilities};
 pub use faults::{FaultyStore, StoreOp};
+pub use forward::{Forward, ForwardStore, ProviderHooks, StoreHooks};

@@ -1,4 +1,5 @@
-//! The suite must be able to fail: each defect below is planted in a decorator around the fake,
+//! The suite must be able to fail: each defect below is planted in a decorator around the fake (the test kit's
+//! forwarding helper, so each defect writes only the methods it changes),
 //! and the case that guards against it must reject it, while the healthy fake passes the same
 //! case. A case that passes a broken provider is a case that checks nothing.
 
@@ -8,13 +9,12 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use sandbox_core::{
-    Capabilities, Capability, ConnectProbe, ConnectRequest, CreateRequest, DirEntry, Error,
-    ExecRequest, ExecResult, KeepAlive, ListFilter, Operation, Provider, SandboxHandle, SandboxId,
-    SandboxPath, SandboxProvider, SandboxSummary, SnapshotId, SnapshotRef, Snapshots, StatEntry,
-    TemplateCatalog,
+    Capability, Checked, ConnectRequest, CreateRequest, Error, ExecRequest, ExecResult, ListFilter,
+    Operation, SandboxHandle, SandboxId, SandboxPath, SandboxProvider, SandboxSummary, SnapshotId,
+    Snapshots,
 };
 use sandbox_testkit::conformance::{Target, find_case, run_case};
-use sandbox_testkit::{FakeProvider, fake_capabilities};
+use sandbox_testkit::{FakeProvider, Forward, ProviderHooks, fake_capabilities};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Defect {
@@ -35,31 +35,40 @@ enum Defect {
     RemoveRootAllowed,
 }
 
+/// The defect, planted through the test kit's forwarding helper: only the methods a defect
+/// touches are written here, the rest forward to the fake.
 #[derive(Debug)]
 struct Broken {
-    inner: FakeProvider,
+    /// The wrapped fake, for inspecting its state (clones share it).
+    fake: Checked<FakeProvider>,
     defect: Defect,
 }
 
+impl Broken {
+    fn provider(defect: Defect) -> Forward<Broken> {
+        let fake = FakeProvider::new();
+        Forward::new(Arc::new(fake.clone()), Broken { fake, defect })
+    }
+}
+
 #[async_trait]
-impl SandboxProvider for Broken {
-    fn provider(&self) -> Provider {
-        self.inner.provider()
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    async fn health(&self) -> Result<(), Error> {
-        self.inner.health().await
-    }
-    async fn create(&self, mut request: CreateRequest) -> Result<SandboxHandle, Error> {
+impl ProviderHooks for Broken {
+    async fn create(
+        &self,
+        next: &dyn SandboxProvider,
+        mut request: CreateRequest,
+    ) -> Result<SandboxHandle, Error> {
         if self.defect == Defect::DropsMetadata {
             request.metadata.retain(|k, _| k == "sandbox_conformance");
         }
-        self.inner.create(request).await
+        next.create(request).await
     }
-    async fn connect(&self, request: ConnectRequest) -> Result<SandboxHandle, Error> {
-        let result = self.inner.connect(request).await;
+    async fn connect(
+        &self,
+        next: &dyn SandboxProvider,
+        request: ConnectRequest,
+    ) -> Result<SandboxHandle, Error> {
+        let result = next.connect(request).await;
         match result {
             Err(e) if self.defect == Defect::GoneIsUnavailable && e.can_replace_binding() => {
                 Err(Error::unavailable(Operation::CONNECT, "gateway hiccup"))
@@ -67,23 +76,25 @@ impl SandboxProvider for Broken {
             other => other,
         }
     }
-    async fn get(&self, id: &SandboxId) -> Result<SandboxSummary, Error> {
-        self.inner.get(id).await
-    }
-    async fn list(&self, filter: &ListFilter) -> Result<Vec<SandboxSummary>, Error> {
+    async fn list(
+        &self,
+        next: &dyn SandboxProvider,
+        filter: &ListFilter,
+    ) -> Result<Vec<SandboxSummary>, Error> {
         if self.defect == Defect::ListIgnoresFilter {
-            return self.inner.list(&ListFilter::default()).await;
+            return next.list(&ListFilter::default()).await;
         }
-        self.inner.list(filter).await
+        next.list(filter).await
     }
-    async fn delete(&self, id: &SandboxId) -> Result<(), Error> {
+    async fn delete(&self, next: &dyn SandboxProvider, id: &SandboxId) -> Result<(), Error> {
         if self.defect == Defect::DeleteIsNoop {
             return Ok(());
         }
-        self.inner.delete(id).await
+        next.delete(id).await
     }
     async fn exec(
         &self,
+        next: &dyn SandboxProvider,
         sandbox: &SandboxHandle,
         request: ExecRequest,
     ) -> Result<ExecResult, Error> {
@@ -92,7 +103,7 @@ impl SandboxProvider for Broken {
             request.stdin = None;
         }
         let is_echo = matches!(&request.command, sandbox_core::Command::Argv { program, .. } if program == "echo");
-        let mut r = self.inner.exec(sandbox, request).await?;
+        let mut r = next.exec(sandbox, request).await?;
         match self.defect {
             Defect::MergesStreams => {
                 let err = std::mem::take(&mut r.stderr);
@@ -109,87 +120,52 @@ impl SandboxProvider for Broken {
     }
     async fn write_file(
         &self,
+        next: &dyn SandboxProvider,
         sandbox: &SandboxHandle,
         path: &SandboxPath,
         content: &[u8],
     ) -> Result<(), Error> {
         if self.defect == Defect::CorruptsBinary {
             let mangled: Vec<u8> = content.iter().copied().filter(|b| *b != b'\r').collect();
-            return self.inner.write_file(sandbox, path, &mangled).await;
+            return next.write_file(sandbox, path, &mangled).await;
         }
-        self.inner.write_file(sandbox, path, content).await
+        next.write_file(sandbox, path, content).await
     }
-    async fn read_file(
+    async fn make_dir(
         &self,
+        next: &dyn SandboxProvider,
         sandbox: &SandboxHandle,
         path: &SandboxPath,
-    ) -> Result<Vec<u8>, Error> {
-        self.inner.read_file(sandbox, path).await
-    }
-    async fn list_dir(
-        &self,
-        sandbox: &SandboxHandle,
-        path: &SandboxPath,
-    ) -> Result<Vec<DirEntry>, Error> {
-        self.inner.list_dir(sandbox, path).await
-    }
-    async fn make_dir(&self, sandbox: &SandboxHandle, path: &SandboxPath) -> Result<(), Error> {
-        if self.defect == Defect::MkdirOfExistingFails
-            && self.inner.stat(sandbox, path).await.is_ok()
-        {
+    ) -> Result<(), Error> {
+        if self.defect == Defect::MkdirOfExistingFails && next.stat(sandbox, path).await.is_ok() {
             return Err(Error::internal(
                 Operation::MAKE_DIR,
                 "directory already exists",
             ));
         }
-        self.inner.make_dir(sandbox, path).await
+        next.make_dir(sandbox, path).await
     }
-    async fn remove(&self, sandbox: &SandboxHandle, path: &SandboxPath) -> Result<(), Error> {
+    async fn remove(
+        &self,
+        next: &dyn SandboxProvider,
+        sandbox: &SandboxHandle,
+        path: &SandboxPath,
+    ) -> Result<(), Error> {
         if self.defect == Defect::RemoveRootAllowed && path.is_root() {
             return Ok(());
         }
-        self.inner.remove(sandbox, path).await
+        next.remove(sandbox, path).await
     }
-    async fn stat(&self, sandbox: &SandboxHandle, path: &SandboxPath) -> Result<StatEntry, Error> {
-        self.inner.stat(sandbox, path).await
-    }
-    // A decorator forwards every optional capability, or the capability silently disappears.
-    fn as_snapshots(&self) -> Option<&dyn Snapshots> {
-        Some(self)
-    }
-    fn as_template_catalog(&self) -> Option<&dyn TemplateCatalog> {
-        self.inner.as_template_catalog()
-    }
-    fn as_keep_alive(&self) -> Option<&dyn KeepAlive> {
-        self.inner.as_keep_alive()
-    }
-    fn as_connect_probe(&self) -> Option<&dyn ConnectProbe> {
-        self.inner.as_connect_probe()
-    }
-}
-
-#[async_trait]
-impl Snapshots for Broken {
-    async fn create_snapshot(
-        &self,
-        sandbox: &SandboxId,
-        name: Option<&str>,
-    ) -> Result<SnapshotRef, Error> {
-        self.inner.create_snapshot(sandbox, name).await
-    }
-    async fn delete_snapshot(&self, id: &SnapshotId) -> Result<(), Error> {
+    async fn delete_snapshot(&self, next: &dyn Snapshots, id: &SnapshotId) -> Result<(), Error> {
         if self.defect == Defect::SnapshotDeleteNotIdempotent
-            && !self.inner.snapshot_ids().contains(id)
+            && !self.fake.snapshot_ids().contains(id)
         {
             return Err(Error::not_found(
                 Operation::DELETE_SNAPSHOT,
                 "no such snapshot",
             ));
         }
-        self.inner.delete_snapshot(id).await
-    }
-    async fn list_snapshots(&self, source: Option<&SandboxId>) -> Result<Vec<SnapshotRef>, Error> {
-        self.inner.list_snapshots(source).await
+        next.delete_snapshot(id).await
     }
 }
 
@@ -242,14 +218,7 @@ async fn every_planted_defect_is_caught_by_its_case() {
             healthy.is_ok(),
             "{case} fails the healthy fake: {healthy:?}"
         );
-        let broken = outcome(
-            case,
-            Arc::new(Broken {
-                inner: FakeProvider::new(),
-                defect,
-            }),
-        )
-        .await;
+        let broken = outcome(case, Arc::new(Broken::provider(defect))).await;
         assert!(broken.is_err(), "{case} did not catch {defect:?}");
     }
 }
@@ -273,69 +242,24 @@ async fn declaring_less_than_the_pinned_set_is_caught() {
 async fn a_dropped_capability_method_is_caught() {
     // Declares snapshots but a careless decorator does not forward the trait.
     #[derive(Debug)]
-    struct Forgetful(FakeProvider);
-    #[async_trait]
-    impl SandboxProvider for Forgetful {
-        fn provider(&self) -> Provider {
-            self.0.provider()
-        }
-        fn capabilities(&self) -> Capabilities {
-            self.0.capabilities()
-        }
-        async fn health(&self) -> Result<(), Error> {
-            self.0.health().await
-        }
-        async fn create(&self, r: CreateRequest) -> Result<SandboxHandle, Error> {
-            self.0.create(r).await
-        }
-        async fn connect(&self, r: ConnectRequest) -> Result<SandboxHandle, Error> {
-            self.0.connect(r).await
-        }
-        async fn get(&self, id: &SandboxId) -> Result<SandboxSummary, Error> {
-            self.0.get(id).await
-        }
-        async fn list(&self, f: &ListFilter) -> Result<Vec<SandboxSummary>, Error> {
-            self.0.list(f).await
-        }
-        async fn delete(&self, id: &SandboxId) -> Result<(), Error> {
-            self.0.delete(id).await
-        }
-        async fn exec(&self, h: &SandboxHandle, r: ExecRequest) -> Result<ExecResult, Error> {
-            self.0.exec(h, r).await
-        }
-        async fn write_file(
-            &self,
-            h: &SandboxHandle,
-            p: &SandboxPath,
-            c: &[u8],
-        ) -> Result<(), Error> {
-            self.0.write_file(h, p, c).await
-        }
-        async fn read_file(&self, h: &SandboxHandle, p: &SandboxPath) -> Result<Vec<u8>, Error> {
-            self.0.read_file(h, p).await
-        }
-        async fn list_dir(
-            &self,
-            h: &SandboxHandle,
-            p: &SandboxPath,
-        ) -> Result<Vec<DirEntry>, Error> {
-            self.0.list_dir(h, p).await
-        }
-        async fn make_dir(&self, h: &SandboxHandle, p: &SandboxPath) -> Result<(), Error> {
-            self.0.make_dir(h, p).await
-        }
-        async fn remove(&self, h: &SandboxHandle, p: &SandboxPath) -> Result<(), Error> {
-            self.0.remove(h, p).await
-        }
-        async fn stat(&self, h: &SandboxHandle, p: &SandboxPath) -> Result<StatEntry, Error> {
-            self.0.stat(h, p).await
+    struct Forgetful;
+    impl ProviderHooks for Forgetful {
+        fn hides(&self, capability: Capability) -> bool {
+            capability == Capability::Snapshots
         }
     }
     let case = find_case("declared_capabilities_are_callable").unwrap();
-    let err = run_case(&case, target(Arc::new(Forgetful(FakeProvider::new()))), 2)
-        .await
-        .unwrap_err()
-        .0;
+    let err = run_case(
+        &case,
+        target(Arc::new(Forward::new(
+            Arc::new(FakeProvider::new()),
+            Forgetful,
+        ))),
+        2,
+    )
+    .await
+    .unwrap_err()
+    .0;
     assert!(
         err.contains("declared=true but narrowing gives callable=false"),
         "{err}"

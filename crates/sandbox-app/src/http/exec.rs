@@ -25,7 +25,6 @@ use tokio::sync::mpsc;
 
 use super::error::ApiError;
 use super::output::{Piece, Utf8Carry};
-use super::sessions::observed;
 use super::{AppState, Caller, SessionPath, session_key};
 use crate::api;
 
@@ -82,7 +81,7 @@ pub async fn exec(
             .manager
             .exec(&key, request)
             .await
-            .map_err(|e| observed(&state, e))?;
+            .map_err(ApiError::from)?;
         return Ok(Json(api::ExecResult::from(&result)).into_response());
     }
 

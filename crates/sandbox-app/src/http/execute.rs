@@ -13,7 +13,6 @@ use sandbox_session::manager::Script;
 
 use super::body::read_json;
 use super::error::ApiError;
-use super::sessions::observed;
 use super::{AppState, Caller};
 use crate::api;
 
@@ -66,6 +65,6 @@ pub async fn execute(
         .manager
         .execute(tenant, None, script)
         .await
-        .map_err(|e| observed(&state, e))?;
+        .map_err(ApiError::from)?;
     Ok(Json(api::ExecResult::from(&result)))
 }

@@ -45,7 +45,6 @@ use sandbox_core::{BindingKey, Error, ErrorCode, ErrorKind, Operation, SandboxPa
 
 use super::body::{DRAIN_MAX_BYTES, declared_length, drain, read_limited};
 use super::error::ApiError;
-use super::sessions::observed;
 use super::{AppState, Caller, SessionPath, session_key};
 use crate::api;
 
@@ -139,14 +138,14 @@ pub async fn download(
         .manager
         .read_file_stream(&key, &path, state.limits.download_max_bytes)
         .await
-        .map_err(|e| observed(&state, e))?;
+        .map_err(ApiError::from)?;
     // The first chunk is awaited before answering, so a refusal the adapter can only make once
     // the file is open (it turned out not to be a regular file, or larger than the cap) is
     // still a proper error answer rather than a cut-off 200.
     let first = match stream.next_chunk().await {
         None => None,
         Some(Ok(chunk)) => Some(chunk),
-        Some(Err(e)) => return Err(observed(&state, e)),
+        Some(Err(e)) => return Err(ApiError::from(e)),
     };
     let metrics = state.metrics.clone();
     let rest = futures_util::stream::unfold(Some(stream), move |stream| {
@@ -297,7 +296,7 @@ async fn write_upload(
         Upload::ModelFile => state.manager.write_file(&key, &path, &content).await,
         Upload::Attachment => state.manager.write_attachment(&key, &path, &content).await,
     };
-    written.map_err(|e| observed(state, e).into_response())?;
+    written.map_err(|e| ApiError::from(e).into_response())?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -326,7 +325,7 @@ pub async fn delete_attachment(
         .manager
         .remove_attachment(&key, &path)
         .await
-        .map_err(|e| observed(&state, e))?;
+        .map_err(ApiError::from)?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -373,7 +372,7 @@ pub async fn list(
         .manager
         .list_files(&key, &path, sandbox_core::TreeLimits::depth(depth))
         .await
-        .map_err(|e| observed(&state, e))?;
+        .map_err(ApiError::from)?;
     Ok(Json(api::Listing::from(listing)))
 }
 
@@ -401,7 +400,7 @@ pub async fn stat(
         .manager
         .stat(&key, &path)
         .await
-        .map_err(|e| observed(&state, e))?;
+        .map_err(ApiError::from)?;
     Ok(Json(api::StatEntry::from(entry)))
 }
 
@@ -432,15 +431,12 @@ pub async fn mkdir(
         .check_model_write(&path)
         .map_err(ApiError::from)?;
     let lifecycle = state.manager.lifecycle();
-    let handle = lifecycle
-        .resolve(&key)
-        .await
-        .map_err(|e| observed(&state, e))?;
+    let handle = lifecycle.resolve(&key).await.map_err(ApiError::from)?;
     lifecycle
         .provider()
         .make_dir(&handle, &path)
         .await
-        .map_err(|e| observed(&state, e))?;
+        .map_err(ApiError::from)?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -475,12 +471,12 @@ pub async fn remove(
     let handle = lifecycle
         .lookup(&key)
         .await
-        .map_err(|e| observed(&state, e))?
-        .ok_or_else(|| observed(&state, no_live_sandbox(Operation::REMOVE, &key)))?;
+        .map_err(ApiError::from)?
+        .ok_or_else(|| ApiError::from(no_live_sandbox(Operation::REMOVE, &key)))?;
     lifecycle
         .provider()
         .remove(&handle, &path)
         .await
-        .map_err(|e| observed(&state, e))?;
+        .map_err(ApiError::from)?;
     Ok(StatusCode::NO_CONTENT)
 }

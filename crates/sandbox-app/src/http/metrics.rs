@@ -1,6 +1,7 @@
-//! Prometheus metrics: requests by route and status, latency histograms, provider errors by
-//! kind, resolves by outcome, sandboxes created and destroyed (the last two fed by the
-//! lifecycle coordinator through [`LifecycleObserver`]). Rendered at `GET /metrics` in the text exposition format.
+//! Prometheus metrics: requests by route and status, latency histograms, provider and store
+//! errors by kind and their calls' latency by operation (both fed by the metrics layer at the
+//! ports, [`crate::metered`]), resolves by outcome, sandboxes created and destroyed (the last
+//! two fed by the lifecycle coordinator through [`LifecycleObserver`]). Rendered at `GET /metrics` in the text exposition format.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -36,6 +37,18 @@ struct KindLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OperationLabels {
+    operation: &'static str,
+}
+
+/// Which port a timed call went through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Component {
+    Provider,
+    Store,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabels {
     outcome: &'static str,
 }
@@ -47,6 +60,8 @@ pub struct Metrics {
     latency: Family<RouteLabels, Histogram>,
     provider_errors: Family<KindLabels, Counter>,
     store_errors: Family<KindLabels, Counter>,
+    provider_operations: Family<OperationLabels, Histogram>,
+    store_operations: Family<OperationLabels, Histogram>,
     resolves: Family<OutcomeLabels, Counter>,
     created: Counter,
     destroyed: Counter,
@@ -85,14 +100,30 @@ impl Metrics {
         );
         registry.register(
             "provider_errors",
-            "Backend errors returned to callers, by error kind",
+            "Backend errors, by error kind",
             provider_errors.clone(),
         );
         let store_errors = Family::<KindLabels, Counter>::default();
         registry.register(
             "store_errors",
-            "Binding-store errors returned to callers, by error kind",
+            "Binding-store errors, by error kind",
             store_errors.clone(),
+        );
+        // From 100 µs (a memory store's call) to about 54 min (an image build).
+        let operation_histogram = || Histogram::new(exponential_buckets(0.0001, 2.0, 25));
+        let provider_operations =
+            Family::<OperationLabels, Histogram>::new_with_constructor(operation_histogram);
+        registry.register(
+            "provider_operation_duration_seconds",
+            "Backend call latency by operation",
+            provider_operations.clone(),
+        );
+        let store_operations =
+            Family::<OperationLabels, Histogram>::new_with_constructor(operation_histogram);
+        registry.register(
+            "store_operation_duration_seconds",
+            "Binding-store call latency by operation",
+            store_operations.clone(),
         );
         let resolves = Family::<OutcomeLabels, Counter>::default();
         registry.register(
@@ -118,6 +149,8 @@ impl Metrics {
             latency,
             provider_errors,
             store_errors,
+            provider_operations,
+            store_operations,
             resolves,
             created,
             destroyed,
@@ -146,7 +179,23 @@ impl Metrics {
             .observe(elapsed.as_secs_f64());
     }
 
-    /// Records an error returned to a caller, as a store error when its origin is the binding
+    /// Records one call of a port's `operation`.
+    pub fn observe_operation(
+        &self,
+        component: Component,
+        operation: &'static str,
+        elapsed: Duration,
+    ) {
+        let family = match component {
+            Component::Provider => &self.provider_operations,
+            Component::Store => &self.store_operations,
+        };
+        family
+            .get_or_create(&OperationLabels { operation })
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// Records an error a port returned, as a store error when its origin is the binding
     /// store, else as a provider error (the same split as the `store_*`/`provider_*` codes,
     /// [`super::error::from_store`]).
     pub fn observe_error(&self, error: &sandbox_core::Error) {

@@ -30,11 +30,7 @@ pub async fn get_session(
 ) -> Result<Response, ApiError> {
     let key = session_key(caller, &session)?;
     let lifecycle = state.manager.lifecycle();
-    match lifecycle
-        .peek_state(&key)
-        .await
-        .map_err(|e| observed(&state, e))?
-    {
+    match lifecycle.peek_state(&key).await.map_err(ApiError::from)? {
         None => Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "no_live_sandbox",
@@ -70,11 +66,7 @@ pub async fn destroy(
     SessionPath(session): SessionPath,
 ) -> Result<StatusCode, ApiError> {
     let key = session_key(caller, &session)?;
-    state
-        .manager
-        .destroy(&key)
-        .await
-        .map_err(|e| observed(&state, e))?;
+    state.manager.destroy(&key).await.map_err(ApiError::from)?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -102,15 +94,9 @@ pub async fn keep_alive(
         .manager
         .keep_alive(&key)
         .await
-        .map_err(|e| observed(&state, e))?;
+        .map_err(ApiError::from)?;
     Ok(Json(api::KeepAlive {
         refreshed: !next.is_zero(),
         next_refresh_ms: api::millis(next),
     }))
-}
-
-/// Converts a core error, counting it by kind.
-pub fn observed(state: &AppState, err: sandbox_core::Error) -> ApiError {
-    state.metrics.observe_error(&err);
-    ApiError::from(err)
 }

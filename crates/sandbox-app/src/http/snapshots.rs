@@ -14,7 +14,6 @@ use sandbox_core::ids::MAX_ID_LEN;
 
 use super::body::read_json;
 use super::error::ApiError;
-use super::sessions::observed;
 use super::{AppState, Caller, session_key};
 use crate::api;
 
@@ -67,7 +66,7 @@ pub async fn create(
         .manager
         .snapshot(&key, body.name.as_deref())
         .await
-        .map_err(|e| observed(&state, e))?;
+        .map_err(ApiError::from)?;
     Ok((
         StatusCode::CREATED,
         Json(api::SnapshotCreated::from(&snapshot)),
@@ -116,7 +115,7 @@ pub async fn restore(
         .manager
         .create_from_snapshot(&key, &snapshot)
         .await
-        .map_err(|e| observed(&state, e))?;
+        .map_err(ApiError::from)?;
     Ok((
         StatusCode::CREATED,
         Json(api::RestoreCreated {

@@ -39,7 +39,6 @@ use tokio::time::{Instant, timeout};
 
 use super::error::ApiError;
 use super::metrics::Metrics;
-use super::sessions::observed;
 use super::{AppState, Caller, SessionPath, session_key};
 use crate::api;
 use crate::config::Limits;
@@ -111,7 +110,7 @@ pub async fn issue_ticket(
         .manager
         .require_running(&key)
         .await
-        .map_err(|e| observed(&state, e))?;
+        .map_err(ApiError::from)?;
     let ticket = state.tickets.issue(key).map_err(|e| match e {
         IssueError::Full => ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -191,7 +190,7 @@ pub async fn open(
             .lifecycle()
             .peek_state(&key)
             .await
-            .map_err(|e| observed(&state, e))?;
+            .map_err(ApiError::from)?;
         if bound.is_none() {
             return Err(ApiError::new(
                 StatusCode::NOT_FOUND,
@@ -204,7 +203,7 @@ pub async fn open(
             .manager
             .require_running(&key)
             .await
-            .map_err(|e| observed(&state, e))?;
+            .map_err(ApiError::from)?;
     }
     if !state.tickets.redeem(ticket, &key) {
         // Used by a concurrent upgrade, or expired meanwhile.
@@ -224,7 +223,7 @@ pub async fn open(
         .manager
         .open_terminal(&key, options)
         .await
-        .map_err(|e| observed(&state, e))?
+        .map_err(ApiError::from)?
         .into_parts();
     // From here on the guard closes the terminal whatever happens, including a failed upgrade
     // (the callback below is then dropped without running).

@@ -14,7 +14,9 @@ use crate::fs::{BufferedStream, DirEntry, ReadStream, StatEntry, TreeLimits, Tre
 use crate::ids::{SandboxId, SnapshotId};
 use crate::path::SandboxPath;
 use crate::provider::Provider;
-use crate::sandbox::{ConnectRequest, CreateRequest, ListFilter, SandboxHandle, SandboxSummary};
+use crate::sandbox::{
+    ConnectRequest, CreateRequest, ListFilter, NetworkFields, SandboxHandle, SandboxSummary,
+};
 use crate::template::{SnapshotRef, Template};
 use crate::terminal::{DesktopOptions, DesktopStream, Terminal, TerminalOptions};
 
@@ -37,6 +39,12 @@ pub trait SandboxProvider: Send + Sync + std::fmt::Debug {
 
     /// The static capability set. Callable before [`health`](SandboxProvider::health).
     fn capabilities(&self) -> Capabilities;
+
+    /// The [`NetworkPolicy`](crate::NetworkPolicy) fields this backend enforces at create.
+    /// - `[create.network]` A create setting a field not declared here is refused with
+    ///   `unsupported` naming the field (never accepted and left unapplied). The checking
+    ///   layer ([`crate::layers::Checked`]) does the refusing; adapters only declare.
+    fn network_fields(&self) -> NetworkFields;
 
     /// Probes the control plane.
     /// - `[health.ok]` `Ok(())` when reachable and authenticated.

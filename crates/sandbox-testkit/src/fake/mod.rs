@@ -9,6 +9,13 @@
 //! cancelled future, not a killed PID), users and permissions, symlinks, networking and network
 //! policy, resource limits, provider idle timeouts (nothing pauses on its own; tests call
 //! [`FakeProvider::pause`]), and durable storage (everything lives in this process).
+//!
+//! Like every adapter, it is handed out wrapped in the checking layer
+//! ([`sandbox_core::Checked`]): [`FakeProvider::new`] and [`FakeProviderBuilder::build`] return
+//! `Checked<FakeProvider>`, which refuses what the fake's declarations do not allow (metadata
+//! or a capability removed with [`FakeProviderBuilder::without`], the shell form, any network
+//! policy), so the fake itself holds no copy of those refusals. The wrapper dereferences to the
+//! fake, so failure injection and inspection are called on it directly.
 
 mod exec;
 mod fs;
@@ -23,11 +30,11 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use sandbox_core::{
-    Capabilities, Capability, Clock, Command, ConnectProbe, ConnectRequest, CreateRequest,
+    Capabilities, Capability, Checked, Clock, Command, ConnectProbe, ConnectRequest, CreateRequest,
     DirEntry, Error, ErrorCode, ExecRequest, ExecResult, KeepAlive, ListFilter, Metadata,
-    Operation, Provider, SandboxHandle, SandboxId, SandboxPath, SandboxProvider, SandboxState,
-    SandboxSummary, Secret, SnapshotId, SnapshotRef, Snapshots, StatEntry, SystemClock, Template,
-    TemplateCatalog, TemplateId, TenantId, owner_metadata,
+    NetworkFields, Operation, Provider, SandboxHandle, SandboxId, SandboxPath, SandboxProvider,
+    SandboxState, SandboxSummary, Secret, SnapshotId, SnapshotRef, Snapshots, StatEntry,
+    SystemClock, Template, TemplateCatalog, TemplateId, TenantId, owner_metadata,
 };
 
 use self::exec::{Output, ProcessEnv};
@@ -170,8 +177,9 @@ impl FakeProviderBuilder {
         self.provider = provider;
         self
     }
-    /// Removes a capability. The fake then also refuses the capability's operations, exactly as
-    /// a backend without it would. There is no way to add one: tests may narrow, never widen.
+    /// Removes a capability. The checking layer the fake comes in then refuses the capability's
+    /// operations, exactly as for a backend without it. There is no way to add one: tests may
+    /// narrow, never widen.
     #[must_use]
     pub fn without(mut self, capability: Capability) -> Self {
         self.capabilities = self.capabilities.with(capability, false);
@@ -196,8 +204,12 @@ impl FakeProviderBuilder {
         self.clock = Some(clock);
         self
     }
-    /// The provider.
-    pub fn build(self) -> FakeProvider {
+    /// The provider, wrapped in the checking layer like every adapter's.
+    pub fn build(self) -> Checked<FakeProvider> {
+        Checked::new(self.build_bare())
+    }
+
+    fn build_bare(self) -> FakeProvider {
         let mut state = State::default();
         for id in self.templates {
             state
@@ -234,15 +246,11 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-impl Default for FakeProvider {
-    fn default() -> Self {
-        FakeProvider::new()
-    }
-}
-
 impl FakeProvider {
-    /// A fake with the full capability set and the [`FAKE_TEMPLATE`] template.
-    pub fn new() -> Self {
+    /// A fake with the full capability set and the [`FAKE_TEMPLATE`] template, wrapped in the
+    /// checking layer.
+    #[allow(clippy::new_ret_no_self)] // The constructor hands out the fake already wrapped.
+    pub fn new() -> Checked<FakeProvider> {
         FakeProvider::builder().build()
     }
 
@@ -396,17 +404,6 @@ impl FakeProvider {
         Ok(())
     }
 
-    fn require(&self, capability: Capability, op: Operation) -> Result<(), Error> {
-        if self.inner.capabilities.has(capability) {
-            Ok(())
-        } else {
-            Err(self.err(Error::unsupported(
-                op,
-                format!("this fake does not declare {capability}"),
-            )))
-        }
-    }
-
     fn err(&self, error: Error) -> Error {
         error.with_provider(self.inner.provider)
     }
@@ -493,27 +490,18 @@ impl SandboxProvider for FakeProvider {
         self.inner.capabilities
     }
 
+    /// None: the fake models no network, so any policy is refused rather than ignored.
+    fn network_fields(&self) -> NetworkFields {
+        NetworkFields::NONE
+    }
+
     async fn health(&self) -> Result<(), Error> {
         self.enter(FakeOp::Health, None).await
     }
 
     async fn create(&self, request: CreateRequest) -> Result<SandboxHandle, Error> {
+        // Validation, metadata, volumes and network policy are the checking layer's.
         self.enter(FakeOp::Create, None).await?;
-        request
-            .validate()
-            .map_err(|e| self.err(e.with_operation(Operation::CREATE)))?;
-        if !request.metadata.is_empty() && !self.inner.capabilities.metadata {
-            return Err(self.err(Error::unsupported(
-                Operation::CREATE,
-                "this fake does not store metadata",
-            )));
-        }
-        if !request.volumes.is_empty() {
-            return Err(self.err(Error::unsupported(
-                Operation::CREATE,
-                "the fake cannot mount volumes",
-            )));
-        }
         let now = self.now();
         let mut st = lock(&self.inner.state);
         if request.from_snapshot {
@@ -567,7 +555,6 @@ impl SandboxProvider for FakeProvider {
     async fn connect(&self, request: ConnectRequest) -> Result<SandboxHandle, Error> {
         self.enter(FakeOp::Connect, Some(&request.sandbox_id))
             .await?;
-        self.require(Capability::Reconnect, Operation::CONNECT)?;
         self.connect_locked(&request, Operation::CONNECT)
     }
 
@@ -585,7 +572,6 @@ impl SandboxProvider for FakeProvider {
 
     async fn list(&self, filter: &ListFilter) -> Result<Vec<SandboxSummary>, Error> {
         self.enter(FakeOp::List, None).await?;
-        self.require(Capability::List, Operation::LIST)?;
         let st = lock(&self.inner.state);
         Ok(st
             .sandboxes
@@ -614,17 +600,16 @@ impl SandboxProvider for FakeProvider {
     ) -> Result<ExecResult, Error> {
         let id = sandbox.id();
         self.enter(FakeOp::Exec, Some(id)).await?;
-        request
-            .validate()
-            .map_err(|e| self.err(e.with_operation(Operation::EXEC)))?;
         let argv = match &request.command {
             Command::Argv { program, args } => std::iter::once(program.clone())
                 .chain(args.iter().cloned())
                 .collect(),
+            // The checking layer refuses the shell form (no `posix_shell`) before it gets here;
+            // the bare fake still cannot run one.
             Command::Shell(_) => {
                 return Err(self.err(Error::unsupported(
                     Operation::EXEC,
-                    "the fake interprets no shell (it lacks posix_shell); use the argv form",
+                    "the fake interprets no shell",
                 )));
             }
         };
@@ -712,7 +697,6 @@ impl SandboxProvider for FakeProvider {
         path: &SandboxPath,
     ) -> Result<Vec<DirEntry>, Error> {
         self.enter(FakeOp::ListDir, Some(sandbox.id())).await?;
-        self.require(Capability::FsEnumeration, Operation::LIST_DIR)?;
         let fs = self.fs_of(sandbox.id(), Operation::LIST_DIR)?;
         let result = lock(&fs).list(path);
         result.map_err(|e| self.err(e))
@@ -720,7 +704,6 @@ impl SandboxProvider for FakeProvider {
 
     async fn make_dir(&self, sandbox: &SandboxHandle, path: &SandboxPath) -> Result<(), Error> {
         self.enter(FakeOp::MakeDir, Some(sandbox.id())).await?;
-        self.require(Capability::FsEnumeration, Operation::MAKE_DIR)?;
         let fs = self.fs_of(sandbox.id(), Operation::MAKE_DIR)?;
         let now = self.now();
         let result = lock(&fs).mkdir_p(path, now, Operation::MAKE_DIR);
@@ -729,7 +712,6 @@ impl SandboxProvider for FakeProvider {
 
     async fn remove(&self, sandbox: &SandboxHandle, path: &SandboxPath) -> Result<(), Error> {
         self.enter(FakeOp::Remove, Some(sandbox.id())).await?;
-        self.require(Capability::FsEnumeration, Operation::REMOVE)?;
         let fs = self.fs_of(sandbox.id(), Operation::REMOVE)?;
         let result = lock(&fs).remove(path);
         result.map_err(|e| self.err(e))
@@ -737,7 +719,6 @@ impl SandboxProvider for FakeProvider {
 
     async fn stat(&self, sandbox: &SandboxHandle, path: &SandboxPath) -> Result<StatEntry, Error> {
         self.enter(FakeOp::Stat, Some(sandbox.id())).await?;
-        self.require(Capability::FsEnumeration, Operation::STAT)?;
         let fs = self.fs_of(sandbox.id(), Operation::STAT)?;
         let result = lock(&fs).stat(path);
         result.map_err(|e| self.err(e))
@@ -823,7 +804,6 @@ impl Snapshots for FakeProvider {
         name: Option<&str>,
     ) -> Result<SnapshotRef, Error> {
         self.enter(FakeOp::CreateSnapshot, Some(sandbox)).await?;
-        self.require(Capability::Snapshots, Operation::CREATE_SNAPSHOT)?;
         let now = self.now();
         let mut st = lock(&self.inner.state);
         let (fs, tenant) = {
@@ -864,7 +844,6 @@ impl Snapshots for FakeProvider {
 
     async fn delete_snapshot(&self, id: &SnapshotId) -> Result<(), Error> {
         self.enter(FakeOp::DeleteSnapshot, None).await?;
-        self.require(Capability::Snapshots, Operation::DELETE_SNAPSHOT)?;
         let mut st = lock(&self.inner.state);
         st.snapshots.remove(id);
         if let Ok(template) = TemplateId::new(id.as_str()) {
@@ -875,7 +854,6 @@ impl Snapshots for FakeProvider {
 
     async fn list_snapshots(&self, source: Option<&SandboxId>) -> Result<Vec<SnapshotRef>, Error> {
         self.enter(FakeOp::ListSnapshots, None).await?;
-        self.require(Capability::Snapshots, Operation::LIST_SNAPSHOTS)?;
         let st = lock(&self.inner.state);
         Ok(st
             .snapshots
@@ -907,7 +885,6 @@ fn snapshot_not_found() -> Error {
 impl TemplateCatalog for FakeProvider {
     async fn list_templates(&self) -> Result<Vec<Template>, Error> {
         self.enter(FakeOp::ListTemplates, None).await?;
-        self.require(Capability::TemplateCatalog, Operation::LIST_TEMPLATES)?;
         let standard = FakeProvider::template();
         let st = lock(&self.inner.state);
         Ok(st
@@ -923,7 +900,6 @@ impl TemplateCatalog for FakeProvider {
 
     async fn ensure_standard_template(&self) -> Result<Template, Error> {
         self.enter(FakeOp::EnsureTemplate, None).await?;
-        self.require(Capability::TemplateCatalog, Operation::ENSURE_TEMPLATE)?;
         let standard = FakeProvider::template();
         let mut st = lock(&self.inner.state);
         let view = template_view(&standard, true);
@@ -936,7 +912,6 @@ impl TemplateCatalog for FakeProvider {
 impl KeepAlive for FakeProvider {
     async fn keep_alive(&self, sandbox: &SandboxHandle, _ttl: Duration) -> Result<(), Error> {
         self.enter(FakeOp::KeepAlive, Some(sandbox.id())).await?;
-        self.require(Capability::KeepAlive, Operation::KEEP_ALIVE)?;
         self.running_parts(sandbox.id(), Operation::KEEP_ALIVE)?;
         let mut st = lock(&self.inner.state);
         if let Some(sbx) = st.sandboxes.get_mut(sandbox.id()) {
@@ -951,7 +926,6 @@ impl ConnectProbe for FakeProvider {
     async fn connect_session(&self, request: ConnectRequest) -> Result<SandboxHandle, Error> {
         self.enter(FakeOp::ConnectSession, Some(&request.sandbox_id))
             .await?;
-        self.require(Capability::ConnectProbe, Operation::CONNECT_SESSION)?;
         self.connect_locked(&request, Operation::CONNECT_SESSION)
     }
 }

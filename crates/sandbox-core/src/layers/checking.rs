@@ -1,0 +1,409 @@
+//! The checking layer: refuses, before the adapter sees it, every request the adapter's own
+//! declarations do not allow.
+//!
+//! Every adapter's public constructor returns its provider wrapped in [`Checked`], so the
+//! refusals hold for an embedder that uses one adapter crate alone, and adapters do not repeat
+//! them. What it checks, all from [`SandboxProvider::capabilities`] and
+//! [`SandboxProvider::network_fields`]:
+//! - create: the request's own validation (timeout policy, env names), then metadata without
+//!   `metadata`, mounts without `volumes` (`[create.metadata]`, `[create.volumes]`) and every
+//!   network-policy field the adapter does not enforce, each named (`[create.network]`);
+//! - exec: the request's own validation, and the shell form without `posix_shell`
+//!   (`[exec.shell]`);
+//! - connect without `reconnect`, list without `list`, the directory operations without
+//!   `fs_enumeration`;
+//! - each capability trait's methods without the trait's flag.
+//!
+//! Every refusal is `unsupported` (validation failures `invalid_request`) and says the inner
+//! provider's origin, as the adapter's own refusal did, so status codes and metric families
+//! are what they were. The layer holds no state and needs no runtime.
+
+use std::ops::Deref;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::capabilities::{Capabilities, Capability};
+use crate::error::{Error, Operation};
+use crate::exec::{Command, ExecRequest, ExecResult};
+use crate::fs::{DirEntry, ReadStream, StatEntry, TreeLimits, TreeListing};
+use crate::ids::{SandboxId, SnapshotId};
+use crate::path::SandboxPath;
+use crate::ports::provider::{
+    ConnectProbe, Desktop, KeepAlive, SandboxProvider, Snapshots, TemplateCatalog, Terminals,
+};
+use crate::provider::Provider;
+use crate::sandbox::{
+    ConnectRequest, CreateRequest, ListFilter, NetworkFields, SandboxHandle, SandboxSummary,
+};
+use crate::template::{SnapshotRef, Template};
+use crate::terminal::{DesktopOptions, DesktopStream, Terminal, TerminalOptions};
+
+/// A provider behind the checking policy.
+///
+/// It dereferences to the adapter, so adapter-specific methods (a sweep, the engine client,
+/// the fake's failure injection) stay reachable; every port method goes through the policy,
+/// because method resolution finds the wrapper's impl before it dereferences.
+#[derive(Debug, Clone)]
+pub struct Checked<P> {
+    inner: P,
+}
+
+impl<P: SandboxProvider> Checked<P> {
+    /// Wraps `inner`.
+    pub fn new(inner: P) -> Self {
+        Checked { inner }
+    }
+
+    /// The adapter itself, without the policy (its port methods then refuse nothing).
+    pub fn inner(&self) -> &P {
+        &self.inner
+    }
+
+    /// Unwraps the adapter.
+    pub fn into_inner(self) -> P {
+        self.inner
+    }
+
+    fn unsupported(&self, op: Operation, message: impl Into<String>) -> Error {
+        Error::unsupported(op, message).with_provider(self.inner.provider())
+    }
+
+    /// `capability` is declared, or the call is refused.
+    fn require(&self, capability: Capability, op: Operation) -> Result<(), Error> {
+        if self.inner.capabilities().has(capability) {
+            Ok(())
+        } else {
+            Err(self.unsupported(
+                op,
+                format!(
+                    "the {} backend does not declare {capability}",
+                    self.inner.provider()
+                ),
+            ))
+        }
+    }
+
+    /// The whole create policy; public so an adapter's tests can pin what it refuses.
+    pub fn check_create(&self, request: &CreateRequest) -> Result<(), Error> {
+        let op = Operation::CREATE;
+        let provider = self.inner.provider();
+        request
+            .validate()
+            .map_err(|e| e.with_operation(op).with_provider(provider))?;
+        let caps = self.inner.capabilities();
+        if !request.metadata.is_empty() && !caps.metadata {
+            return Err(self.unsupported(
+                op,
+                format!("the {provider} backend does not store metadata"),
+            ));
+        }
+        if !request.volumes.is_empty() && !caps.volumes {
+            return Err(
+                self.unsupported(op, format!("the {provider} backend does not mount volumes"))
+            );
+        }
+        let enforced = self.inner.network_fields();
+        let refused: Vec<&str> = enforced
+            .unenforced(&request.network)
+            .map(|f| f.as_str())
+            .collect();
+        if !refused.is_empty() {
+            return Err(self.unsupported(
+                op,
+                format!(
+                    "the {provider} backend does not enforce the network policy field{} {}; \
+                     remove {} from the policy",
+                    if refused.len() == 1 { "" } else { "s" },
+                    refused.join(", "),
+                    if refused.len() == 1 { "it" } else { "them" },
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The whole exec policy.
+    pub fn check_exec(&self, request: &ExecRequest) -> Result<(), Error> {
+        request.validate().map_err(|e| {
+            e.with_operation(Operation::EXEC)
+                .with_provider(self.inner.provider())
+        })?;
+        if matches!(request.command, Command::Shell(_)) && !self.inner.capabilities().posix_shell {
+            return Err(self.unsupported(
+                Operation::EXEC,
+                format!(
+                    "the {} backend has no POSIX shell (it lacks posix_shell); use the argv form",
+                    self.inner.provider()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The inner capability, present because `as_*` handed out the wrapper only then.
+    fn inner_capability<'a, T: ?Sized>(
+        &'a self,
+        capability: Capability,
+        op: Operation,
+        get: impl FnOnce(&'a P) -> Option<&'a T>,
+    ) -> Result<&'a T, Error> {
+        self.require(capability, op)?;
+        get(&self.inner).ok_or_else(|| {
+            self.unsupported(
+                op,
+                format!(
+                    "the {} backend does not implement {capability}",
+                    self.inner.provider()
+                ),
+            )
+        })
+    }
+}
+
+impl<P> Deref for Checked<P> {
+    type Target = P;
+
+    fn deref(&self) -> &P {
+        &self.inner
+    }
+}
+
+#[async_trait]
+#[deny(clippy::missing_trait_methods)]
+impl<P: SandboxProvider> SandboxProvider for Checked<P> {
+    fn provider(&self) -> Provider {
+        self.inner.provider()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    fn network_fields(&self) -> NetworkFields {
+        self.inner.network_fields()
+    }
+
+    async fn health(&self) -> Result<(), Error> {
+        self.inner.health().await
+    }
+
+    async fn create(&self, request: CreateRequest) -> Result<SandboxHandle, Error> {
+        self.check_create(&request)?;
+        self.inner.create(request).await
+    }
+
+    async fn connect(&self, request: ConnectRequest) -> Result<SandboxHandle, Error> {
+        self.require(Capability::Reconnect, Operation::CONNECT)?;
+        self.inner.connect(request).await
+    }
+
+    async fn get(&self, id: &SandboxId) -> Result<SandboxSummary, Error> {
+        self.inner.get(id).await
+    }
+
+    async fn list(&self, filter: &ListFilter) -> Result<Vec<SandboxSummary>, Error> {
+        self.require(Capability::List, Operation::LIST)?;
+        self.inner.list(filter).await
+    }
+
+    async fn delete(&self, id: &SandboxId) -> Result<(), Error> {
+        self.inner.delete(id).await
+    }
+
+    async fn exec(
+        &self,
+        sandbox: &SandboxHandle,
+        request: ExecRequest,
+    ) -> Result<ExecResult, Error> {
+        self.check_exec(&request)?;
+        self.inner.exec(sandbox, request).await
+    }
+
+    async fn write_file(
+        &self,
+        sandbox: &SandboxHandle,
+        path: &SandboxPath,
+        content: &[u8],
+    ) -> Result<(), Error> {
+        self.inner.write_file(sandbox, path, content).await
+    }
+
+    async fn read_file(
+        &self,
+        sandbox: &SandboxHandle,
+        path: &SandboxPath,
+    ) -> Result<Vec<u8>, Error> {
+        self.inner.read_file(sandbox, path).await
+    }
+
+    async fn read_file_stream(
+        &self,
+        sandbox: &SandboxHandle,
+        path: &SandboxPath,
+        max_bytes: u64,
+    ) -> Result<ReadStream, Error> {
+        self.inner.read_file_stream(sandbox, path, max_bytes).await
+    }
+
+    async fn list_tree(
+        &self,
+        sandbox: &SandboxHandle,
+        dir: &SandboxPath,
+        limits: TreeLimits,
+    ) -> Result<TreeListing, Error> {
+        self.require(Capability::FsEnumeration, Operation::LIST_DIR)?;
+        self.inner.list_tree(sandbox, dir, limits).await
+    }
+
+    async fn list_dir(
+        &self,
+        sandbox: &SandboxHandle,
+        path: &SandboxPath,
+    ) -> Result<Vec<DirEntry>, Error> {
+        self.require(Capability::FsEnumeration, Operation::LIST_DIR)?;
+        self.inner.list_dir(sandbox, path).await
+    }
+
+    async fn make_dir(&self, sandbox: &SandboxHandle, path: &SandboxPath) -> Result<(), Error> {
+        self.require(Capability::FsEnumeration, Operation::MAKE_DIR)?;
+        self.inner.make_dir(sandbox, path).await
+    }
+
+    async fn remove(&self, sandbox: &SandboxHandle, path: &SandboxPath) -> Result<(), Error> {
+        self.require(Capability::FsEnumeration, Operation::REMOVE)?;
+        self.inner.remove(sandbox, path).await
+    }
+
+    async fn stat(&self, sandbox: &SandboxHandle, path: &SandboxPath) -> Result<StatEntry, Error> {
+        self.require(Capability::FsEnumeration, Operation::STAT)?;
+        self.inner.stat(sandbox, path).await
+    }
+
+    fn as_snapshots(&self) -> Option<&dyn Snapshots> {
+        self.inner.as_snapshots().map(|_| self as &dyn Snapshots)
+    }
+
+    fn as_template_catalog(&self) -> Option<&dyn TemplateCatalog> {
+        self.inner
+            .as_template_catalog()
+            .map(|_| self as &dyn TemplateCatalog)
+    }
+
+    fn as_terminals(&self) -> Option<&dyn Terminals> {
+        self.inner.as_terminals().map(|_| self as &dyn Terminals)
+    }
+
+    fn as_desktop(&self) -> Option<&dyn Desktop> {
+        self.inner.as_desktop().map(|_| self as &dyn Desktop)
+    }
+
+    fn as_keep_alive(&self) -> Option<&dyn KeepAlive> {
+        self.inner.as_keep_alive().map(|_| self as &dyn KeepAlive)
+    }
+
+    fn as_connect_probe(&self) -> Option<&dyn ConnectProbe> {
+        self.inner
+            .as_connect_probe()
+            .map(|_| self as &dyn ConnectProbe)
+    }
+}
+
+#[async_trait]
+#[deny(clippy::missing_trait_methods)]
+impl<P: SandboxProvider> Snapshots for Checked<P> {
+    async fn create_snapshot(
+        &self,
+        sandbox: &SandboxId,
+        name: Option<&str>,
+    ) -> Result<SnapshotRef, Error> {
+        let op = Operation::CREATE_SNAPSHOT;
+        self.inner_capability(Capability::Snapshots, op, |p| p.as_snapshots())?
+            .create_snapshot(sandbox, name)
+            .await
+    }
+
+    async fn delete_snapshot(&self, id: &SnapshotId) -> Result<(), Error> {
+        let op = Operation::DELETE_SNAPSHOT;
+        self.inner_capability(Capability::Snapshots, op, |p| p.as_snapshots())?
+            .delete_snapshot(id)
+            .await
+    }
+
+    async fn list_snapshots(&self, source: Option<&SandboxId>) -> Result<Vec<SnapshotRef>, Error> {
+        let op = Operation::LIST_SNAPSHOTS;
+        self.inner_capability(Capability::Snapshots, op, |p| p.as_snapshots())?
+            .list_snapshots(source)
+            .await
+    }
+}
+
+#[async_trait]
+#[deny(clippy::missing_trait_methods)]
+impl<P: SandboxProvider> TemplateCatalog for Checked<P> {
+    async fn list_templates(&self) -> Result<Vec<Template>, Error> {
+        let op = Operation::LIST_TEMPLATES;
+        self.inner_capability(Capability::TemplateCatalog, op, |p| p.as_template_catalog())?
+            .list_templates()
+            .await
+    }
+
+    async fn ensure_standard_template(&self) -> Result<Template, Error> {
+        let op = Operation::ENSURE_TEMPLATE;
+        self.inner_capability(Capability::TemplateCatalog, op, |p| p.as_template_catalog())?
+            .ensure_standard_template()
+            .await
+    }
+}
+
+#[async_trait]
+#[deny(clippy::missing_trait_methods)]
+impl<P: SandboxProvider> Terminals for Checked<P> {
+    async fn open_terminal(
+        &self,
+        sandbox: &SandboxHandle,
+        options: TerminalOptions,
+    ) -> Result<Terminal, Error> {
+        let op = Operation::OPEN_TERMINAL;
+        self.inner_capability(Capability::Pty, op, |p| p.as_terminals())?
+            .open_terminal(sandbox, options)
+            .await
+    }
+}
+
+#[async_trait]
+#[deny(clippy::missing_trait_methods)]
+impl<P: SandboxProvider> Desktop for Checked<P> {
+    async fn dial_desktop(
+        &self,
+        sandbox: &SandboxHandle,
+        options: DesktopOptions,
+    ) -> Result<Box<dyn DesktopStream>, Error> {
+        let op = Operation::DIAL_DESKTOP;
+        self.inner_capability(Capability::Desktop, op, |p| p.as_desktop())?
+            .dial_desktop(sandbox, options)
+            .await
+    }
+}
+
+#[async_trait]
+#[deny(clippy::missing_trait_methods)]
+impl<P: SandboxProvider> KeepAlive for Checked<P> {
+    async fn keep_alive(&self, sandbox: &SandboxHandle, ttl: Duration) -> Result<(), Error> {
+        let op = Operation::KEEP_ALIVE;
+        self.inner_capability(Capability::KeepAlive, op, |p| p.as_keep_alive())?
+            .keep_alive(sandbox, ttl)
+            .await
+    }
+}
+
+#[async_trait]
+#[deny(clippy::missing_trait_methods)]
+impl<P: SandboxProvider> ConnectProbe for Checked<P> {
+    async fn connect_session(&self, request: ConnectRequest) -> Result<SandboxHandle, Error> {
+        let op = Operation::CONNECT_SESSION;
+        self.inner_capability(Capability::ConnectProbe, op, |p| p.as_connect_probe())?
+            .connect_session(request)
+            .await
+    }
+}
