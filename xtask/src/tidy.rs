@@ -644,6 +644,62 @@ pub fn has_workspace_lints(manifest: &str) -> bool {
     false
 }
 
+/// Rule 13: every external dependency of a member takes its version from the root's
+/// `[workspace.dependencies]`, so one crate is one version in one place. A member may add
+/// features (`{ workspace = true, features = [...] }`), never a version of its own.
+pub fn check_versions<'a>(
+    manifests: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> Vec<Violation> {
+    manifests
+        .into_iter()
+        .flat_map(|(name, text)| {
+            pinned_dependencies(text).into_iter().map(move |dep| {
+                violation(
+                    "workspace-versions",
+                    format!(
+                        "{name}'s Cargo.toml pins `{dep}` itself: give it a line in the root's \
+                         [workspace.dependencies] and write `{dep} = {{ workspace = true }}`"
+                    ),
+                )
+            })
+        })
+        .collect()
+}
+
+/// The dependencies a manifest gives a version of its own: a `name = "1.2"` or an inline
+/// table with `version` in any dependency table (normal, dev, build, per target). Path and
+/// inherited dependencies are not versions. A line-based reading, like [`has_workspace_lints`]:
+/// dotted `[dependencies.name]` tables are not used in this workspace.
+pub fn pinned_dependencies(manifest: &str) -> Vec<String> {
+    let mut table = String::new();
+    let mut pinned = Vec::new();
+    for raw in manifest.lines() {
+        let line = strip_comment(raw).trim();
+        if line.starts_with('[') {
+            table = line
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .trim()
+                .to_owned();
+            continue;
+        }
+        if !table.ends_with("dependencies") {
+            continue;
+        }
+        let Some((key, value)) = line.split_once('=') else {
+            continue;
+        };
+        let (key, value) = (key.trim(), value.trim());
+        if key.contains('.') || value.contains("workspace") || value.contains("path") {
+            continue;
+        }
+        if value.starts_with('"') || (value.starts_with('{') && value.contains("version")) {
+            pinned.push(key.to_owned());
+        }
+    }
+    pinned
+}
+
 /// Drops a trailing `# comment` that is not inside a quoted string.
 fn strip_comment(line: &str) -> &str {
     let mut quote = None;
@@ -682,6 +738,9 @@ pub fn check_live(root: &Path) -> Result<Vec<Violation>, String> {
         manifests.push((pkg.name.as_str(), text));
     }
     violations.extend(check_manifests(
+        manifests.iter().map(|(n, t)| (*n, t.as_str())),
+    ));
+    violations.extend(check_versions(
         manifests.iter().map(|(n, t)| (*n, t.as_str())),
     ));
     violations.extend(crate::tidy_source::check_crates(&root.join("crates"))?);
@@ -1143,6 +1202,28 @@ mod tests {
                 "tidy: workspace-lints: sandbox-x's Cargo.toml lacks `[lints] workspace = true`"
             );
         }
+    }
+
+    #[test]
+    fn rule13_versions_come_from_the_workspace() {
+        let good = "[package]\nname = \"a\"\nversion.workspace = true\n\n[dependencies]\n\
+                    serde.workspace = true\nhyper = { workspace = true, features = [\"client\"] }\n\
+                    sandbox-core = { path = \"../sandbox-core\" }\n\
+                    [target.'cfg(unix)'.dev-dependencies]\nrustix = { workspace = true }\n\
+                    [[bench]]\nname = \"b\"\n[features]\ndocker = [\"dep:x\"]\n";
+        assert_eq!(check_versions([("a", good)]), vec![], "{good}");
+        let bad = "[dependencies]\nurl = \"2.5\"\n# tar = \"0.4\"\n\
+                   [target.'cfg(unix)'.dev-dependencies]\n\
+                   rustix = { version = \"1\", default-features = false }\n";
+        let v = check_versions([("sandbox-x", bad)]);
+        let names: Vec<&str> = v.iter().map(|v| v.rule).collect();
+        assert_eq!(names, ["workspace-versions", "workspace-versions"], "{v:?}");
+        assert!(v[0].to_string().contains("pins `url` itself"), "{}", v[0]);
+        assert!(
+            v[1].to_string().contains("pins `rustix` itself"),
+            "{}",
+            v[1]
+        );
     }
 
     #[test]
