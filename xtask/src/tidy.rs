@@ -110,8 +110,14 @@ pub const WORKSPACE_EDGES: &[(&str, Allowed)] = &[
     ),
     (
         "sandbox-provider-docker",
-        Allowed::Only(&["sandbox-core", "sandbox-transport"]),
+        Allowed::Only(&[
+            "sandbox-core",
+            "sandbox-transport",
+            "sandbox-iptables-listing",
+        ]),
     ),
+    // The adapter's chain names and listing reader: shared with xtask, so it depends on nothing.
+    ("sandbox-iptables-listing", Allowed::Only(&[])),
     (
         "sandbox-provider-e2b",
         Allowed::Only(&["sandbox-core", "sandbox-transport", "sandbox-envd"]),
@@ -128,7 +134,7 @@ pub const WORKSPACE_EDGES: &[(&str, Allowed)] = &[
         "sandbox-app",
         Allowed::AnyExcept(&["xtask", "sandbox-testkit"]),
     ),
-    ("xtask", Allowed::Only(&[])),
+    ("xtask", Allowed::Only(&["sandbox-iptables-listing"])),
 ];
 
 /// A crossed line: which rule, and what crossed it.
@@ -848,6 +854,7 @@ mod tests {
                     ("aws-lc-rs@1", "cc@1", Some("build")),
                     ("sandbox-provider-docker", "sandbox-core", None),
                     ("sandbox-provider-docker", "sandbox-transport", None),
+                    ("sandbox-provider-docker", "sandbox-iptables-listing", None),
                     ("sandbox-provider-docker", "sandbox-testkit", Some("dev")),
                     ("sandbox-provider-e2b", "sandbox-core", None),
                     ("sandbox-provider-e2b", "sandbox-transport", None),
@@ -872,6 +879,7 @@ mod tests {
                     ("sandbox-app", "sandbox-store-redis", None),
                     ("sandbox-app", "axum@1", None),
                     ("axum@1", "hyper@1", None),
+                    ("xtask", "sandbox-iptables-listing", None),
                     ("xtask", "serde_json@1", None),
                     ("xtask", "serde@1", None),
                 ],
