@@ -15,7 +15,8 @@
 //! through `sandbox-transport`'s guarded connector, API negotiation),
 //! `provider.rs` (the provider: lifecycle), `errors.rs` (engine errors → core taxonomy),
 //! `labels.rs` (ownership and metadata labels), `isolation.rs` (what the engine enforces: the
-//! writable layer's size limit, user namespaces, the runtime).
+//! writable layer's size limit, user namespaces, the runtime), `egress/` (the protected bridge;
+//! its `mod.rs` says which file holds what).
 
 pub mod config;
 pub mod egress;
