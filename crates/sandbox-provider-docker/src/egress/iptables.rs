@@ -243,7 +243,6 @@ mod tests {
 
     use super::*;
     use crate::egress::guard::ensure_error;
-    use crate::egress::policy::EgressPolicy;
     use crate::egress::testing::*;
 
     #[test]
@@ -276,14 +275,7 @@ mod tests {
             let fake = FakeIptables::docker_host();
             fake.lock().spawn_error = spawn_error;
             fake.lock().answer = answer;
-            let message = rt()
-                .block_on(install(
-                    &fake,
-                    IpFamily::V4,
-                    EgressPolicy::STRICT,
-                    &resolvers(),
-                ))
-                .unwrap_err();
+            let message = install_strict_v4(&fake).unwrap_err();
             assert!(message.contains(want), "{message:?} lacks {want:?}");
             assert_eq!(mutating(&fake.calls()), Vec::<String>::new(), "{want}");
             let e = ensure_error(message);

@@ -173,13 +173,7 @@ mod tests {
     #[test]
     fn golden_strict_install() {
         let fake = FakeIptables::docker_host();
-        rt().block_on(install(
-            &fake,
-            IpFamily::V4,
-            EgressPolicy::STRICT,
-            &resolvers(),
-        ))
-        .unwrap();
+        install_strict_v4(&fake).unwrap();
         let est = "-m conntrack --ctstate RELATED,ESTABLISHED -m comment --comment sbx:team-a:strict -j RETURN";
         let dns_udp = "-d 10.255.255.53/32 -p udp --dport 53 -j RETURN";
         let dns_tcp = "-d 10.255.255.53/32 -p tcp --dport 53 -j RETURN";
@@ -262,23 +256,10 @@ mod tests {
     #[test]
     fn second_install_adds_nothing() {
         let fake = FakeIptables::docker_host();
-        let rt = rt();
-        rt.block_on(install(
-            &fake,
-            IpFamily::V4,
-            EgressPolicy::STRICT,
-            &resolvers(),
-        ))
-        .unwrap();
+        install_strict_v4(&fake).unwrap();
         let before = fake.table(IpFamily::V4);
         fake.calls();
-        rt.block_on(install(
-            &fake,
-            IpFamily::V4,
-            EgressPolicy::STRICT,
-            &resolvers(),
-        ))
-        .unwrap();
+        install_strict_v4(&fake).unwrap();
         let calls = fake.calls();
         assert_eq!(mutating(&calls), Vec::<String>::new());
         assert!(
@@ -292,14 +273,7 @@ mod tests {
     #[test]
     fn a_partial_chain_is_repaired_in_order() {
         let fake = FakeIptables::docker_host();
-        let rt = rt();
-        rt.block_on(install(
-            &fake,
-            IpFamily::V4,
-            EgressPolicy::STRICT,
-            &resolvers(),
-        ))
-        .unwrap();
+        install_strict_v4(&fake).unwrap();
         let want = fake.table(IpFamily::V4);
         {
             let mut s = fake.lock();
@@ -307,13 +281,7 @@ mod tests {
             t.get_mut("SBX-4bf24aa9-FWD").unwrap().drain(1..4);
             t.get_mut("DOCKER-USER").unwrap().remove(0);
         }
-        rt.block_on(install(
-            &fake,
-            IpFamily::V4,
-            EgressPolicy::STRICT,
-            &resolvers(),
-        ))
-        .unwrap();
+        install_strict_v4(&fake).unwrap();
         assert_eq!(fake.table(IpFamily::V4), want);
     }
 
@@ -321,13 +289,7 @@ mod tests {
     fn stale_resolvers_are_pruned() {
         let fake = FakeIptables::docker_host();
         let rt = rt();
-        rt.block_on(install(
-            &fake,
-            IpFamily::V4,
-            EgressPolicy::STRICT,
-            &resolvers(),
-        ))
-        .unwrap();
+        install_strict_v4(&fake).unwrap();
         let new: Vec<IpAddr> = vec!["192.168.1.1".parse().unwrap()];
         rt.block_on(install(&fake, IpFamily::V4, EgressPolicy::STRICT, &new))
             .unwrap();
@@ -449,14 +411,7 @@ mod tests {
             .get_mut("FORWARD")
             .unwrap()
             .remove(0);
-        let message = rt()
-            .block_on(install(
-                &fake,
-                IpFamily::V4,
-                EgressPolicy::STRICT,
-                &resolvers(),
-            ))
-            .unwrap_err();
+        let message = install_strict_v4(&fake).unwrap_err();
         assert!(
             message.contains("does not jump to DOCKER-USER"),
             "{message}"

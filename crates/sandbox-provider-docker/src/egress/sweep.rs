@@ -169,13 +169,7 @@ mod tests {
         ))
         .unwrap();
         let with_private = fake.table(IpFamily::V4);
-        rt.block_on(install(
-            &fake,
-            IpFamily::V4,
-            EgressPolicy::STRICT,
-            &resolvers(),
-        ))
-        .unwrap();
+        install_strict_v4(&fake).unwrap();
         // A duplicate jump (two processes installing at once) goes too.
         fake.lock()
             .tables

@@ -211,6 +211,17 @@ pub(super) async fn install(
     install_with(fake, family, policy, resolvers, &routes()).await
 }
 
+/// [`install`] of the strict policy's IPv4 rules with [`resolvers`], on a runtime of its own:
+/// the first step of most tests.
+pub(super) fn install_strict_v4(fake: &FakeIptables) -> Result<(), String> {
+    rt().block_on(install(
+        fake,
+        IpFamily::V4,
+        EgressPolicy::STRICT,
+        &resolvers(),
+    ))
+}
+
 pub(super) async fn install_with(
     fake: &FakeIptables,
     family: IpFamily,
