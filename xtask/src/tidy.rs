@@ -423,6 +423,7 @@ pub fn check(md: &Metadata) -> Result<Vec<Violation>, String> {
     app_and_testkit(&g, &mut out);
     session_no_server(&g, &mut out);
     nothing_forbidden(&g, &mut out);
+    shared_with_xtask(&g, &mut out);
     out.sort();
     out.dedup();
     Ok(out)
@@ -489,6 +490,17 @@ fn envd_allow_list(g: &Graph<'_>, out: &mut Vec<Violation>) {
         |n| CORE_ALLOWED.contains(&n) || ENVD_EXTRA_ALLOWED.contains(&n),
         out,
     );
+}
+
+/// The crates xtask shares with the workspace build nothing else, so xtask stays light.
+pub const SHARED_WITH_XTASK: &[&str] = &["sandbox-iptables-listing"];
+
+/// Rule 2b: a crate in [`SHARED_WITH_XTASK`] has no normal dependency at all (xtask builds it
+/// on every run; a dependency there would be one of xtask's).
+fn shared_with_xtask(g: &Graph<'_>, out: &mut Vec<Violation>) {
+    for &name in SHARED_WITH_XTASK {
+        closure_within(g, "shared-with-xtask", name, |_| false, out);
+    }
 }
 
 /// Rule 3.
@@ -995,6 +1007,19 @@ mod tests {
         // itoa is in the closure allow-list, but core may not name it itself.
         let doc = Doc::clean().with_edge("sandbox-core", "itoa@1", None);
         check_crossed(doc, "core-direct-deps", "sandbox-core names itoa");
+    }
+
+    #[test]
+    fn rule2b_what_xtask_shares_depends_on_nothing() {
+        let doc = Doc::clean().with_edge("sandbox-iptables-listing", "serde@1", None);
+        check_crossed(
+            doc,
+            "shared-with-xtask",
+            "sandbox-iptables-listing must not depend on serde",
+        );
+        // A dev-dependency is not built for xtask.
+        let doc = Doc::clean().with_edge("sandbox-iptables-listing", "proptest@1", Some("dev"));
+        assert_eq!(doc.violations(), vec![]);
     }
 
     #[test]

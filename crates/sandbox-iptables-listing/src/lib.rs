@@ -13,8 +13,8 @@
 //! (serde and serde_json; no bollard, tokio or anything else the adapter links), and a crate
 //! makes the sharing an edge that `cargo metadata` shows and the tidy edge table
 //! (`xtask/src/tidy.rs`, `WORKSPACE_EDGES`) polices, where including an adapter file into xtask
-//! by path would hide it. This crate has no dependencies and must keep none: xtask builds it on
-//! every run.
+//! by path would hide it. This crate has no dependencies and must keep none, since xtask builds
+//! it on every run; the tidy rule `shared-with-xtask` fails on any normal dependency.
 //!
 //! What it reads is the `-S` form (`iptables-save` rules without the table header): `-P` policy
 //! lines, `-N <chain>` declarations and `-A <chain> <spec>` rules. iptables-nft prints comments
