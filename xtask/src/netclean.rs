@@ -13,6 +13,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use sandbox_iptables_listing::{chains_owned_by, jumps_to};
+
 use crate::process::{self, Output};
 
 /// Every netns, veth, container, network and temp file of the egress test starts with this.
@@ -244,7 +246,9 @@ fn chain_leftovers(r: &mut Report, program: &str) {
         Ok(out) => out,
         Err(e) => return r.problems.push(format!("cannot list {program} rules: {e}")),
     };
-    for chain in test_chains(&listing) {
+    // The chain names and the listing's grammar are the adapter's own, read with the adapter's
+    // reader, so this cleanup takes exactly the chains the adapter would call its own.
+    for chain in chains_owned_by(&listing, NAMESPACE_PREFIX) {
         for jump in jumps_to(&listing, &chain) {
             let mut args = vec!["-w", "-D"];
             args.extend(jump.iter().skip(1).map(String::as_str));
@@ -263,56 +267,6 @@ fn chain_leftovers(r: &mut Report, program: &str) {
             &["-w", "-X", &chain],
         );
     }
-}
-
-/// The adapter's chains (`SBX-<8 hex>-FWD|IN`) whose owner comment (`sbx:<namespace>:<policy>`,
-/// on each chain's first rule) names a test namespace.
-pub fn test_chains(listing: &str) -> Vec<String> {
-    let mut chains: Vec<String> = listing
-        .lines()
-        .map(tokens)
-        .filter(|t| t.first().map(String::as_str) == Some("-A"))
-        .filter(|t| t.get(1).is_some_and(|c| is_adapter_chain(c)))
-        .filter(|t| {
-            t.windows(2).any(|w| {
-                w[0] == "--comment" && w[1].starts_with(&format!("sbx:{NAMESPACE_PREFIX}"))
-            })
-        })
-        .filter_map(|t| t.get(1).cloned())
-        .collect();
-    chains.sort();
-    chains.dedup();
-    chains
-}
-
-/// The rules of `listing` (as argument tokens) that jump to `chain` from another chain.
-pub fn jumps_to(listing: &str, chain: &str) -> Vec<Vec<String>> {
-    listing
-        .lines()
-        .map(tokens)
-        .filter(|t| {
-            t.first().map(String::as_str) == Some("-A")
-                && t.get(1).map(String::as_str) != Some(chain)
-                && t.windows(2).any(|w| w[0] == "-j" && w[1] == chain)
-        })
-        .collect()
-}
-
-fn is_adapter_chain(chain: &str) -> bool {
-    let Some((hash, kind)) = chain
-        .strip_prefix("SBX-")
-        .and_then(|rest| rest.split_once('-'))
-    else {
-        return false;
-    };
-    hash.len() == 8 && hash.bytes().all(|b| b.is_ascii_hexdigit()) && matches!(kind, "FWD" | "IN")
-}
-
-/// One line of `iptables -S` as arguments (iptables-nft quotes comments; ours have no spaces).
-fn tokens(line: &str) -> Vec<String> {
-    line.split_whitespace()
-        .map(|t| t.trim_matches('"').to_owned())
-        .collect()
 }
 
 fn routing_leftovers(r: &mut Report) {
@@ -393,31 +347,6 @@ fn test_files(tmp: &Path) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn finds_only_test_chains_and_their_jumps() {
-        let listing = "-P INPUT ACCEPT\n-N DOCKER-USER\n-N SBX-0a1b2c3d-FWD\n-N SBX-0a1b2c3d-IN\n\
-            -N SBX-99999999-FWD\n\
-            -A INPUT -i sbx0a1b2c3d -m comment --comment \"sbx:sbxt-abc123:strict\" -j SBX-0a1b2c3d-IN\n\
-            -A INPUT -p tcp --dport 22 -j ACCEPT\n\
-            -A DOCKER-USER -i sbx0a1b2c3d -m comment --comment \"sbx:sbxt-abc123:strict\" -j SBX-0a1b2c3d-FWD\n\
-            -A DOCKER-USER -i sbx99999999 -m comment --comment \"sbx:prod:strict\" -j SBX-99999999-FWD\n\
-            -A DOCKER-USER -j RETURN\n\
-            -A SBX-0a1b2c3d-FWD -m conntrack --ctstate RELATED,ESTABLISHED -m comment --comment \"sbx:sbxt-abc123:strict\" -j RETURN\n\
-            -A SBX-0a1b2c3d-IN -m conntrack --ctstate RELATED,ESTABLISHED -m comment --comment \"sbx:sbxt-abc123:strict\" -j RETURN\n\
-            -A SBX-99999999-FWD -m conntrack --ctstate RELATED,ESTABLISHED -m comment --comment \"sbx:prod:strict\" -j RETURN\n\
-            -A FORWARD -m comment --comment \"sbx:sbxt-fake\" -j ACCEPT\n";
-        assert_eq!(
-            test_chains(listing),
-            ["SBX-0a1b2c3d-FWD", "SBX-0a1b2c3d-IN"]
-        );
-        let jumps = jumps_to(listing, "SBX-0a1b2c3d-FWD");
-        assert_eq!(jumps.len(), 1);
-        assert_eq!(
-            jumps[0].join(" "),
-            "-A DOCKER-USER -i sbx0a1b2c3d -m comment --comment sbx:sbxt-abc123:strict -j SBX-0a1b2c3d-FWD"
-        );
-    }
 
     #[test]
     fn parses_netns_veths_rules_and_networks() {

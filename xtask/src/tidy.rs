@@ -110,8 +110,14 @@ pub const WORKSPACE_EDGES: &[(&str, Allowed)] = &[
     ),
     (
         "sandbox-provider-docker",
-        Allowed::Only(&["sandbox-core", "sandbox-transport"]),
+        Allowed::Only(&[
+            "sandbox-core",
+            "sandbox-transport",
+            "sandbox-iptables-listing",
+        ]),
     ),
+    // The adapter's chain names and listing reader: shared with xtask, so it depends on nothing.
+    ("sandbox-iptables-listing", Allowed::Only(&[])),
     (
         "sandbox-provider-e2b",
         Allowed::Only(&["sandbox-core", "sandbox-transport", "sandbox-envd"]),
@@ -128,7 +134,7 @@ pub const WORKSPACE_EDGES: &[(&str, Allowed)] = &[
         "sandbox-app",
         Allowed::AnyExcept(&["xtask", "sandbox-testkit"]),
     ),
-    ("xtask", Allowed::Only(&[])),
+    ("xtask", Allowed::Only(&["sandbox-iptables-listing"])),
 ];
 
 /// A crossed line: which rule, and what crossed it.
@@ -417,6 +423,7 @@ pub fn check(md: &Metadata) -> Result<Vec<Violation>, String> {
     app_and_testkit(&g, &mut out);
     session_no_server(&g, &mut out);
     nothing_forbidden(&g, &mut out);
+    shared_with_xtask(&g, &mut out);
     out.sort();
     out.dedup();
     Ok(out)
@@ -483,6 +490,17 @@ fn envd_allow_list(g: &Graph<'_>, out: &mut Vec<Violation>) {
         |n| CORE_ALLOWED.contains(&n) || ENVD_EXTRA_ALLOWED.contains(&n),
         out,
     );
+}
+
+/// The crates xtask shares with the workspace build nothing else, so xtask stays light.
+pub const SHARED_WITH_XTASK: &[&str] = &["sandbox-iptables-listing"];
+
+/// Rule 2b: a crate in [`SHARED_WITH_XTASK`] has no normal dependency at all (xtask builds it
+/// on every run; a dependency there would be one of xtask's).
+fn shared_with_xtask(g: &Graph<'_>, out: &mut Vec<Violation>) {
+    for &name in SHARED_WITH_XTASK {
+        closure_within(g, "shared-with-xtask", name, |_| false, out);
+    }
 }
 
 /// Rule 3.
@@ -848,6 +866,7 @@ mod tests {
                     ("aws-lc-rs@1", "cc@1", Some("build")),
                     ("sandbox-provider-docker", "sandbox-core", None),
                     ("sandbox-provider-docker", "sandbox-transport", None),
+                    ("sandbox-provider-docker", "sandbox-iptables-listing", None),
                     ("sandbox-provider-docker", "sandbox-testkit", Some("dev")),
                     ("sandbox-provider-e2b", "sandbox-core", None),
                     ("sandbox-provider-e2b", "sandbox-transport", None),
@@ -872,6 +891,7 @@ mod tests {
                     ("sandbox-app", "sandbox-store-redis", None),
                     ("sandbox-app", "axum@1", None),
                     ("axum@1", "hyper@1", None),
+                    ("xtask", "sandbox-iptables-listing", None),
                     ("xtask", "serde_json@1", None),
                     ("xtask", "serde@1", None),
                 ],
@@ -987,6 +1007,19 @@ mod tests {
         // itoa is in the closure allow-list, but core may not name it itself.
         let doc = Doc::clean().with_edge("sandbox-core", "itoa@1", None);
         check_crossed(doc, "core-direct-deps", "sandbox-core names itoa");
+    }
+
+    #[test]
+    fn rule2b_what_xtask_shares_depends_on_nothing() {
+        let doc = Doc::clean().with_edge("sandbox-iptables-listing", "serde@1", None);
+        check_crossed(
+            doc,
+            "shared-with-xtask",
+            "sandbox-iptables-listing must not depend on serde",
+        );
+        // A dev-dependency is not built for xtask.
+        let doc = Doc::clean().with_edge("sandbox-iptables-listing", "proptest@1", Some("dev"));
+        assert_eq!(doc.violations(), vec![]);
     }
 
     #[test]

@@ -8,8 +8,8 @@ use bollard::query_parameters::BuildImageOptionsBuilder;
 use futures_util::StreamExt as _;
 use sandbox_core::{Error, ErrorKind, Operation, Provider};
 
-use crate::client::DockerProvider;
 use crate::errors;
+use crate::provider::DockerProvider;
 
 const OP_BUILD: Operation = Operation::new("build_image");
 

@@ -15,8 +15,8 @@ use std::sync::{Mutex, PoisonError};
 use bollard::models::SystemInfo;
 use sandbox_core::{Error, Operation};
 
-use crate::client::DockerProvider;
 use crate::errors;
+use crate::provider::DockerProvider;
 
 /// Whether the engine holds each container's writable layer to the configured size.
 #[derive(Debug, Clone, PartialEq, Eq)]

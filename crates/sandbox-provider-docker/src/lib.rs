@@ -13,11 +13,11 @@
 //!
 //! Map: `config.rs` (settings, opt-in gate), `engine.rs` (endpoint, `tcp://` over mutual TLS
 //! through `sandbox-transport`'s guarded connector, API negotiation),
-//! `client.rs` (the provider: lifecycle), `errors.rs` (engine errors → core taxonomy),
+//! `provider.rs` (the provider: lifecycle), `errors.rs` (engine errors → core taxonomy),
 //! `labels.rs` (ownership and metadata labels), `isolation.rs` (what the engine enforces: the
-//! writable layer's size limit, user namespaces, the runtime).
+//! writable layer's size limit, user namespaces, the runtime), `egress/` (the protected bridge;
+//! its `mod.rs` says which file holds what).
 
-pub mod client;
 pub mod config;
 pub mod egress;
 pub mod engine;
@@ -27,10 +27,11 @@ pub mod files;
 pub mod image_build;
 pub mod isolation;
 pub mod labels;
+pub mod provider;
 pub mod snapshots;
 pub mod sweeper;
 pub mod terminal;
 
-pub use client::{DockerProvider, docker_capabilities, docker_network_fields};
 pub use config::{DockerConfig, NetworkMode, PullPolicy};
 pub use isolation::{IsolationReport, StorageLimit};
+pub use provider::{DockerProvider, docker_capabilities, docker_network_fields};

@@ -24,9 +24,9 @@ use sandbox_core::{
     Snapshots, Template, TemplateCatalog, TenantId, owner_metadata,
 };
 
-use crate::client::DockerProvider;
 use crate::errors;
 use crate::labels;
+use crate::provider::DockerProvider;
 
 /// Every snapshot repository starts with this; such references are never pulled.
 pub const SNAPSHOT_REPO_PREFIX: &str = "sandbox-snapshot-";

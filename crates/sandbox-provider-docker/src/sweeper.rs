@@ -28,10 +28,10 @@ use bollard::query_parameters::{
 use sandbox_core::{Error, Operation, SandboxId};
 use time::OffsetDateTime;
 
-use crate::client::DockerProvider;
 use crate::errors;
 use crate::exec::ACTIVITY_MARKER;
 use crate::labels;
+use crate::provider::DockerProvider;
 
 /// How far in the future a marker may be and still count (clock skew between engine and us).
 pub const CLOCK_SKEW: Duration = Duration::from_secs(120);

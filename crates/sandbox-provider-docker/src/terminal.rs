@@ -22,9 +22,9 @@ use sandbox_core::{
 };
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
-use crate::client::DockerProvider;
 use crate::errors::{self, provider_error};
 use crate::exec::{self, ACTIVITY_MARKER};
+use crate::provider::DockerProvider;
 
 /// The environment variable marking every process of one terminal session.
 pub const TERMINAL_MARKER_ENV: &str = "SANDBOX_TERMINAL_ID";

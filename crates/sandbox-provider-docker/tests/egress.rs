@@ -417,7 +417,8 @@ async fn scenario(env: &mut Env) {
 }
 
 /// The jumps exist exactly once and match only the bridge; DNS to every upstream resolver is
-/// exempt (see the module docs of `egress.rs` for why that rule is needed at all).
+/// exempt (the adapter's `egress` module docs, `src/egress/mod.rs`, say why that rule is needed
+/// at all).
 fn check_rules_installed(env: &Env, net: &EgressNetwork) {
     let names = env.guard.names(if net.name.ends_with("-private") {
         EgressPolicy::ALLOW_PRIVATE
