@@ -1,7 +1,7 @@
 //! envd wire types and the Connect envelope codec, without I/O.
 //!
 //! envd is the daemon inside E2B and Cube sandboxes; its process and filesystem services speak
-//! Connect over HTTP with proto3-JSON messages (protocol.md §3.4 and §4). Three parts of this
+//! Connect over HTTP with proto3-JSON messages (`docs/envd.md` states the services and the codec). Three parts of this
 //! workspace need that wire format: the E2B and Cube adapters (clients, through
 //! `sandbox-transport`) and `sandbox-agent` (a server inside our own sandboxes). This crate is
 //! the one copy they share, and it is deliberately free of HTTP, sockets and runtimes so each
