@@ -3,7 +3,8 @@
 //! "the reference implementation", a bare "invariant 7" of a checklist kept elsewhere) is a
 //! claim nobody can check. What the code relies on is stated where it is used, or written into
 //! crate docs or a `docs/` page and pointed at there; `ARCHITECTURE.md`'s invariants are cited
-//! by what they say, not by a number.
+//! by what they say, not by a number. A published standard is citable: a section sign after an
+//! RFC number (`RFC 9110 §11.1`) passes.
 //!
 //! Scanned: every `.rs`, `.md` and `.toml` file of the workspace, except build output, git's
 //! own files, the raw benchmark records under `docs/bench/` (captured tool output, not prose),
@@ -42,9 +43,12 @@ const SKIPPED_PATHS: &[&str] = &[
     "xtask/src/tidy_citations.rs",
 ];
 
-/// What each citation on one line points at (the matched pattern), at most once each.
-pub fn citations_in(line: &str) -> Vec<String> {
+/// What each citation on one line points at (the matched pattern), at most once each. `before`
+/// is the previous line: a section sign is fine after an RFC number there or on this line
+/// ("RFC 9110 §11.1"), since a published standard is something anyone can open.
+pub fn citations_in(before: &str, line: &str) -> Vec<String> {
     let lower = line.to_lowercase();
+    let names_an_rfc = names_an_rfc(&before.to_lowercase()) || names_an_rfc(&lower);
     let mut out: Vec<String> = OUTSIDE
         .iter()
         .filter(|p| lower.contains(**p))
@@ -54,7 +58,7 @@ pub fn citations_in(line: &str) -> Vec<String> {
     let mut rest = lower.as_str();
     while let Some(at) = rest.find('§') {
         let after = rest[at + '§'.len_utf8()..].trim_start();
-        if after.starts_with(|c: char| c.is_ascii_digit()) {
+        if after.starts_with(|c: char| c.is_ascii_digit()) && !names_an_rfc {
             out.push("§<number>".to_owned());
             break;
         }
@@ -79,6 +83,15 @@ pub fn citations_in(line: &str) -> Vec<String> {
     out
 }
 
+/// Whether `text` (lower-cased) names an RFC by number: `rfc 9110`, `rfc9110`.
+fn names_an_rfc(text: &str) -> bool {
+    text.match_indices("rfc").any(|(at, _)| {
+        text[at + 3..]
+            .trim_start()
+            .starts_with(|c: char| c.is_ascii_digit())
+    })
+}
+
 /// Whether `phrase` occurs in `text` not followed by a letter, digit, `-` or `_`.
 fn has_phrase(text: &str, phrase: &str) -> bool {
     text.match_indices(phrase).any(|(at, _)| {
@@ -92,8 +105,9 @@ fn has_phrase(text: &str, phrase: &str) -> bool {
 /// Checks one file's text; `path` is only used in messages.
 pub fn check_text(path: &str, text: &str) -> Vec<Violation> {
     let mut out = Vec::new();
+    let mut before = "";
     for (n, line) in text.lines().enumerate() {
-        for what in citations_in(line) {
+        for what in citations_in(before, line) {
             out.push(Violation {
                 rule: "outside-citation",
                 detail: format!(
@@ -102,6 +116,7 @@ pub fn check_text(path: &str, text: &str) -> Vec<Violation> {
                 ),
             });
         }
+        before = line;
     }
     out
 }
@@ -169,8 +184,14 @@ mod tests {
             ("/// Timings default to the reference's.", "the reference"),
             ("// As the reference writes it", "the reference"),
             ("/// (the reference default)", "the reference"),
-            ("//! It replaces the reference implementation's doubles", "the reference implementation"),
-            ("/// Invariant 13: one sandbox per session.", "invariant <number>"),
+            (
+                "//! It replaces the reference implementation's doubles",
+                "the reference implementation",
+            ),
+            (
+                "/// Invariant 13: one sandbox per session.",
+                "invariant <number>",
+            ),
             ("//! and invariants 30–32.", "invariant <number>"),
             ("// from ../shared/guides/style.md", "../shared"),
             ("let doc = \"/work/shared/README.md\";", "/work/shared"),
@@ -203,14 +224,22 @@ mod tests {
             "/// The `workspace` section is shared by replicas.",
             "/// 2 s: the store's default.",
             "// § alone, or §x, is not a section number",
+            "/// The scheme is case-insensitive (RFC 9110 §11.1).",
         ] {
             assert!(check_text("a.rs", ok).is_empty(), "{ok}");
         }
+        // A standard's section may wrap onto the next line; another document's may not.
+        assert!(check_text("a.rs", "/// (RFC 9110\n/// §11.1), so").is_empty());
+        assert_eq!(
+            check_text("a.rs", "/// (see the RFCs\n/// §11.1), so").len(),
+            1
+        );
     }
 
     #[test]
     fn the_walk_scans_sources_and_pages_and_skips_build_output() {
-        let root = std::env::temp_dir().join(format!("xtask-tidy-citations-{}", std::process::id()));
+        let root =
+            std::env::temp_dir().join(format!("xtask-tidy-citations-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
         let write = |rel: &str, text: &str| {
             let p = root.join(rel);
