@@ -2,8 +2,9 @@
 //! metadata stamped on every sandbox a binding points at.
 //!
 //! The JSON field names are those the Go implementation of this design (WeKnora's sandbox
-//! package) writes, so a Redis store can be shared with it during a migration: `version`, `provider`, `tenant_id`, `session_id`,
-//! `sandbox_id`, `template_id`, `created_at`, `config_id`, `stale_at`, `traffic_access_token`.
+//! package) writes, so a Redis store can be shared with it during a migration: `version`,
+//! `provider`, `tenant_id`, `session_id`, `sandbox_id`, `template_id`, `created_at`,
+//! `config_id`, `stale_at`, `traffic_access_token`.
 //! Unknown fields are ignored (a newer writer may add some); a binding that fails validation is
 //! an error, never "unbound", because treating corrupt state as absent would create a second
 //! sandbox for the session.

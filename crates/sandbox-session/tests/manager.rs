@@ -1,7 +1,7 @@
 //! The session manager on the fake provider and the memory store: lookup-only operations never
 //! provision, write rules, workspace preparation, script execution (validator, upload,
-//! interpreter, timeout), ephemeral runs, snapshots, turn holds, terminal open as a lookup, and shutdown deleting
-//! nothing.
+//! interpreter, timeout), ephemeral runs, snapshots, turn holds, terminal open as a lookup,
+//! and shutdown deleting nothing.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Test binary: a failed unwrap is a failed test.
 
