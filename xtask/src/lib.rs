@@ -10,6 +10,7 @@ pub mod prereq;
 pub mod process;
 pub mod redis;
 pub mod tidy;
+pub mod tidy_citations;
 pub mod tidy_decorators;
 pub mod tidy_source;
 pub mod workspace;

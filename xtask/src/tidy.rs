@@ -736,7 +736,7 @@ fn strip_comment(line: &str) -> &str {
 const METADATA_DEADLINE: Duration = Duration::from_secs(300);
 
 /// Runs every rule on the workspace at `root`: `cargo metadata` for the graph, the members'
-/// manifest files for rule 8.
+/// manifest files for rule 8, the source text for the rest.
 pub fn check_live(root: &Path) -> Result<Vec<Violation>, String> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = process::command(cargo, ["metadata", "--format-version", "1"]);
@@ -763,6 +763,7 @@ pub fn check_live(root: &Path) -> Result<Vec<Violation>, String> {
     ));
     violations.extend(crate::tidy_source::check_crates(&root.join("crates"))?);
     violations.extend(crate::tidy_decorators::check_crates(&root.join("crates"))?);
+    violations.extend(crate::tidy_citations::check_tree(root)?);
     Ok(violations)
 }
 

@@ -1,7 +1,8 @@
 //! Rule 12, a decorator forwards every method: an impl of a port or capability trait for a
 //! type that wraps another implementor carries `#[deny(clippy::missing_trait_methods)]`, so a
 //! provided method (`read_file_stream`, an `as_*` accessor, `optimistic_reads`) cannot be left
-//! to its default and silently bypass the inner component (ARCHITECTURE.md).
+//! to its default and silently bypass the inner component (ARCHITECTURE.md, invariant
+//! "decorators forward every method").
 //!
 //! How a decorator impl is recognized, from the source text of the crates' `src/` trees:
 //! - the trait is one of [`PORT_TRAITS`];

@@ -2,8 +2,8 @@
 //!
 //! Rule 9, no global mutable state: process-wide mutable statics make tests order-dependent
 //! and replicas of the service disagree in ways no test reproduces, so clock, IDs, randomness
-//! and registries are passed in instead (ARCHITECTURE.md). A line-based scan is enough: the
-//! forms it looks for are the only ways to declare such state.
+//! and registries are passed in instead (ARCHITECTURE.md, invariant "no global state"). A
+//! line-based scan is enough: the forms it looks for are the only ways to declare such state.
 //!
 //! Rule 10, an error's origin is data: which component failed is `Error::origin`, so no code
 //! reads an error's operation name (`.operation().as_str()`) to decide it, as the HTTP layer

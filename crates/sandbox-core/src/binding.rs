@@ -1,9 +1,10 @@
 //! The session → sandbox binding: its key, its JSON schema (version 1) and the ownership
 //! metadata stamped on every sandbox a binding points at.
 //!
-//! The JSON field names are those of the reference implementation's schema so a Redis store can
-//! be shared with it during a migration: `version`, `provider`, `tenant_id`, `session_id`,
-//! `sandbox_id`, `template_id`, `created_at`, `config_id`, `stale_at`, `traffic_access_token`.
+//! The JSON field names are those the Go implementation of this design (WeKnora's sandbox
+//! package) writes, so a Redis store can be shared with it during a migration: `version`,
+//! `provider`, `tenant_id`, `session_id`, `sandbox_id`, `template_id`, `created_at`,
+//! `config_id`, `stale_at`, `traffic_access_token`.
 //! Unknown fields are ignored (a newer writer may add some); a binding that fails validation is
 //! an error, never "unbound", because treating corrupt state as absent would create a second
 //! sandbox for the session.
@@ -336,8 +337,8 @@ mod tests {
     }
 
     #[test]
-    fn accepts_reference_forms() {
-        // As the reference writes it: offsets, nanoseconds, no config, unknown future fields.
+    fn accepts_go_written_forms() {
+        // As the Go implementation writes it: offsets, nanoseconds, no config, unknown future fields.
         let go = r#"{"version":1,"provider":"cube","tenant_id":7,"session_id":"s","sandbox_id":"a1",
             "template_id":"t","created_at":"2026-08-21T17:04:05.999999999+08:00","owner_id":"",
             "stale_at":null}"#;

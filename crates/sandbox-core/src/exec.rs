@@ -13,8 +13,8 @@ use crate::sandbox::invalid_timeout;
 
 /// What to run: a program with arguments, or one shell expression.
 ///
-/// An enum rather than the reference's `(command, args, shell)` triple so "shell with
-/// arguments" cannot be represented; [`ExecSpec`] is the wire form that can, and refuses it.
+/// An enum rather than a `(command, args, shell)` triple so "shell with arguments" cannot be
+/// represented; [`ExecSpec`] is the wire form that can, and refuses it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Command {
     /// `program` is executed directly with `args` as `argv[1..]`; nothing is interpreted.

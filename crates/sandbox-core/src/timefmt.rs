@@ -1,9 +1,9 @@
 //! RFC 3339 timestamps on the wire.
 //!
-//! Bindings are read and written by every replica (and, during a migration, by the reference
-//! implementation), so parsing accepts the forms Go's `time.Time` produces: nanosecond
-//! fractions and numeric offsets. Writing always emits UTC with the fraction trimmed, which both
-//! sides parse.
+//! Bindings are read and written by every replica (and, during a migration, by the Go
+//! implementation that shares the store), so parsing accepts the forms Go's `time.Time`
+//! produces: nanosecond fractions and numeric offsets. Writing always emits UTC with the
+//! fraction trimmed, which both sides parse.
 
 use serde::{Deserialize, Deserializer, Serializer};
 use time::OffsetDateTime;

@@ -93,7 +93,7 @@ pub struct DecoderConfig {
 
 impl DecoderConfig {
     /// For reading a response stream (the client side): end-of-stream expected, no compression
-    /// (nobody compresses envd traffic, protocol.md §4.1), the default size limit.
+    /// (nobody compresses envd traffic, `docs/envd.md`), the default size limit.
     pub const fn response() -> Self {
         DecoderConfig {
             max_message_size: DEFAULT_MAX_MESSAGE_SIZE,

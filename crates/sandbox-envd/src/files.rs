@@ -1,7 +1,7 @@
-//! envd's plain HTTP file endpoints (`GET /files`, `POST /files`; protocol.md §3.3): the query
-//! parameter names, the upload answer and the error body. The transfer itself is raw bytes
-//! (download) or `multipart/form-data` (upload), which are HTTP matters for the client and the
-//! server to handle.
+//! envd's plain HTTP file endpoints (`GET /files`, `POST /files`; `docs/envd.md`, "HTTP
+//! endpoints"): the query parameter names, the upload answer and the error body. The transfer
+//! itself is raw bytes (download) or `multipart/form-data` (upload), which are HTTP matters for
+//! the client and the server to handle.
 
 use std::collections::BTreeMap;
 

@@ -1,7 +1,7 @@
 //! The messages and methods of envd's `filesystem.Filesystem` service (package `filesystem`).
 //!
 //! Same conventions as [`crate::process`]. Semantics envd gives the fields (what `depth` 0
-//! means, when `entry` is attached to a watch event) are in protocol.md §3.4–3.5.
+//! means, when `entry` is attached to a watch event) are in `docs/envd.md`, "Filesystem semantics".
 
 use std::collections::BTreeMap;
 
@@ -210,7 +210,7 @@ json::message! {
         )]
         pub metadata: BTreeMap<String, String>,
         /// Whether the path itself is a symlink (field 12: newer envd and SDK 2.63 only; absent
-        /// from the reference proto copy, protocol.md §7).
+        /// from older copies of envd's proto, which stop at field 11).
         #[serde(
             default,
             alias = "is_symlink",

@@ -2,11 +2,12 @@
 //!
 //! envd's messages are protobuf, but every client of it we need to satisfy (the official SDK,
 //! our adapters, our fake) speaks the canonical JSON mapping. We write that mapping by hand with
-//! serde instead of pulling in a protobuf runtime and a code generator (dependencies.md §5): the
+//! serde instead of pulling in a protobuf runtime and a code generator (a build step and a large
+//! dependency for about forty messages): the
 //! messages are few, and the rules are few too. This module holds the rules; `process.rs` and
 //! `filesystem.rs` apply them field by field.
 //!
-//! The rules (protocol.md §4.1 and the proto3 JSON specification):
+//! The rules (the proto3 JSON specification, as envd uses it: `docs/envd.md`, "The Connect codec"):
 //!
 //! - Output is canonical: default values are omitted, `uint32`/`sint32` are numbers, `int64` is
 //!   a decimal string, `bytes` is standard base64 with padding, enums are their value names.

@@ -1,12 +1,12 @@
 //! envd wire types and the Connect envelope codec, without I/O.
 //!
 //! envd is the daemon inside E2B and Cube sandboxes; its process and filesystem services speak
-//! Connect over HTTP with proto3-JSON messages (protocol.md §3.4 and §4). Three parts of this
-//! workspace need that wire format: the E2B and Cube adapters (clients, through
-//! `sandbox-transport`) and `sandbox-agent` (a server inside our own sandboxes). This crate is
-//! the one copy they share, and it is deliberately free of HTTP, sockets and runtimes so each
-//! side brings its own I/O (ARCHITECTURE.md: it may add only serde_json, base64 and bytes to
-//! sandbox-core's dependencies).
+//! Connect over HTTP with proto3-JSON messages (`docs/envd.md` states the services and the
+//! codec). Three parts of this workspace need that wire format: the E2B and Cube adapters
+//! (clients, through `sandbox-transport`) and `sandbox-agent` (a server inside our own
+//! sandboxes). This crate is the one copy they share, and it is deliberately free of HTTP,
+//! sockets and runtimes so each side brings its own I/O (ARCHITECTURE.md, invariant "envd
+//! allow-list": it may add only serde_json, base64 and bytes to sandbox-core's dependencies).
 //!
 //! - [`process`] and [`filesystem`]: every message of the two services, with the proto3-JSON
 //!   mapping written out by hand (no protobuf runtime, no code generation), plus each

@@ -2,7 +2,8 @@
 //!
 //! Types follow the proto's names with the usual Rust casing (`PTY` is [`Pty`], nested messages
 //! live in snake_case modules: `ProcessEvent.DataEvent` is [`process_event::DataEvent`]); each
-//! field's doc says how it travels. Semantics envd gives the fields are in protocol.md §3.5.
+//! field's doc says how it travels. Semantics envd gives the fields are in `docs/envd.md`,
+//! "Process semantics".
 //!
 //! Field shapes: proto3 `optional` and message-typed fields are `Option` (present on the wire
 //! exactly when `Some`, even when the inner value is a default); plain scalars are omitted when

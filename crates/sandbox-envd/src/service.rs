@@ -17,7 +17,7 @@ pub const HEADER_PROTOCOL_VERSION: &str = "connect-protocol-version";
 /// The only Connect protocol version.
 pub const PROTOCOL_VERSION: &str = "1";
 /// Request header carrying the call's deadline in milliseconds (envd also bounds a started
-/// process's lifetime by it, protocol.md §3.5).
+/// process's lifetime by it, `docs/envd.md`, "Process semantics").
 pub const HEADER_TIMEOUT_MS: &str = "connect-timeout-ms";
 /// Streaming request header naming the message compression the sender uses.
 pub const HEADER_CONTENT_ENCODING: &str = "connect-content-encoding";
@@ -180,7 +180,7 @@ mod tests {
     }
 
     #[test]
-    fn shapes_match_the_reference() {
+    fn shapes_match_the_documented_services() {
         use MethodKind::*;
         let check = |m: Method, path: &str, kind: MethodKind| {
             assert_eq!((m.path, m.kind), (path, kind));

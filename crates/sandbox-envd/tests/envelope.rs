@@ -367,7 +367,7 @@ fn end_of_stream_with_error_and_metadata() {
     );
 }
 
-/// The response of `Process/Start` as captured from envd in protocol.md §5, replayed through
+/// A `Process/Start` response as captured from a real envd (`docs/envd.md`), replayed through
 /// the decoder and typed.
 #[test]
 fn captured_start_stream() {

@@ -1,5 +1,5 @@
-//! Golden files: the wire form of every message, written by hand from the protocol reference
-//! (protocol.md §3.4, §4.1 and the captured traffic of §5).
+//! Golden files: the wire form of every message, written by hand from envd's message shapes and
+//! its JSON mapping (`docs/envd.md`, "Connect services" and "The Connect codec").
 //!
 //! - `tests/golden/<proto name>[--<case>].json` is canonical: it must decode, and encode back to
 //!   exactly the same bytes (so key order, omitted defaults, enum names, base64 and int64
@@ -258,9 +258,9 @@ fn lenient_forms_decode_to_the_canonical_value() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// Spot checks that the goldens mean what the reference says, not just that they round-trip.
+/// Spot checks that the goldens mean what `docs/envd.md` says, not just that they round-trip.
 #[test]
-fn goldens_decode_to_the_values_the_reference_describes() {
+fn goldens_decode_to_the_documented_values() {
     let read = |stem: &str| std::fs::read(golden_dir().join(format!("{stem}.json"))).unwrap();
 
     let start: ps::StartRequest = serde_json::from_slice(&read("process.StartRequest")).unwrap();

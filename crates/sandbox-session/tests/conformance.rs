@@ -25,13 +25,12 @@ fn required() -> StoreFeatures {
     ])
 }
 
-/// Short enough that the invalidation cases take about a second; the reference's 2 s is what
-/// the store defaults to.
+/// Short enough that the invalidation cases take about a second; the store's default is 2 s.
 const INVALIDATE_LOCK_WAIT: Duration = Duration::from_secs(1);
 
 fn target() -> StoreTarget {
-    // Lease expiry follows a manual clock the cases move, so the reference's real TTLs
-    // (30 min, 2 min) are exercised without waiting for them.
+    // Lease expiry follows a manual clock the cases move, so the real default TTLs (30 min
+    // for a turn lease, 2 min for the rewind lock) are exercised without waiting for them.
     let clock = ManualClock::new(SystemClock.now());
     let store = MemoryBindingStore::builder()
         .clock(Arc::new(clock.clone()))

@@ -1,6 +1,7 @@
-//! The lifecycle invariants (13–29 of the reference checklist) on the in-memory fake provider and
-//! the memory store, with the test kit's fault-injecting store where an invariant needs store
-//! faults or lost lock ownership.
+//! The lifecycle coordinator's rules (`ARCHITECTURE.md`, `sandbox-session` and "Invariants") on
+//! the in-memory fake provider and the memory store, with the test kit's fault-injecting store
+//! where a rule needs store faults or lost lock ownership. Each test's doc states the rule it
+//! checks.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Test binary: a failed unwrap is a failed test.
 
@@ -93,7 +94,7 @@ fn unavailable() -> Error {
     Error::unavailable(Operation::CONNECT, "gateway timeout")
 }
 
-/// Invariant 13, first half: N concurrent resolves of one session create exactly one sandbox.
+/// N concurrent resolves of one session create exactly one sandbox.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_resolves_of_one_session_create_one_sandbox() {
     let e = env();
@@ -114,7 +115,7 @@ async fn concurrent_resolves_of_one_session_create_one_sandbox() {
     assert_eq!(e.fake.sandbox_ids().len(), 1);
 }
 
-/// Invariant 13, second half: distinct sessions run in parallel — a create that waits on a
+/// Distinct sessions run in parallel — a create that waits on a
 /// 50-party barrier completes, which a global lock would deadlock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn distinct_sessions_resolve_in_parallel() {
@@ -149,7 +150,7 @@ async fn distinct_sessions_resolve_in_parallel() {
     assert_eq!(e.fake.sandbox_ids().len(), 50);
 }
 
-/// Invariant 14: only not_found/terminal replace a binding; other errors keep it, create nothing.
+/// Only not_found/terminal replace a binding; other errors keep it, create nothing.
 #[tokio::test]
 async fn only_gone_errors_replace_a_binding() {
     let e = env();
@@ -183,7 +184,7 @@ async fn only_gone_errors_replace_a_binding() {
     );
 }
 
-/// Invariant 15: a binding of another provider is dropped without asking this provider about
+/// A binding of another provider is dropped without asking this provider about
 /// the other's sandbox.
 #[tokio::test]
 async fn provider_mismatch_replaces_the_binding_without_touching_the_old_id() {
@@ -221,7 +222,7 @@ async fn create_owned(e: &Env, k: &BindingKey, with_token: bool) -> SandboxHandl
     h
 }
 
-/// Invariant 16: recovery adopts the oldest metadata match and deletes the duplicates.
+/// Recovery adopts the oldest metadata match and deletes the duplicates.
 #[tokio::test]
 async fn recovery_adopts_the_oldest_and_deletes_duplicates() {
     let clock = Arc::new(sandbox_core::ManualClock::new(
@@ -246,7 +247,7 @@ async fn recovery_adopts_the_oldest_and_deletes_duplicates() {
     assert_eq!(b.traffic_token, Some(Secret::new("tok-adopted")));
 }
 
-/// Invariant 16, second half: duplicate cleanup stops once lock ownership is lost.
+/// Duplicate cleanup stops once lock ownership is lost.
 #[tokio::test]
 async fn duplicate_cleanup_stops_after_losing_the_lock() {
     let faulty = Arc::new(FaultyStore::new(Arc::new(MemoryBindingStore::new())));
@@ -266,7 +267,7 @@ async fn duplicate_cleanup_stops_after_losing_the_lock() {
     assert_eq!(e.fake.sandbox_ids().len(), 2);
 }
 
-/// Invariant 17: a recovery listing failure creates nothing.
+/// A recovery listing failure creates nothing.
 #[tokio::test]
 async fn recovery_list_failure_creates_nothing() {
     let e = env();
@@ -293,7 +294,7 @@ fn provider_calls(fake: &FakeProvider) -> usize {
     .sum()
 }
 
-/// Invariant 18: store faults (lock, get, malformed binding) make zero provider calls.
+/// Store faults (lock, get, malformed binding) make zero provider calls.
 #[tokio::test]
 async fn store_faults_make_no_provider_calls() {
     let faulty = Arc::new(FaultyStore::new(Arc::new(MemoryBindingStore::new())));
@@ -316,7 +317,7 @@ async fn store_faults_make_no_provider_calls() {
     );
 }
 
-/// Invariant 19: a session deleted while its sandbox was being created gets the sandbox deleted.
+/// A session deleted while its sandbox was being created gets the sandbox deleted.
 #[tokio::test]
 async fn session_vanishing_during_create_deletes_the_new_sandbox() {
     let e = env();
@@ -332,8 +333,8 @@ async fn session_vanishing_during_create_deletes_the_new_sandbox() {
     assert!(e.store.get(&key(1)).await.unwrap().is_none());
 }
 
-/// Invariant 19, second half, and the acceptance item: a caller dropped mid-create leaves no
-/// orphan after the next resolve.
+/// A caller dropped mid-create leaves no orphan after the next resolve: the cleanup outlives
+/// the caller.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_caller_dropped_mid_create_leaves_no_orphan() {
     let e = env();
@@ -366,7 +367,7 @@ async fn a_caller_dropped_mid_create_leaves_no_orphan() {
     assert_eq!(e.fake.calls(FakeOp::Create), 1);
 }
 
-/// Invariant 20: the loser of a create race deletes its own sandbox and uses the winner's; a
+/// The loser of a create race deletes its own sandbox and uses the winner's; a
 /// failed binding write deletes the created sandbox.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn create_race_loser_deletes_its_own_sandbox() {
@@ -443,7 +444,7 @@ impl StoreHooks for UnlockedStore {
     }
 }
 
-/// Invariant 21: resolve and destroy serialize on the lifecycle lock.
+/// Resolve and destroy serialize on the lifecycle lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn resolve_and_destroy_serialize() {
     let e = env();
@@ -490,7 +491,7 @@ async fn resolve_and_destroy_serialize() {
     assert!(e.fake.sandbox_ids().is_empty());
 }
 
-/// Invariant 22: a deleted session creates nothing and loses its binding and sandbox.
+/// A deleted session creates nothing and loses its binding and sandbox.
 #[tokio::test]
 async fn deleted_session_is_destroyed_and_never_created() {
     let e = env();
@@ -516,7 +517,9 @@ async fn deleted_session_is_destroyed_and_never_created() {
     assert!(e.fake.state_of(h.id()).is_some());
 }
 
-/// Invariant 23: destroy semantics.
+/// Destroy: a transient provider error keeps the binding; a sandbox already gone removes it;
+/// destroy is idempotent; a binding of another provider is deleted without a provider call;
+/// a binding-delete failure after the remote delete is reported.
 #[tokio::test]
 async fn destroy_keeps_the_binding_on_transient_errors() {
     let e = env();
@@ -561,7 +564,7 @@ async fn destroy_keeps_the_binding_on_transient_errors() {
     assert_eq!(f.fake.state_of(fh.id()), None, "the sandbox itself is gone");
 }
 
-/// Invariant 24: ownership metadata carries the config ID; the default config is `-`.
+/// Ownership metadata carries the config ID; the default config is `-`.
 #[tokio::test]
 async fn metadata_carries_the_config_and_the_default_sentinel() {
     let e = env();
@@ -596,7 +599,7 @@ async fn metadata_carries_the_config_and_the_default_sentinel() {
     );
 }
 
-/// Invariant 25: stale bindings rebuild at most once per turn.
+/// Stale bindings rebuild at most once per turn.
 #[tokio::test]
 async fn stale_bindings_rebuild_once_per_turn() {
     let e = env();
@@ -642,7 +645,7 @@ async fn stale_bindings_rebuild_once_per_turn() {
     leases.end_turn(&key(1)).await.unwrap();
 }
 
-/// Invariant 25, the safety half: a turn-state read error keeps the stale sandbox.
+/// The safety half of stale rebuilds: a turn-state read error keeps the stale sandbox.
 #[tokio::test]
 async fn a_turn_state_error_keeps_the_stale_sandbox() {
     let faulty = Arc::new(FaultyStore::new(Arc::new(MemoryBindingStore::new())));
@@ -656,7 +659,7 @@ async fn a_turn_state_error_keeps_the_stale_sandbox() {
     assert_eq!(e.lifecycle.resolve(&key(1)).await.unwrap().id(), h.id());
 }
 
-/// Invariant 26: with closed inbound traffic, a sandbox without a token is deleted, not bound.
+/// With closed inbound traffic, a sandbox without a token is deleted, not bound.
 #[tokio::test]
 async fn a_sandbox_without_a_required_token_is_deleted() {
     let e = env_with(
@@ -675,7 +678,7 @@ async fn a_sandbox_without_a_required_token_is_deleted() {
     assert_eq!(r.fake.state_of(orphan.id()), None);
 }
 
-/// Invariant 27: a token reissued on connect is written back to the binding.
+/// A token reissued on connect is written back to the binding.
 #[tokio::test]
 async fn a_reissued_token_is_persisted() {
     let e = env();
@@ -691,7 +694,7 @@ async fn a_reissued_token_is_persisted() {
     );
 }
 
-/// Invariant 28: the combined probe is one call and no get; a terminal probe replaces.
+/// The combined probe is one call and no get; a terminal probe replaces.
 #[tokio::test]
 async fn connect_probe_is_one_call() {
     let e = env();
@@ -753,7 +756,8 @@ impl Bootstrapper for Boot {
     }
 }
 
-/// Invariant 29: bootstrapper override, after-create failure undo, create-failure hook.
+/// The bootstrapper: its override is used, an after-create failure undoes the binding and the
+/// sandbox, and a create failure calls its hook.
 #[tokio::test]
 async fn bootstrapper_hooks() {
     let e = env();

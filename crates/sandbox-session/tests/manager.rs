@@ -1,6 +1,7 @@
 //! The session manager on the fake provider and the memory store: lookup-only operations never
 //! provision, write rules, workspace preparation, script execution (validator, upload,
-//! interpreter, timeout), ephemeral runs, snapshots, turn holds, and invariants 30–32.
+//! interpreter, timeout), ephemeral runs, snapshots, turn holds, terminal open as a lookup,
+//! and shutdown deleting nothing.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Test binary: a failed unwrap is a failed test.
 
@@ -100,8 +101,8 @@ async fn lookup_only_operations_never_provision() {
 
 #[tokio::test]
 async fn terminals_need_the_capability_and_never_provision() {
-    // Invariant 31 on the fake: it has no PTYs, which is its own answer; the paused/unbound
-    // answers are checked on a real engine in tests/docker.rs.
+    // Terminal open is lookup-only. The fake has no PTYs, which is its own answer; the
+    // paused/unbound answers are checked on a real engine in tests/docker.rs.
     let e = env();
     let err =
         e.m.open_terminal(
@@ -165,7 +166,7 @@ async fn writes_respect_the_input_directory() {
             .unwrap(),
         b"pdf"
     );
-    // Attachment staging prepared the layout (invariant 30).
+    // Attachment staging prepared the layout (`/workspace/input` and the output directory).
     for dir in ["/workspace/input", "/workspace/output"] {
         assert_eq!(
             e.m.stat(&k, &p(dir)).await.unwrap().kind,
@@ -451,7 +452,7 @@ async fn turn_holds_and_rewind_exclude_each_other() {
     panic!("a dropped turn hold was never released");
 }
 
-/// Invariant 32: dropping a manager (shutdown) never deletes sandboxes — other replicas own them.
+/// Dropping a manager (shutdown) never deletes sandboxes — other replicas own them.
 #[tokio::test]
 async fn dropping_the_manager_deletes_nothing() {
     let e = env();

@@ -58,7 +58,8 @@ pub struct TlsSettings {
     pub client_key_file: Option<PathBuf>,
 }
 
-/// The store's settings. Timings default to the reference's.
+/// The store's settings. Timings default to the Go implementation's, so both can share one Redis
+/// during a migration without one's lease outliving the other's expectations.
 #[derive(Clone, Deserialize)]
 #[serde(try_from = "RedisFile")]
 pub struct RedisStoreConfig {
@@ -103,17 +104,17 @@ impl fmt::Debug for RedisStoreConfig {
     }
 }
 
-/// Reference: 60 s lease, renewed every 20 s.
+/// 60 s, renewed every 20 s (a third) while held.
 pub const DEFAULT_LOCK_LEASE: Duration = Duration::from_secs(60);
-/// Reference: 30 min.
+/// 30 min, a turn lease's lifetime when nobody re-arms it.
 pub const DEFAULT_TURN_LEASE_TTL: Duration = Duration::from_secs(30 * 60);
-/// Reference: 2 min.
+/// 2 min, renewed while the rewind runs.
 pub const DEFAULT_REWIND_TTL: Duration = Duration::from_secs(2 * 60);
-/// Reference: 2 s.
+/// 2 s: an invalidation reports a busy session as an error instead of waiting on it.
 pub const DEFAULT_INVALIDATE_LOCK_WAIT: Duration = Duration::from_secs(2);
 
 impl RedisStoreConfig {
-    /// The reference's timings for `topology` in `namespace`.
+    /// The default timings for `topology` in `namespace`.
     pub fn new(topology: Topology, namespace: impl Into<String>) -> Self {
         RedisStoreConfig {
             topology,

@@ -1,6 +1,6 @@
 //! A model test of the Redis store against real Redis (`SANDBOX_TEST_REDIS_URL`, set by
 //! `cargo xtask test`): random operation sequences run on the store and on a small pure
-//! reference model written here, and every result and the resulting state must agree.
+//! model written here, and every result and the resulting state must agree.
 //!
 //! Each proptest case gets a fresh random namespace and two store instances on it (two fred
 //! clients: two replicas sharing one Redis). Every operation picks the instance it runs on, so
@@ -372,7 +372,7 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-// ---- the reference model ----------------------------------------------------------------------
+// ---- the model --------------------------------------------------------------------------------
 
 /// A chat-turn lease: the hold count and whether the turn's one rebuild is still unspent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -2,8 +2,8 @@
 //!
 //! Lifecycle tests wrap a real store in it to prove the fail-closed rules: a store fault means
 //! zero provider calls, a corrupt binding is an error and never "unbound", and a lost lifecycle
-//! lock stops destructive cleanup. It replaces the reference implementation's
-//! `bindingStoreFaults` and `cancelableLifecycleStore` test doubles.
+//! lock stops destructive cleanup. One wrapper serves every such test, instead of a hand-written
+//! faulty store per test.
 //!
 //! Every call first counts itself and consults the fault table; an injected error is returned
 //! *without* touching the inner store, so a test can assert that a failed call had no effect.

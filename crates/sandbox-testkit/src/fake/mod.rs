@@ -43,7 +43,8 @@ use self::fs::MemFs;
 /// The template every fake starts with (and its standard template).
 pub const FAKE_TEMPLATE: &str = "fake-base";
 
-/// The exec timeout when a request names none (the reference default).
+/// The exec timeout when a request names none: 60 s, the Docker adapter's default too, so a
+/// case that relies on the default behaves alike on both.
 pub const DEFAULT_EXEC_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The fake's full capability set: every flag except `posix_shell`, `pty`, `desktop` and

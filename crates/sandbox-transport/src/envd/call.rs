@@ -36,13 +36,14 @@ pub(crate) type Body = UnsyncBoxBody<Bytes, BoxError>;
 /// bounded so a misbehaving server cannot make an error cost memory.
 const ERROR_BODY_LIMIT: usize = 64 * 1024;
 
-/// envd's edge routing headers (protocol.md §3.1).
+/// envd's edge routing headers (`docs/envd.md`, "Addressing").
 const HEADER_SANDBOX_ID: HeaderName = HeaderName::from_static("e2b-sandbox-id");
 const HEADER_SANDBOX_PORT: HeaderName = HeaderName::from_static("e2b-sandbox-port");
 const HEADER_ACCESS_TOKEN: HeaderName = HeaderName::from_static("x-access-token");
 const USER_AGENT: &str = concat!("sandbox-transport/", env!("CARGO_PKG_VERSION"));
 
-/// The streaming calls envd keeps alive with ping events (protocol.md §3.2).
+/// The streaming calls envd keeps alive with ping events (`docs/envd.md`, "Headers and
+/// authentication").
 const KEPT_ALIVE: [Method; 4] = [
     process::method::START,
     process::method::CONNECT,

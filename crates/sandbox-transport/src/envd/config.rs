@@ -10,7 +10,7 @@ use crate::transported;
 
 const OP_CONFIG: Operation = Operation::new("configure");
 
-/// envd's port inside a sandbox (protocol.md §3.1), sent in the edge routing header.
+/// envd's port inside a sandbox (`docs/envd.md`, "Addressing"), sent in the edge routing header.
 pub const ENVD_PORT: u16 = 49983;
 
 /// Which HTTP the client speaks.

@@ -1,4 +1,5 @@
-//! envd's `/files` endpoints: multipart upload and streamed download (protocol.md §3.3).
+//! envd's `/files` endpoints: multipart upload and streamed download (`docs/envd.md`, "HTTP
+//! endpoints").
 
 use bytes::{BufMut, Bytes, BytesMut};
 use http_body_util::BodyExt;
@@ -18,7 +19,8 @@ const OP_UPLOAD: Operation = Operation::new("upload");
 const OP_DOWNLOAD: Operation = Operation::new("download");
 const OP_HEALTH: Operation = Operation::new("health");
 
-/// The SDK's bound on a health probe (protocol.md §4.2).
+/// The official SDK's bound on a health probe, kept so both give up alike (`docs/envd.md`,
+/// "Errors").
 const HEALTH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Longest upload answer read: one short JSON object per file.

@@ -6,7 +6,7 @@
 //! into a container: anything that is a `tower_service::Service<Uri>` yielding a hyper
 //! connection. Connections are pooled per client; clone the client to share the pool.
 //!
-//! What the client adds to the bare protocol (protocol.md §3–4):
+//! What the client adds to the bare protocol (`docs/envd.md` states the protocol):
 //! - **Errors are the workspace's.** A unary error status, an end-of-stream error, a cut
 //!   connection or a malformed envelope all come back as [`sandbox_core::Error`] classified by
 //!   kind (Connect `not_found` ⇒ `not_found`, `unauthenticated` ⇒ `authentication`, a stream

@@ -1,5 +1,5 @@
 //! A Connect server speaking envd's protocol on loopback, HTTP/1.1 and h2c on one listener, for
-//! the envd client's tests. It is written from protocol.md §3–4, independently of the client:
+//! the envd client's tests. It is written from `docs/envd.md`, independently of the client:
 //! framing with hand-built prefixes, errors as envd sends them, a real temporary directory for
 //! the filesystem service and multer (axum's multipart parser) for uploads. Scripted commands
 //! misbehave on purpose (cut streams, malformed envelopes, silence without keepalives).
