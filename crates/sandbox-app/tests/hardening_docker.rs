@@ -139,7 +139,10 @@ async fn counted(
     token: &str,
     body: support::ReqBody,
 ) -> (u16, u64, Bytes) {
-    #[expect(clippy::disallowed_methods, reason = "a test dialling its own loopback service, not a tenant-supplied endpoint")]
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "a test dialling its own loopback service, not a tenant-supplied endpoint"
+    )]
     let client: hyper_util::client::legacy::Client<_, support::ReqBody> =
         hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
             .build_http();

@@ -183,7 +183,10 @@ async fn remove_deletes_from_the_bound_sandbox() {
         ErrorKind::NotFound
     );
     // A missing path on a bound sandbox is the provider's not-found, not "no sandbox".
-    let err = e.m.remove(&k, &p("/workspace/out/r.txt")).await.unwrap_err();
+    let err =
+        e.m.remove(&k, &p("/workspace/out/r.txt"))
+            .await
+            .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotFound);
     assert_ne!(err.code(), Some(ErrorCode::NoLiveSandbox));
 }

@@ -69,7 +69,10 @@ pub(crate) async fn start_with(
     let mut app = sandbox_app::serve::build_state(&cfg).await.unwrap();
     state(&mut app);
     let addr = serve(app.clone()).await;
-    #[expect(clippy::disallowed_methods, reason = "a test dialling its own loopback service, not a tenant-supplied endpoint")]
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "a test dialling its own loopback service, not a tenant-supplied endpoint"
+    )]
     let client = Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
     Server {
         base: format!("http://{addr}"),
