@@ -12,6 +12,11 @@
 //! `Operation::new("...")` literal is checked, so a dotted `store.get` cannot come back as a
 //! second way of saying where an error came from. (xtask depends on no workspace crate, so
 //! [`follows_operation_scheme`] restates `Operation::follows_scheme`.)
+//!
+//! The rule `handlers-through-manager`: the HTTP handlers (`HANDLER_DIR`) never reach past
+//! `SessionManager` to its lifecycle coordinator or provider (`.lifecycle()`), so the rule that
+//! lookup-only operations never provision lives in one crate, `sandbox-session`, instead of
+//! partly in the handlers that call it.
 
 use std::path::{Path, PathBuf};
 
@@ -29,6 +34,29 @@ const INTERIOR_MUTABILITY: &[&str] = &[
     "Cell<",
     "UnsafeCell",
 ];
+
+/// The HTTP handlers, relative to the crates directory (`handlers-through-manager`).
+const HANDLER_DIR: &str = "sandbox-app/src/http";
+
+/// Checks one HTTP handler file's text for `handlers-through-manager`; `path` is only used in
+/// messages.
+pub fn check_handler_source(path: &str, text: &str) -> Vec<Violation> {
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let code = line.split("//").next().unwrap_or("");
+        if code.contains(".lifecycle()") {
+            out.push(Violation {
+                rule: "handlers-through-manager",
+                detail: format!(
+                    "{path}:{}: `{}` — a handler calls a `SessionManager` method, which owns the lookup-only rule, never the coordinator behind it",
+                    n + 1,
+                    code.trim()
+                ),
+            });
+        }
+    }
+    out
+}
 
 /// Checks one file's text; `path` is only used in messages.
 pub fn check_source(path: &str, text: &str) -> Vec<Violation> {
@@ -113,16 +141,22 @@ pub fn rust_files(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-/// Runs rules 9 to 11 over the `src/` trees of the crates under `crates_dir`.
+/// Runs rules 9 to 11 and `handlers-through-manager` over the `src/` trees of the crates under
+/// `crates_dir`.
 pub fn check_crates(crates_dir: &Path) -> Result<Vec<Violation>, String> {
     let mut out = Vec::new();
     let entries = std::fs::read_dir(crates_dir)
         .map_err(|e| format!("cannot read {}: {e}", crates_dir.display()))?;
+    let handlers = crates_dir.join(HANDLER_DIR);
     for entry in entries.flatten() {
         for file in rust_files(&entry.path().join("src")) {
             let text = std::fs::read_to_string(&file)
                 .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
-            out.extend(check_source(&file.display().to_string(), &text));
+            let shown = file.display().to_string();
+            out.extend(check_source(&shown, &text));
+            if file.starts_with(&handlers) {
+                out.extend(check_handler_source(&shown, &text));
+            }
         }
     }
     Ok(out)
@@ -188,6 +222,42 @@ mod tests {
         ] {
             assert!(check_source("a.rs", ok).is_empty(), "{ok}");
         }
+    }
+
+    #[test]
+    fn handlers_that_reach_the_coordinator_are_refused() {
+        for bad in [
+            "    let lifecycle = state.manager.lifecycle();",
+            "    let provider = state.manager.lifecycle().provider();",
+            "    state.manager.lifecycle().peek_state(&key).await?; // a comment after",
+        ] {
+            let v = check_handler_source("http/x.rs", bad);
+            assert_eq!(v.len(), 1, "{bad}");
+            assert_eq!(v[0].rule, "handlers-through-manager");
+            assert!(v[0].to_string().contains("http/x.rs:1"), "{}", v[0]);
+        }
+        for ok in [
+            "    state.manager.peek(&key).await?;",
+            "    // state.manager.lifecycle() in a comment",
+            "    let lifecycle = Lifecycle::new(provider, store, existence, config);",
+        ] {
+            assert!(check_handler_source("http/x.rs", ok).is_empty(), "{ok}");
+        }
+    }
+
+    #[test]
+    fn the_handler_rule_scans_only_the_handlers() {
+        let root = std::env::temp_dir().join(format!("tidy-handlers-{}", std::process::id()));
+        let planted = "pub fn f(m: &M) { let _ = m.lifecycle(); }\n";
+        for dir in ["sandbox-app/src/http", "sandbox-session/src"] {
+            std::fs::create_dir_all(root.join(dir)).unwrap();
+            std::fs::write(root.join(dir).join("planted.rs"), planted).unwrap();
+        }
+        let v = check_crates(&root).unwrap();
+        std::fs::remove_dir_all(&root).unwrap();
+        assert_eq!(v.len(), 1, "{v:#?}");
+        assert_eq!(v[0].rule, "handlers-through-manager");
+        assert!(v[0].detail.contains("http"), "{}", v[0]);
     }
 
     #[test]

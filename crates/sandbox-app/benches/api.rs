@@ -138,8 +138,13 @@ async fn run(samples: usize) -> Res<()> {
         .map_err(|e| e.to_string())?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     tokio::spawn(async move { axum::serve(listener, sandbox_app::http::router(state)).await });
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "a benchmark dialling its own loopback service, not a tenant-supplied endpoint"
+    )]
+    let client = Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
     let http = Http {
-        client: Client::builder(hyper_util::rt::TokioExecutor::new()).build_http(),
+        client,
         base: format!("http://{addr}"),
     };
 

@@ -1,6 +1,6 @@
 //! `sandbox doctor` explains what is wrong and exits non-zero: with the Docker backend
-//! disabled, and pointed at a socket that does not exist. (Hermetic: neither case touches an
-//! engine.)
+//! disabled, pointed at a socket that does not exist, or not compiled in at all. (Hermetic: no
+//! case touches an engine.)
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Test binary: a failed unwrap is a failed test.
 
@@ -22,6 +22,7 @@ fn doctor(env: &[(&str, &str)]) -> (i32, String) {
     )
 }
 
+#[cfg(feature = "docker")]
 #[test]
 fn a_disabled_backend_names_the_setting_and_fails() {
     let (code, out) = doctor(&[]);
@@ -30,6 +31,7 @@ fn a_disabled_backend_names_the_setting_and_fails() {
     assert!(out.contains("SANDBOX_DOCKER_ENABLED=true"), "{out}");
 }
 
+#[cfg(feature = "docker")]
 #[test]
 fn a_dead_socket_says_how_to_fix_it_and_fails() {
     let (code, out) = doctor(&[
@@ -40,6 +42,23 @@ fn a_dead_socket_says_how_to_fix_it_and_fails() {
     assert!(out.contains("[FAIL] docker engine"), "{out}");
     assert!(out.contains("/nonexistent/docker.sock"), "{out}");
     assert!(out.contains("fix:"), "{out}");
+}
+
+/// A build without the Docker feature has no backend to check, and says how to get one instead
+/// of passing.
+#[cfg(not(feature = "docker"))]
+#[test]
+fn a_build_without_a_backend_says_so_and_fails() {
+    let (code, out) = doctor(&[]);
+    assert_ne!(code, 0, "{out}");
+    assert!(
+        out.contains("[FAIL] backend: this build has no backend"),
+        "{out}"
+    );
+    assert!(
+        out.contains("fix: build with the `docker` feature"),
+        "{out}"
+    );
 }
 
 #[test]

@@ -5,6 +5,8 @@
 //! Needs the engine and the `sandbox-busybox:test` image: ignored in a plain `cargo test`, run
 //! by `cargo xtask test`. Doctor creates nothing, so there is nothing to clean up.
 
+// Needs the Docker backend compiled in.
+#![cfg(feature = "docker")]
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Test binary: a failed unwrap is a failed test.
 
 use std::process::Command;

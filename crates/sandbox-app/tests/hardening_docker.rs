@@ -9,6 +9,8 @@
 //! Needs the engine and the `sandbox-busybox:test` image: ignored in a plain `cargo test`, run
 //! by `cargo xtask test`. Every container is in a namespace of the test's, removed at the end.
 
+// Needs the Docker backend compiled in.
+#![cfg(feature = "docker")]
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Test binary: a failed unwrap is a failed test.
 
 mod support;
@@ -137,6 +139,10 @@ async fn counted(
     token: &str,
     body: support::ReqBody,
 ) -> (u16, u64, Bytes) {
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "a test dialling its own loopback service, not a tenant-supplied endpoint"
+    )]
     let client: hyper_util::client::legacy::Client<_, support::ReqBody> =
         hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
             .build_http();

@@ -2,6 +2,8 @@
 //! engine: a snapshot create and a terminal open each land in the provider's latency
 //! histogram, because the metrics layer's `as_*` accessors hand out its own wrappers.
 
+// Needs the Docker backend compiled in.
+#![cfg(feature = "docker")]
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Test binary: a failed unwrap is a failed test.
 
 mod support;

@@ -7,6 +7,8 @@
 //! Needs the engine, the `sandbox-busybox:test` image and `redis-server`: ignored in a plain
 //! `cargo test`, run by `cargo xtask test`.
 
+// Needs the Docker backend and the Redis store compiled in.
+#![cfg(all(feature = "docker", feature = "redis"))]
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Test binary: a failed unwrap is a failed test.
 
 mod support;

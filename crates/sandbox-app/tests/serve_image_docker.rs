@@ -6,6 +6,8 @@
 //! Needs the engine and Debian's busybox-static: ignored in a plain `cargo test`, run by
 //! `cargo xtask test`. Each case builds an image under a tag of its own and removes it.
 
+// Needs the Docker backend compiled in.
+#![cfg(feature = "docker")]
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Test binary: a failed unwrap is a failed test.
 
 mod support;

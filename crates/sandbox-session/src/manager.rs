@@ -13,9 +13,9 @@ use sandbox_core::policy::validator::ScriptValidator;
 use sandbox_core::policy::workspace::{WorkspaceLayout, interpreter_for};
 use sandbox_core::{
     BindingKey, ConfigId, EntryKind, Error, ErrorCode, ErrorKind, ExecRequest, ExecResult,
-    ExecTimeout, InvalidationReport, Operation, ReadStream, RewindLock, SandboxHandle, SandboxPath,
-    SandboxState, SnapshotId, SnapshotRef, StatEntry, TemplateId, TenantId, Terminal,
-    TerminalOptions, TreeLimits, TreeListing, narrow,
+    ExecTimeout, InvalidationReport, Operation, Provider, ReadStream, RewindLock, SandboxHandle,
+    SandboxId, SandboxPath, SandboxState, SnapshotId, SnapshotRef, StatEntry, TemplateId, TenantId,
+    Terminal, TerminalOptions, TreeLimits, TreeListing, narrow,
 };
 
 use crate::lifecycle::{Lifecycle, ResolveOptions};
@@ -89,6 +89,17 @@ impl SessionManager {
         &self.layout
     }
 
+    /// The backend this manager's sandboxes run on.
+    pub fn backend(&self) -> Provider {
+        self.lifecycle.provider().provider()
+    }
+
+    /// Whether the backend can open terminals (PTYs) at all; asked without touching any
+    /// session, so a caller can refuse before it commits to anything.
+    pub fn supports_terminals(&self) -> bool {
+        narrow::terminals(&**self.lifecycle.provider()).is_some()
+    }
+
     // ---- provisioning operations ----------------------------------------------------------
 
     /// The session's sandbox, created on first use.
@@ -160,6 +171,14 @@ impl SessionManager {
             .provider()
             .write_file(&handle, path, content)
             .await
+    }
+
+    /// Creates a directory and its parents (an existing directory is success). Model-authored,
+    /// so the model-write rule applies (never under the attachments directory); provisions.
+    pub async fn make_dir(&self, key: &BindingKey, path: &SandboxPath) -> Result<(), Error> {
+        self.layout.check_model_write(path)?;
+        let handle = self.lifecycle.resolve(key).await?;
+        self.lifecycle.provider().make_dir(&handle, path).await
     }
 
     /// Makes sure the layout's directories exist, through provider file operations only: a
@@ -282,6 +301,13 @@ impl SessionManager {
             .ok_or_else(|| no_live_sandbox(op, key))
     }
 
+    /// The bound sandbox's id and last recorded state, read from the binding store without
+    /// connecting: a connect would resume a paused sandbox and bill it again. `None` when
+    /// nothing is bound, or the binding belongs to another backend.
+    pub async fn peek(&self, key: &BindingKey) -> Result<Option<(SandboxId, SandboxState)>, Error> {
+        self.lifecycle.peek_state(key).await
+    }
+
     /// Reads a file of the session's live sandbox. No sandbox bound: `no_live_sandbox`.
     pub async fn read_file(&self, key: &BindingKey, path: &SandboxPath) -> Result<Vec<u8>, Error> {
         let handle = self.bound(key, Operation::READ_FILE).await?;
@@ -334,6 +360,15 @@ impl SessionManager {
             }
             other => other,
         }
+    }
+
+    /// Removes a model-authored path recursively. The model-write rule applies (never under
+    /// the attachments directory). Lookup-only: nothing bound is `no_live_sandbox`; a missing
+    /// path is the provider's `not_found`.
+    pub async fn remove(&self, key: &BindingKey, path: &SandboxPath) -> Result<(), Error> {
+        self.layout.check_model_write(path)?;
+        let handle = self.bound(key, Operation::REMOVE).await?;
+        self.lifecycle.provider().remove(&handle, path).await
     }
 
     /// Removes a staged attachment. Nothing bound: nothing to remove (success).

@@ -1,6 +1,7 @@
 //! The session manager on the fake provider and the memory store: lookup-only operations never
 //! provision, write rules, workspace preparation, script execution (validator, upload,
-//! interpreter, timeout), ephemeral runs, snapshots, turn holds, terminal open as a lookup,
+//! interpreter, timeout), ephemeral runs, snapshots, turn holds, terminal open as a lookup, peek,
+//! make_dir and remove through the manager,
 //! and shutdown deleting nothing.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Test binary: a failed unwrap is a failed test.
@@ -10,7 +11,7 @@ use std::time::Duration;
 
 use sandbox_core::{
     BindingKey, BindingStore, Capability, ConfigId, CreateRequest, ErrorCode, ErrorKind,
-    ExecRequest, ExecTimeout, PermissiveSessionExistence, SandboxPath, SandboxProvider,
+    ExecRequest, ExecTimeout, PermissiveSessionExistence, Provider, SandboxPath, SandboxProvider,
     SandboxState, TerminalOptions, TreeLimits,
 };
 use sandbox_session::lifecycle::{Lifecycle, LifecycleConfig};
@@ -97,6 +98,106 @@ async fn lookup_only_operations_never_provision() {
         "a lookup-only operation created a sandbox"
     );
     assert!(e.store.get(&k).await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn peek_and_remove_on_an_unknown_session_never_provision() {
+    let e = env();
+    let k = key();
+    assert!(e.m.peek(&k).await.unwrap().is_none());
+    let err = e.m.remove(&k, &p("/workspace/a.txt")).await.unwrap_err();
+    assert_eq!(err.code(), Some(ErrorCode::NoLiveSandbox));
+    assert_eq!(err.operation(), sandbox_core::Operation::REMOVE);
+    // The model-write rule is checked before the lookup, so an attachment path is refused as a
+    // path even when nothing is bound.
+    let err =
+        e.m.remove(&k, &p("/workspace/input/a.pdf"))
+            .await
+            .unwrap_err();
+    assert_eq!(err.code(), Some(ErrorCode::InvalidPath));
+    assert_eq!(
+        e.fake.calls(FakeOp::Create),
+        0,
+        "a lookup-only operation created a sandbox"
+    );
+    assert!(e.store.get(&k).await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn peek_reads_the_binding_without_resuming() {
+    let e = env();
+    let h = e.m.resolve(&key()).await.unwrap();
+    assert_eq!(
+        e.m.peek(&key()).await.unwrap(),
+        Some((h.id().clone(), SandboxState::Running))
+    );
+    e.fake.pause(h.id());
+    let (id, _) = e.m.peek(&key()).await.unwrap().unwrap();
+    assert_eq!(&id, h.id());
+    assert_eq!(
+        e.fake.state_of(h.id()),
+        Some(SandboxState::Paused),
+        "peeking must not resume"
+    );
+    assert_eq!(e.fake.calls(FakeOp::Create), 1);
+}
+
+#[tokio::test]
+async fn make_dir_provisions_and_keeps_the_model_write_rule() {
+    let e = env();
+    let k = key();
+    let err =
+        e.m.make_dir(&k, &p("/workspace/input/sub"))
+            .await
+            .unwrap_err();
+    assert_eq!(err.code(), Some(ErrorCode::InvalidPath));
+    assert_eq!(
+        e.fake.calls(FakeOp::Create),
+        0,
+        "a refused path must not provision"
+    );
+    e.m.make_dir(&k, &p("/workspace/out/a/b")).await.unwrap();
+    assert_eq!(e.fake.calls(FakeOp::Create), 1, "make_dir provisions");
+    assert_eq!(
+        e.m.stat(&k, &p("/workspace/out/a/b")).await.unwrap().kind,
+        sandbox_core::EntryKind::Dir
+    );
+    // Existing is success, and the same sandbox is used.
+    e.m.make_dir(&k, &p("/workspace/out/a/b")).await.unwrap();
+    assert_eq!(e.fake.calls(FakeOp::Create), 1);
+}
+
+#[tokio::test]
+async fn remove_deletes_from_the_bound_sandbox() {
+    let e = env();
+    let k = key();
+    e.m.write_file(&k, &p("/workspace/out/r.txt"), b"r")
+        .await
+        .unwrap();
+    e.m.remove(&k, &p("/workspace/out/r.txt")).await.unwrap();
+    assert_eq!(
+        e.m.stat(&k, &p("/workspace/out/r.txt"))
+            .await
+            .unwrap_err()
+            .kind(),
+        ErrorKind::NotFound
+    );
+    // A missing path on a bound sandbox is the provider's not-found, not "no sandbox".
+    let err =
+        e.m.remove(&k, &p("/workspace/out/r.txt"))
+            .await
+            .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotFound);
+    assert_ne!(err.code(), Some(ErrorCode::NoLiveSandbox));
+}
+
+#[test]
+fn backend_and_terminal_support_come_from_the_provider() {
+    let e = env();
+    assert_eq!(e.m.backend(), Provider::E2b);
+    assert!(!e.m.supports_terminals(), "the fake has no PTYs");
+    let docker = env_with(FakeProvider::builder().provider(Provider::Docker).build());
+    assert_eq!(docker.m.backend(), Provider::Docker);
 }
 
 #[tokio::test]

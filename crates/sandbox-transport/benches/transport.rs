@@ -150,6 +150,10 @@ async fn check(resp: Response<Incoming>) {
 }
 
 fn plain_run() -> Run {
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "the unguarded baseline the guarded client is measured against, on loopback"
+    )]
     let mut http = HttpConnector::new();
     http.set_nodelay(true);
     let client: Client<HttpConnector, Empty<Bytes>> =
@@ -214,6 +218,10 @@ fn guarded_run() -> Run {
 /// The envd baseline: a plain pooled hyper client posting the call's exact bytes and headers and
 /// parsing the answer into the same message type.
 fn plain_envd_run() -> Run {
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "the unguarded baseline the guarded client is measured against, on loopback"
+    )]
     let mut http = HttpConnector::new();
     http.set_nodelay(true);
     let client: Client<HttpConnector, Full<Bytes>> =

@@ -41,7 +41,7 @@ use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use futures_util::stream::StreamExt;
-use sandbox_core::{BindingKey, Error, ErrorCode, ErrorKind, Operation, SandboxPath};
+use sandbox_core::{BindingKey, SandboxPath};
 
 use super::body::{DRAIN_MAX_BYTES, declared_length, drain, read_limited};
 use super::error::ApiError;
@@ -103,15 +103,6 @@ async fn refuse_unread(headers: &HeaderMap, body: Body, error: ApiError) -> Resp
         axum::http::HeaderValue::from_static("close"),
     );
     response
-}
-
-fn no_live_sandbox(op: Operation, key: &BindingKey) -> Error {
-    Error::new(
-        ErrorKind::NotFound,
-        op,
-        format!("session {key} has no live sandbox"),
-    )
-    .with_code(ErrorCode::NoLiveSandbox)
 }
 
 #[utoipa::path(
@@ -427,14 +418,7 @@ pub async fn mkdir(
     let (key, path) = key_and_path(caller, &session, q)?;
     state
         .manager
-        .layout()
-        .check_model_write(&path)
-        .map_err(ApiError::from)?;
-    let lifecycle = state.manager.lifecycle();
-    let handle = lifecycle.resolve(&key).await.map_err(ApiError::from)?;
-    lifecycle
-        .provider()
-        .make_dir(&handle, &path)
+        .make_dir(&key, &path)
         .await
         .map_err(ApiError::from)?;
     Ok(StatusCode::NO_CONTENT)
@@ -464,18 +448,7 @@ pub async fn remove(
     let (key, path) = key_and_path(caller, &session, q)?;
     state
         .manager
-        .layout()
-        .check_model_write(&path)
-        .map_err(ApiError::from)?;
-    let lifecycle = state.manager.lifecycle();
-    let handle = lifecycle
-        .lookup(&key)
-        .await
-        .map_err(ApiError::from)?
-        .ok_or_else(|| ApiError::from(no_live_sandbox(Operation::REMOVE, &key)))?;
-    lifecycle
-        .provider()
-        .remove(&handle, &path)
+        .remove(&key, &path)
         .await
         .map_err(ApiError::from)?;
     Ok(StatusCode::NO_CONTENT)

@@ -29,8 +29,7 @@ pub async fn get_session(
     SessionPath(session): SessionPath,
 ) -> Result<Response, ApiError> {
     let key = session_key(caller, &session)?;
-    let lifecycle = state.manager.lifecycle();
-    match lifecycle.peek_state(&key).await.map_err(ApiError::from)? {
+    match state.manager.peek(&key).await.map_err(ApiError::from)? {
         None => Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "no_live_sandbox",
@@ -38,7 +37,7 @@ pub async fn get_session(
         )),
         Some((sandbox_id, sandbox_state)) => Ok(Json(api::Session {
             sandbox_id: sandbox_id.as_str().to_owned(),
-            provider: lifecycle.provider().provider().as_str().to_owned(),
+            provider: state.manager.backend().as_str().to_owned(),
             state: sandbox_state.as_str().to_owned(),
             session,
         })

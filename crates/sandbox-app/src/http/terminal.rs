@@ -31,7 +31,6 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use sandbox_core::{
     BindingKey, SessionId, Terminal, TerminalEvent, TerminalInput, TerminalOptions, TerminalSize,
-    narrow,
 };
 use sandbox_session::manager::SessionManager;
 use tokio::sync::mpsc;
@@ -176,21 +175,18 @@ pub async fn open(
         .map_err(|e| ApiError::new(e.status(), "websocket_upgrade_required", e.body_text()))?;
 
     // Lookup-only checks, before the ticket is used up and before anything is opened.
-    let provider = state.manager.lifecycle().provider();
-    if narrow::terminals(&**provider).is_none() {
+    if !state.manager.supports_terminals() {
         return Err(ApiError::new(
             StatusCode::NOT_IMPLEMENTED,
             "terminal_unsupported",
-            format!("the {} backend cannot open terminals", provider.provider()),
+            format!(
+                "the {} backend cannot open terminals",
+                state.manager.backend()
+            ),
         ));
     }
     if query.resume {
-        let bound = state
-            .manager
-            .lifecycle()
-            .peek_state(&key)
-            .await
-            .map_err(ApiError::from)?;
+        let bound = state.manager.peek(&key).await.map_err(ApiError::from)?;
         if bound.is_none() {
             return Err(ApiError::new(
                 StatusCode::NOT_FOUND,

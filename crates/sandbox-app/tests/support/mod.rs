@@ -69,10 +69,15 @@ pub(crate) async fn start_with(
     let mut app = sandbox_app::serve::build_state(&cfg).await.unwrap();
     state(&mut app);
     let addr = serve(app.clone()).await;
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "a test dialling its own loopback service, not a tenant-supplied endpoint"
+    )]
+    let client = Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
     Server {
         base: format!("http://{addr}"),
         addr,
-        client: Client::builder(hyper_util::rt::TokioExecutor::new()).build_http(),
+        client,
         namespace,
         state: app,
         token: tokens.first().map(|t| (*t).to_owned()).unwrap_or_default(),

@@ -186,6 +186,10 @@ async fn request(
     token: Option<&str>,
     body: &str,
 ) -> Result<(u16, Value), String> {
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "a test dialling its own loopback service, not a tenant-supplied endpoint"
+    )]
     let client: Client<HttpConnector, Full<Bytes>> =
         Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
     let mut req = hyper::Request::builder()
