@@ -14,7 +14,6 @@ mod cases;
 pub mod harness;
 pub mod store;
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -27,27 +26,18 @@ use sandbox_core::{
 };
 
 pub use cases::all_cases;
+pub use harness::{Declaration, Subject, SuiteCase};
 
-/// The case named `name` (without the `conformance::` prefix), builtin cases included.
+/// The case named `name` (without the `conformance::` prefix), the declaration cases included.
 pub fn find_case(name: &str) -> Option<Case> {
-    harness::builtin_cases()
-        .into_iter()
-        .chain(all_cases())
-        .find(|c| c.name == name)
+    harness::find::<ProviderSuite>(name)
 }
 
 /// Runs one case against `target` and cleans up after it: the library form of a trial, for
-/// tests that check the suite itself.
+/// tests that check the suite itself. The target's own `declared` set is the pinned one.
 pub async fn run_case(case: &Case, target: Target, seed: u64) -> CaseResult {
-    let ctx = Ctx::new(target, &format!("conf-{seed:x}"), case.name, seed);
-    let outcome = (case.run)(&ctx).await;
-    let problems = ctx.cleanup().await;
-    outcome?;
-    if problems.is_empty() {
-        Ok(())
-    } else {
-        Err(Failure(problems.join("; ")))
-    }
+    let pinned = target.declared;
+    harness::run_one::<ProviderSuite>(case, target, pinned, seed).await
 }
 
 /// Metadata key carrying the run's namespace on every sandbox the suite creates.
@@ -79,49 +69,38 @@ pub type CaseResult = Result<(), Failure>;
 /// A boxed case future.
 pub type CaseFuture<'a> = Pin<Box<dyn Future<Output = CaseResult> + Send + 'a>>;
 
-/// One conformance case.
-#[derive(Clone, Copy)]
-pub struct Case {
-    /// The trial name is `conformance::<name>`.
-    pub name: &'static str,
-    /// Capabilities the adapter must declare for the case to apply.
-    pub requires: &'static [Capability],
-    /// Capabilities the adapter must *not* declare (cases checking the refusal path).
-    pub forbids: &'static [Capability],
-    /// Contract bullets checked, by tag.
-    pub cites: &'static [&'static str],
-    pub run: for<'a> fn(&'a Ctx) -> CaseFuture<'a>,
-}
+/// One provider conformance case.
+pub type Case = SuiteCase<Ctx, Capability>;
 
-impl fmt::Debug for Case {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Case")
-            .field("name", &self.name)
-            .field("requires", &self.requires)
-            .finish()
+/// The provider suite, as the shared harness sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct ProviderSuite;
+
+// The provider suite's context is built from its target alone: the target carries the pinned
+// capability set (`Target::declared`), the one the adapter's test also hands the harness.
+impl Subject for ProviderSuite {
+    type Target = Target;
+    type Declared = Capabilities;
+    type Ctx = Ctx;
+    const KIND: &'static str = "adapter";
+    const UNDER_TEST: &'static str = "adapter";
+
+    fn cases() -> Vec<Case> {
+        let mut cases = cases::declaration_cases();
+        cases.extend(cases::all_cases());
+        cases
     }
-}
-
-impl Case {
-    /// Why the case does not apply to `declared`, or `None` when it does.
-    pub fn not_applicable(&self, declared: &Capabilities) -> Option<String> {
-        let missing: Vec<&str> = self
-            .requires
-            .iter()
-            .filter(|c| !declared.has(**c))
-            .map(|c| c.as_str())
-            .collect();
-        let present: Vec<&str> = self
-            .forbids
-            .iter()
-            .filter(|c| declared.has(**c))
-            .map(|c| c.as_str())
-            .collect();
-        match (missing.is_empty(), present.is_empty()) {
-            (true, true) => None,
-            (false, _) => Some(format!("needs {}", missing.join(", "))),
-            (true, false) => Some(format!("checks the refusal without {}", present.join(", "))),
-        }
+    fn context(
+        target: Target,
+        _pinned: Capabilities,
+        namespace: &str,
+        case: &'static str,
+        seed: u64,
+    ) -> Ctx {
+        Ctx::new(target, namespace, case, seed)
+    }
+    fn cleanup(ctx: &Ctx) -> Pin<Box<dyn Future<Output = Vec<String>> + Send + '_>> {
+        Box::pin(ctx.cleanup())
     }
 }
 
@@ -375,32 +354,5 @@ pub fn preview(bytes: &[u8]) -> String {
 
 /// The describe document `cargo xtask` reads: which cases apply to `declared`.
 pub fn describe(adapter: &str, declared: &Capabilities) -> serde_json::Value {
-    let mut cases: Vec<serde_json::Value> = harness::builtin_cases()
-        .iter()
-        .chain(all_cases().iter())
-        .map(|case| {
-            let missing: Vec<&str> = case
-                .requires
-                .iter()
-                .filter(|c| !declared.has(**c))
-                .map(|c| c.as_str())
-                .collect();
-            let reason = case.not_applicable(declared);
-            serde_json::json!({
-                "name": format!("conformance::{}", case.name),
-                "applicable": reason.is_none(),
-                "requires": case.requires.iter().map(|c| c.as_str()).collect::<Vec<_>>(),
-                "forbids": case.forbids.iter().map(|c| c.as_str()).collect::<Vec<_>>(),
-                "missing": missing,
-                "reason": reason,
-                "cites": case.cites,
-            })
-        })
-        .collect();
-    cases.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
-    let declared_names: BTreeMap<&str, bool> = Capability::ALL
-        .iter()
-        .map(|c| (c.as_str(), declared.has(*c)))
-        .collect();
-    serde_json::json!({ "adapter": adapter, "declared": declared_names, "cases": cases })
+    harness::describe_suite::<ProviderSuite>(adapter, declared)
 }

@@ -19,12 +19,11 @@
 //! `cargo xtask conformance <store adapter>` prints the same table.
 
 mod cases;
-pub mod harness;
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::process::ExitCode;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -35,10 +34,12 @@ use sandbox_core::{
 };
 use time::OffsetDateTime;
 
-use super::{CaseFuture, CaseResult, Failure, ensure_eq, within};
+use super::harness::{
+    Declaration, Factory, Subject, SuiteCase, describe_suite, find, run_one, run_suite,
+};
+use super::{CaseResult, Failure, ensure_eq, within};
 
 pub use cases::all_store_cases;
-pub use harness::{run_store_main, run_store_main_when_selected};
 
 /// One optional part of a store, or a hook its target provides.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -248,66 +249,89 @@ impl fmt::Debug for StoreTarget {
     }
 }
 
-/// One store case.
-#[derive(Clone, Copy)]
-pub struct StoreCase {
-    /// The trial name is `conformance::<name>`; every name starts with `store_`.
-    pub name: &'static str,
-    /// Features the store must declare for the case to apply.
-    pub requires: &'static [StoreFeature],
-    /// Contract bullets (`lock.exclusive`) and reference invariants (`invariant.8`) checked.
-    pub cites: &'static [&'static str],
-    pub run: for<'a> fn(&'a StoreCtx) -> CaseFuture<'a>,
-}
+/// One store conformance case; every name starts with `store_`.
+pub type StoreCase = SuiteCase<StoreCtx, StoreFeature>;
 
-impl fmt::Debug for StoreCase {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("StoreCase")
-            .field("name", &self.name)
-            .field("requires", &self.requires)
-            .finish()
+/// The store suite, as the shared harness sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct StoreSuite;
+
+impl Subject for StoreSuite {
+    type Target = StoreTarget;
+    type Declared = StoreFeatures;
+    type Ctx = StoreCtx;
+    const KIND: &'static str = "store adapter";
+    const UNDER_TEST: &'static str = "store";
+
+    fn cases() -> Vec<StoreCase> {
+        let mut cases = cases::declaration_cases();
+        cases.extend(all_store_cases());
+        cases
+    }
+    fn context(
+        target: StoreTarget,
+        pinned: StoreFeatures,
+        namespace: &str,
+        case: &'static str,
+        seed: u64,
+    ) -> StoreCtx {
+        StoreCtx::new(target, pinned, namespace, case, seed)
+    }
+    fn cleanup(ctx: &StoreCtx) -> Pin<Box<dyn Future<Output = Vec<String>> + Send + '_>> {
+        Box::pin(ctx.cleanup())
     }
 }
 
-impl StoreCase {
-    /// The required features `declared` lacks.
-    pub fn missing(&self, declared: &StoreFeatures) -> Vec<&'static str> {
-        self.requires
-            .iter()
-            .filter(|f| !declared.has(**f))
-            .map(|f| f.as_str())
-            .collect()
+impl Declaration for StoreFeatures {
+    type Item = StoreFeature;
+    fn items() -> &'static [StoreFeature] {
+        &StoreFeature::ALL
     }
+    fn has(&self, item: StoreFeature) -> bool {
+        StoreFeatures::has(self, item)
+    }
+    fn name(item: StoreFeature) -> &'static str {
+        item.as_str()
+    }
+}
 
-    /// Why the case does not apply to `declared`, or `None` when it does.
-    pub fn not_applicable(&self, declared: &StoreFeatures) -> Option<String> {
-        let missing = self.missing(declared);
-        (!missing.is_empty()).then(|| format!("needs {}", missing.join(", ")))
-    }
+/// Builds the store under test inside the trial's runtime, given the run's namespace (a shared
+/// backing such as Redis scopes its keys by it, so a run never sees another run's state).
+pub type StoreTargetFactory = Factory<StoreTarget>;
+
+/// Runs the store suite for `adapter` and returns the process exit code. `features` is the set
+/// the adapter's test pins, known without contacting the backing. Runs when
+/// `SANDBOX_CONFORMANCE_ADAPTER` names this adapter or is unset (hermetic stores such as the
+/// memory store run in plain `cargo test`).
+pub fn run_store_main(
+    adapter: &'static str,
+    features: StoreFeatures,
+    factory: StoreTargetFactory,
+) -> ExitCode {
+    run_suite::<StoreSuite>(adapter, features, factory, false)
+}
+
+/// [`run_store_main`] for stores that need a service (a Redis server): unless
+/// `SANDBOX_CONFORMANCE_ADAPTER` names this adapter, every case is registered as *ignored*.
+pub fn run_store_main_when_selected(
+    adapter: &'static str,
+    features: StoreFeatures,
+    factory: StoreTargetFactory,
+) -> ExitCode {
+    run_suite::<StoreSuite>(adapter, features, factory, true)
 }
 
 /// The store case named `name` (with its `store_` prefix, without `conformance::`), builtin
 /// cases included.
 pub fn find_store_case(name: &str) -> Option<StoreCase> {
-    harness::builtin_store_cases()
-        .into_iter()
-        .chain(all_store_cases())
-        .find(|c| c.name == name)
+    find::<StoreSuite>(name)
 }
 
 /// Runs one case against `target` and cleans up after it: the library form of a trial, for
 /// tests that check the suite itself. The target's own `features` serve as the pinned set.
 pub async fn run_store_case(case: &StoreCase, target: StoreTarget, seed: u64) -> CaseResult {
     let pinned = target.features;
-    let ctx = StoreCtx::new(target, pinned, &format!("conf-{seed:x}"), case.name, seed);
-    let outcome = (case.run)(&ctx).await;
-    let problems = ctx.cleanup().await;
-    outcome?;
-    if problems.is_empty() {
-        Ok(())
-    } else {
-        Err(Failure(problems.join("; ")))
-    }
+    run_one::<StoreSuite>(case, target, pinned, seed).await
 }
 
 /// Per-case context: both store handles, the hooks, the run's namespace and RNG, and the
@@ -693,26 +717,5 @@ pub fn expect_kind<T: fmt::Debug>(
 /// The describe document `cargo xtask` reads: which store cases apply to `declared`. Same
 /// shape as the provider suite's, with feature names where that one has capability names.
 pub fn describe(adapter: &str, declared: &StoreFeatures) -> serde_json::Value {
-    let mut cases: Vec<serde_json::Value> = harness::builtin_store_cases()
-        .iter()
-        .chain(all_store_cases().iter())
-        .map(|case| {
-            let reason = case.not_applicable(declared);
-            serde_json::json!({
-                "name": format!("conformance::{}", case.name),
-                "applicable": reason.is_none(),
-                "requires": case.requires.iter().map(|f| f.as_str()).collect::<Vec<_>>(),
-                "forbids": Vec::<&str>::new(),
-                "missing": case.missing(declared),
-                "reason": reason,
-                "cites": case.cites,
-            })
-        })
-        .collect();
-    cases.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
-    let declared_names: BTreeMap<&str, bool> = StoreFeature::ALL
-        .iter()
-        .map(|f| (f.as_str(), declared.has(*f)))
-        .collect();
-    serde_json::json!({ "adapter": adapter, "declared": declared_names, "cases": cases })
+    describe_suite::<StoreSuite>(adapter, declared)
 }

@@ -9,6 +9,7 @@
 
 mod backing;
 mod bindings;
+mod declared;
 mod invalidate;
 mod leases;
 mod lock;
@@ -20,13 +21,19 @@ macro_rules! case {
         StoreCase {
             name: concat!("store_", stringify!($name)),
             requires: &[$(StoreFeature::$req),*],
+            forbids: &[],
             cites: &[$($cite),*],
             run: |ctx| Box::pin($module::$name(ctx)),
         }
     };
 }
 
-/// Every store case. (The harness adds the declaration case.)
+/// The case about the declaration itself, which every store runs before the others.
+pub(super) fn declaration_cases() -> Vec<StoreCase> {
+    vec![case!(declared::declared_features_match, [], ["features"])]
+}
+
+/// Every store case but the declaration case.
 pub fn all_store_cases() -> Vec<StoreCase> {
     vec![
         // Bindings.
