@@ -26,6 +26,7 @@ use std::time::Duration;
 use libtest_mimic::{Arguments, Failed, Trial};
 use sandbox_core::{Capabilities, Capability};
 
+use super::store::{StoreFeature, StoreFeatures};
 use super::{CaseFuture, CaseResult, Failure, ProviderSuite, Target};
 
 /// How long one case may take before it fails with a name (generous: real backends on a
@@ -46,18 +47,26 @@ pub trait Declaration: Copy + fmt::Debug + Send + Sync + 'static {
     fn name(item: Self::Item) -> &'static str;
 }
 
-impl Declaration for Capabilities {
-    type Item = Capability;
-    fn items() -> &'static [Capability] {
-        &Capability::ALL
-    }
-    fn has(&self, item: Capability) -> bool {
-        Capabilities::has(self, item)
-    }
-    fn name(item: Capability) -> &'static str {
-        item.as_str()
-    }
+/// Both declarations are a set of flags over an enum with `ALL`, `as_str` and a `has` query.
+macro_rules! flag_declaration {
+    ($set:ty, $item:ty) => {
+        impl Declaration for $set {
+            type Item = $item;
+            fn items() -> &'static [$item] {
+                &<$item>::ALL
+            }
+            fn has(&self, item: $item) -> bool {
+                <$set>::has(self, item)
+            }
+            fn name(item: $item) -> &'static str {
+                item.as_str()
+            }
+        }
+    };
 }
+
+flag_declaration!(Capabilities, Capability);
+flag_declaration!(StoreFeatures, StoreFeature);
 
 /// One conformance case of the suite whose per-case context is `C` and whose declarations hold
 /// items `I`.

@@ -62,13 +62,13 @@ pub(super) fn declaration_cases() -> Vec<Case> {
             declared::declared_capabilities_match,
             [],
             [],
-            ["capabilities"]
+            ["capabilities.static"]
         ),
         case!(
             declared::declared_capabilities_are_callable,
             [],
             [],
-            ["narrow"]
+            ["capabilities.callable"]
         ),
     ]
 }
@@ -181,7 +181,12 @@ pub fn all_cases() -> Vec<Case> {
             [],
             ["files.missing", "files.stat", "files.list"]
         ),
-        case!(files::files_bad_paths_are_invalid_request, [], [], ["path"]),
+        case!(
+            files::files_bad_paths_are_invalid_request,
+            [],
+            [],
+            ["files.path"]
+        ),
         case!(
             files::files_stream_round_trip,
             [],
@@ -230,7 +235,12 @@ pub fn all_cases() -> Vec<Case> {
             [],
             ["connect_probe.gone"]
         ),
-        case!(connect::keep_alive_running, [KeepAlive], [], ["keep_alive"]),
+        case!(
+            connect::keep_alive_running,
+            [KeepAlive],
+            [],
+            ["keep_alive.running"]
+        ),
         case!(
             terminal::terminal_echo_round_trip,
             [Pty],
@@ -266,7 +276,7 @@ pub fn all_cases() -> Vec<Case> {
             templates::template_catalog_has_standard,
             [TemplateCatalog],
             [],
-            ["template_catalog"]
+            ["template_catalog.standard"]
         ),
     ]
 }

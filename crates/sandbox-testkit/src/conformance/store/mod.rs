@@ -34,9 +34,7 @@ use sandbox_core::{
 };
 use time::OffsetDateTime;
 
-use super::harness::{
-    Declaration, Factory, Subject, SuiteCase, describe_suite, find, run_one, run_suite,
-};
+use super::harness::{Factory, Subject, SuiteCase, describe_suite, find, run_one, run_suite};
 use super::{CaseResult, Failure, ensure_eq, within};
 
 pub use cases::all_store_cases;
@@ -279,19 +277,6 @@ impl Subject for StoreSuite {
     }
     fn cleanup(ctx: &StoreCtx) -> Pin<Box<dyn Future<Output = Vec<String>> + Send + '_>> {
         Box::pin(ctx.cleanup())
-    }
-}
-
-impl Declaration for StoreFeatures {
-    type Item = StoreFeature;
-    fn items() -> &'static [StoreFeature] {
-        &StoreFeature::ALL
-    }
-    fn has(&self, item: StoreFeature) -> bool {
-        StoreFeatures::has(self, item)
-    }
-    fn name(item: StoreFeature) -> &'static str {
-        item.as_str()
     }
 }
 
