@@ -2,11 +2,11 @@
 //! its optional turn leases, rewind lock and activity registry), each registered only when the
 //! store declares the features it needs.
 //!
-//! It checks invariants 1–12 of the reference's checklist (§3 of
-//! `weknora-behaviours.md`) wherever a port can observe them, citing the tagged contract bullets
-//! of `sandbox_core::ports::store` (`lock.exclusive`, `create.absent`, ...) and the invariant
-//! numbers (`invariant.8`). Every run draws random tenants, session IDs, sandbox IDs, configs
-//! and tokens, so no canned answer can pass; `SANDBOX_CONFORMANCE_SEED` replays a run.
+//! It checks every contract of `sandbox_core::ports::store` a port call can observe, each case
+//! citing the tagged bullets it checks (`lock.exclusive`, `create.absent`, ...). Every run
+//! draws random tenants, session IDs, sandbox IDs, configs and tokens, so no canned answer can
+//! pass; `SANDBOX_CONFORMANCE_SEED` replays a run. The registration, describe and run
+//! machinery is the provider suite's, through [`crate::conformance::harness`].
 //!
 //! A target is two handles on one backing ([`StoreTarget::store`] and [`StoreTarget::peer`]:
 //! two clones of a memory store, two clients of one Redis), so the cases can check that the
@@ -148,8 +148,9 @@ pub struct StoreTiming {
 }
 
 impl StoreTiming {
-    /// The reference implementation's timings (30 min, 2 min, 2 s).
-    pub const REFERENCE: StoreTiming = StoreTiming {
+    /// The timings the workspace's stores default to: a 30 min turn lease, a 2 min rewind
+    /// lease, a 2 s invalidation wait.
+    pub const STANDARD: StoreTiming = StoreTiming {
         turn_lease_ttl: Duration::from_secs(30 * 60),
         rewind_ttl: Duration::from_secs(2 * 60),
         invalidate_lock_wait: Duration::from_secs(2),
