@@ -20,7 +20,7 @@ use std::future::Future;
 use std::io::Write as _;
 use std::pin::Pin;
 use std::process::ExitCode;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use libtest_mimic::{Arguments, Failed, Trial};
@@ -147,6 +147,56 @@ pub trait Subject: 'static {
     ) -> Self::Ctx;
     /// Deletes everything the case created; each problem is reported, none stops the rest.
     fn cleanup(ctx: &Self::Ctx) -> Pin<Box<dyn Future<Output = Vec<String>> + Send + '_>>;
+}
+
+/// What every case context holds about its run: the run's namespace, the case's name and seed,
+/// and the generator its random payloads are drawn from (so a seed replays them).
+pub(crate) struct CaseRun {
+    namespace: String,
+    case: &'static str,
+    seed: u64,
+    rng: Mutex<fastrand::Rng>,
+}
+
+impl fmt::Debug for CaseRun {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CaseRun")
+            .field("namespace", &self.namespace)
+            .field("case", &self.case)
+            .field("seed", &self.seed)
+            .finish()
+    }
+}
+
+impl CaseRun {
+    pub(crate) fn new(namespace: &str, case: &'static str, seed: u64) -> Self {
+        CaseRun {
+            namespace: namespace.to_owned(),
+            case,
+            seed,
+            rng: Mutex::new(fastrand::Rng::with_seed(seed)),
+        }
+    }
+    pub(crate) fn namespace(&self) -> &str {
+        &self.namespace
+    }
+    pub(crate) fn case(&self) -> &'static str {
+        self.case
+    }
+    pub(crate) fn seed(&self) -> u64 {
+        self.seed
+    }
+    pub(crate) fn with_rng<T>(&self, f: impl FnOnce(&mut fastrand::Rng) -> T) -> T {
+        f(&mut self.rng.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+    /// A random lower-case alphanumeric token.
+    pub(crate) fn token(&self) -> String {
+        self.with_rng(|r| {
+            (0..16)
+                .map(|_| if r.bool() { r.lowercase() } else { r.digit(10) })
+                .collect()
+        })
+    }
 }
 
 /// The case type of suite `S`.

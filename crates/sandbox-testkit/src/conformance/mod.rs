@@ -26,6 +26,7 @@ use sandbox_core::{
 };
 
 pub use cases::all_cases;
+use harness::CaseRun;
 pub use harness::{Declaration, Subject, SuiteCase};
 
 /// The case named `name` (without the `conformance::` prefix), the declaration cases included.
@@ -118,21 +119,14 @@ pub struct Target {
 /// Per-case context: the provider, the run's namespace and RNG, and what to clean up.
 pub struct Ctx {
     target: Target,
-    namespace: String,
-    case: &'static str,
-    seed: u64,
-    rng: Mutex<fastrand::Rng>,
+    run: CaseRun,
     created: Mutex<Vec<SandboxId>>,
     snapshots: Mutex<Vec<SnapshotId>>,
 }
 
 impl fmt::Debug for Ctx {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Ctx")
-            .field("namespace", &self.namespace)
-            .field("case", &self.case)
-            .field("seed", &self.seed)
-            .finish()
+        f.debug_struct("Ctx").field("run", &self.run).finish()
     }
 }
 
@@ -141,10 +135,7 @@ impl Ctx {
     pub fn new(target: Target, namespace: &str, case: &'static str, seed: u64) -> Self {
         Ctx {
             target,
-            namespace: namespace.to_owned(),
-            case,
-            seed,
-            rng: Mutex::new(fastrand::Rng::with_seed(seed)),
+            run: CaseRun::new(namespace, case, seed),
             created: Mutex::new(Vec::new()),
             snapshots: Mutex::new(Vec::new()),
         }
@@ -168,23 +159,19 @@ impl Ctx {
     }
     /// The run's namespace.
     pub fn namespace(&self) -> &str {
-        &self.namespace
+        self.run.namespace()
     }
     /// The seed of this case's payloads.
     pub fn seed(&self) -> u64 {
-        self.seed
+        self.run.seed()
     }
 
     fn with_rng<T>(&self, f: impl FnOnce(&mut fastrand::Rng) -> T) -> T {
-        f(&mut self.rng.lock().unwrap_or_else(PoisonError::into_inner))
+        self.run.with_rng(f)
     }
     /// A random lower-case alphanumeric token.
     pub fn token(&self) -> String {
-        self.with_rng(|r| {
-            (0..16)
-                .map(|_| if r.bool() { r.lowercase() } else { r.digit(10) })
-                .collect()
-        })
+        self.run.token()
     }
     /// Random bytes.
     pub fn bytes(&self, len: usize) -> Vec<u8> {
@@ -207,8 +194,8 @@ impl Ctx {
     pub fn metadata(&self) -> Metadata {
         let mut m = Metadata::new();
         if self.caps().metadata {
-            m.insert(NAMESPACE_KEY.to_owned(), self.namespace.clone());
-            m.insert(CASE_KEY.to_owned(), self.case.replace('_', "-"));
+            m.insert(NAMESPACE_KEY.to_owned(), self.run.namespace().to_owned());
+            m.insert(CASE_KEY.to_owned(), self.run.case().replace('_', "-"));
             m.insert(TEST_MARKER_KEY.to_owned(), "1".to_owned());
         }
         m

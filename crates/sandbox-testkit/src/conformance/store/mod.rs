@@ -34,7 +34,9 @@ use sandbox_core::{
 };
 use time::OffsetDateTime;
 
-use super::harness::{Factory, Subject, SuiteCase, describe_suite, find, run_one, run_suite};
+use super::harness::{
+    CaseRun, Factory, Subject, SuiteCase, describe_suite, find, run_one, run_suite,
+};
 use super::{CaseResult, Failure, ensure_eq, within};
 
 pub use cases::all_store_cases;
@@ -325,20 +327,13 @@ pub async fn run_store_case(case: &StoreCase, target: StoreTarget, seed: u64) ->
 pub struct StoreCtx {
     target: StoreTarget,
     pinned: StoreFeatures,
-    namespace: String,
-    case: &'static str,
-    seed: u64,
-    rng: Mutex<fastrand::Rng>,
+    run: CaseRun,
     created: Mutex<Vec<BindingKey>>,
 }
 
 impl fmt::Debug for StoreCtx {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("StoreCtx")
-            .field("namespace", &self.namespace)
-            .field("case", &self.case)
-            .field("seed", &self.seed)
-            .finish()
+        f.debug_struct("StoreCtx").field("run", &self.run).finish()
     }
 }
 
@@ -355,10 +350,7 @@ impl StoreCtx {
         StoreCtx {
             target,
             pinned,
-            namespace: namespace.to_owned(),
-            case,
-            seed,
-            rng: Mutex::new(fastrand::Rng::with_seed(seed)),
+            run: CaseRun::new(namespace, case, seed),
             created: Mutex::new(Vec::new()),
         }
     }
@@ -393,25 +385,21 @@ impl StoreCtx {
     }
     /// The run's namespace.
     pub fn namespace(&self) -> &str {
-        &self.namespace
+        self.run.namespace()
     }
     /// The seed of this case's payloads.
     pub fn seed(&self) -> u64 {
-        self.seed
+        self.run.seed()
     }
 
     // ---- random payloads ----------------------------------------------------------------
 
     fn with_rng<T>(&self, f: impl FnOnce(&mut fastrand::Rng) -> T) -> T {
-        f(&mut self.rng.lock().unwrap_or_else(PoisonError::into_inner))
+        self.run.with_rng(f)
     }
     /// A random lower-case alphanumeric token.
     pub fn token(&self) -> String {
-        self.with_rng(|r| {
-            (0..16)
-                .map(|_| if r.bool() { r.lowercase() } else { r.digit(10) })
-                .collect()
-        })
+        self.run.token()
     }
     /// A random tenant (wide enough that two draws practically never collide, so a tenant-wide
     /// operation in one case never sees another case's bindings).
@@ -432,7 +420,7 @@ impl StoreCtx {
     pub fn session(&self) -> Result<SessionId, Failure> {
         Ok(SessionId::new(format!(
             "{}-{}",
-            self.namespace,
+            self.run.namespace(),
             self.token()
         ))?)
     }
