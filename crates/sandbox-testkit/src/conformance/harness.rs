@@ -199,6 +199,45 @@ impl CaseRun {
     }
 }
 
+/// Implements [`Subject`] for a suite, in one place for both suites: its target, declaration
+/// and context types, how messages name it, where its cases come from (the declaration cases,
+/// then the registered ones) and how a context is made. Every context cleans up with its own
+/// `cleanup`.
+macro_rules! subject {
+    ($suite:ty: $target:ty, $declared:ty, $ctx:ty; $kind:literal, $under:literal;
+     $first:path, $rest:path; $new:expr) => {
+        impl $crate::conformance::harness::Subject for $suite {
+            type Target = $target;
+            type Declared = $declared;
+            type Ctx = $ctx;
+            const KIND: &'static str = $kind;
+            const UNDER_TEST: &'static str = $under;
+
+            fn cases() -> Vec<$crate::conformance::harness::CaseOf<Self>> {
+                let mut cases = $first();
+                cases.extend($rest());
+                cases
+            }
+            fn context(
+                target: $target,
+                pinned: $declared,
+                namespace: &str,
+                case: &'static str,
+                seed: u64,
+            ) -> $ctx {
+                ($new)(target, pinned, namespace, case, seed)
+            }
+            fn cleanup(
+                ctx: &$ctx,
+            ) -> ::std::pin::Pin<Box<dyn ::std::future::Future<Output = Vec<String>> + Send + '_>>
+            {
+                Box::pin(ctx.cleanup())
+            }
+        }
+    };
+}
+pub(crate) use subject;
+
 /// The case type of suite `S`.
 pub type CaseOf<S> =
     SuiteCase<<S as Subject>::Ctx, <<S as Subject>::Declared as Declaration>::Item>;

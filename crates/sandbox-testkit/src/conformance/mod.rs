@@ -77,33 +77,11 @@ pub type Case = SuiteCase<Ctx, Capability>;
 #[derive(Debug, Clone, Copy)]
 pub struct ProviderSuite;
 
-// The provider suite's context is built from its target alone: the target carries the pinned
-// capability set (`Target::declared`), the one the adapter's test also hands the harness.
-impl Subject for ProviderSuite {
-    type Target = Target;
-    type Declared = Capabilities;
-    type Ctx = Ctx;
-    const KIND: &'static str = "adapter";
-    const UNDER_TEST: &'static str = "adapter";
-
-    fn cases() -> Vec<Case> {
-        let mut cases = cases::declaration_cases();
-        cases.extend(cases::all_cases());
-        cases
-    }
-    fn context(
-        target: Target,
-        _pinned: Capabilities,
-        namespace: &str,
-        case: &'static str,
-        seed: u64,
-    ) -> Ctx {
-        Ctx::new(target, namespace, case, seed)
-    }
-    fn cleanup(ctx: &Ctx) -> Pin<Box<dyn Future<Output = Vec<String>> + Send + '_>> {
-        Box::pin(ctx.cleanup())
-    }
-}
+// The provider's context takes the pinned set from its target (`Target::declared`, the set the
+// adapter's test also hands the harness).
+harness::subject! { ProviderSuite: Target, Capabilities, Ctx; "adapter", "adapter";
+cases::declaration_cases, cases::all_cases;
+|target, _pinned, namespace, case, seed| Ctx::new(target, namespace, case, seed) }
 
 /// What a case runs against.
 #[derive(Debug, Clone)]

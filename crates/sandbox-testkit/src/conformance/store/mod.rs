@@ -34,9 +34,7 @@ use sandbox_core::{
 };
 use time::OffsetDateTime;
 
-use super::harness::{
-    CaseRun, Factory, Subject, SuiteCase, describe_suite, find, run_one, run_suite,
-};
+use super::harness::{CaseRun, Factory, SuiteCase, describe_suite, find, run_one, run_suite};
 use super::{CaseResult, Failure, ensure_eq, within};
 
 pub use cases::all_store_cases;
@@ -257,31 +255,8 @@ pub type StoreCase = SuiteCase<StoreCtx, StoreFeature>;
 #[derive(Debug, Clone, Copy)]
 pub struct StoreSuite;
 
-impl Subject for StoreSuite {
-    type Target = StoreTarget;
-    type Declared = StoreFeatures;
-    type Ctx = StoreCtx;
-    const KIND: &'static str = "store adapter";
-    const UNDER_TEST: &'static str = "store";
-
-    fn cases() -> Vec<StoreCase> {
-        let mut cases = cases::declaration_cases();
-        cases.extend(all_store_cases());
-        cases
-    }
-    fn context(
-        target: StoreTarget,
-        pinned: StoreFeatures,
-        namespace: &str,
-        case: &'static str,
-        seed: u64,
-    ) -> StoreCtx {
-        StoreCtx::new(target, pinned, namespace, case, seed)
-    }
-    fn cleanup(ctx: &StoreCtx) -> Pin<Box<dyn Future<Output = Vec<String>> + Send + '_>> {
-        Box::pin(ctx.cleanup())
-    }
-}
+super::harness::subject! { StoreSuite: StoreTarget, StoreFeatures, StoreCtx;
+"store adapter", "store"; cases::declaration_cases, all_store_cases; StoreCtx::new }
 
 /// Builds the store under test inside the trial's runtime, given the run's namespace (a shared
 /// backing such as Redis scopes its keys by it, so a run never sees another run's state).
