@@ -207,6 +207,13 @@ pub fn all_cases() -> Vec<Case> {
         check_suite(("port.rs", port), ("cases.rs", registry))
     }
 
+    /// Asserts `v` is exactly one contract-tags violation saying `needle`.
+    fn refused_once(v: &[Violation], needle: &str) {
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert_eq!(v[0].rule, "contract-tags");
+        assert!(v[0].to_string().contains(needle), "{}", v[0]);
+    }
+
     #[test]
     fn rule14_reads_tags_and_cites() {
         let tags: Vec<String> = documented_tags(PORT).into_iter().collect();
@@ -227,35 +234,26 @@ pub fn all_cases() -> Vec<Case> {
             "    fn exec(&self);",
             "    /// - `[exec.cancel]` Dropping the call kills it.\n    fn exec(&self);",
         );
-        let v = check(&port, REGISTRY);
-        assert_eq!(v.len(), 1, "{v:?}");
-        assert_eq!(v[0].rule, "contract-tags");
-        assert!(
-            v[0].to_string()
-                .contains("port.rs documents `[exec.cancel]`, but no case in cases.rs cites it"),
-            "{}",
-            v[0]
+        refused_once(
+            &check(&port, REGISTRY),
+            "port.rs documents `[exec.cancel]`, but no case in cases.rs cites it",
         );
     }
 
     #[test]
     fn rule14_a_planted_unknown_cite_is_refused() {
         let registry = REGISTRY.replace(r#"["exec.io"]"#, r#"["exec.io", "exec.stdin"]"#);
-        let v = check(PORT, &registry);
-        assert_eq!(v.len(), 1, "{v:?}");
-        assert_eq!(v[0].rule, "contract-tags");
-        assert!(
-            v[0].to_string()
-                .contains("case exec_io in cases.rs cites `exec.stdin`, which port.rs does not"),
-            "{}",
-            v[0]
+        refused_once(
+            &check(PORT, &registry),
+            "case exec_io in cases.rs cites `exec.stdin`, which port.rs does not",
         );
     }
 
     #[test]
     fn rule14_a_registry_without_cases_is_refused() {
-        let v = check(PORT, "pub fn all_cases() -> Vec<Case> { Vec::new() }");
-        assert_eq!(v.len(), 1, "{v:?}");
-        assert!(v[0].detail.contains("registers no case! lines"), "{}", v[0]);
+        refused_once(
+            &check(PORT, "pub fn all_cases() -> Vec<Case> { Vec::new() }"),
+            "cases.rs registers no case! lines",
+        );
     }
 }

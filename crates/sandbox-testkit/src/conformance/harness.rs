@@ -238,6 +238,29 @@ macro_rules! subject {
 }
 pub(crate) use subject;
 
+/// The accessors every case context (a type with a `run: CaseRun` field) offers over its run,
+/// written once for both suites' contexts.
+macro_rules! run_accessors {
+    () => {
+        /// The run's namespace.
+        pub fn namespace(&self) -> &str {
+            self.run.namespace()
+        }
+        /// The seed of this case's payloads.
+        pub fn seed(&self) -> u64 {
+            self.run.seed()
+        }
+        fn with_rng<T>(&self, f: impl FnOnce(&mut fastrand::Rng) -> T) -> T {
+            self.run.with_rng(f)
+        }
+        /// A random lower-case alphanumeric token.
+        pub fn token(&self) -> String {
+            self.run.token()
+        }
+    };
+}
+pub(crate) use run_accessors;
+
 /// The case type of suite `S`.
 pub type CaseOf<S> =
     SuiteCase<<S as Subject>::Ctx, <<S as Subject>::Declared as Declaration>::Item>;

@@ -135,22 +135,8 @@ impl Ctx {
     pub fn pinned(&self) -> Capabilities {
         self.target.declared
     }
-    /// The run's namespace.
-    pub fn namespace(&self) -> &str {
-        self.run.namespace()
-    }
-    /// The seed of this case's payloads.
-    pub fn seed(&self) -> u64 {
-        self.run.seed()
-    }
+    harness::run_accessors!();
 
-    fn with_rng<T>(&self, f: impl FnOnce(&mut fastrand::Rng) -> T) -> T {
-        self.run.with_rng(f)
-    }
-    /// A random lower-case alphanumeric token.
-    pub fn token(&self) -> String {
-        self.run.token()
-    }
     /// Random bytes.
     pub fn bytes(&self, len: usize) -> Vec<u8> {
         self.with_rng(|r| {

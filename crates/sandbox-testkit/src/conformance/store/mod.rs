@@ -358,24 +358,10 @@ impl StoreCtx {
     pub fn timing(&self) -> StoreTiming {
         self.target.timing
     }
-    /// The run's namespace.
-    pub fn namespace(&self) -> &str {
-        self.run.namespace()
-    }
-    /// The seed of this case's payloads.
-    pub fn seed(&self) -> u64 {
-        self.run.seed()
-    }
+    super::harness::run_accessors!();
 
     // ---- random payloads ----------------------------------------------------------------
 
-    fn with_rng<T>(&self, f: impl FnOnce(&mut fastrand::Rng) -> T) -> T {
-        self.run.with_rng(f)
-    }
-    /// A random lower-case alphanumeric token.
-    pub fn token(&self) -> String {
-        self.run.token()
-    }
     /// A random tenant (wide enough that two draws practically never collide, so a tenant-wide
     /// operation in one case never sees another case's bindings).
     pub fn tenant(&self) -> Result<TenantId, Failure> {
