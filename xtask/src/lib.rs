@@ -13,4 +13,5 @@ pub mod tidy;
 pub mod tidy_citations;
 pub mod tidy_decorators;
 pub mod tidy_source;
+pub mod tidy_tags;
 pub mod workspace;

@@ -271,7 +271,7 @@ fn target(wrap: impl Fn(MemoryBindingStore) -> Arc<dyn BindingStore>) -> StoreTa
         ]),
         StoreTiming {
             invalidate_lock_wait: LOCK_WAIT,
-            ..StoreTiming::REFERENCE
+            ..StoreTiming::STANDARD
         },
     )
     .with_clock(Arc::new(move |by| clock.advance(by)))

@@ -7,7 +7,7 @@
 //! [`SandboxProvider::network_fields`]:
 //! - create: the request's own validation (timeout policy, env names), then metadata without
 //!   `metadata`, mounts without `volumes` (`[create.metadata]`, `[create.volumes]`) and every
-//!   network-policy field the adapter does not enforce, each named (`[create.network]`);
+//!   network-policy field the adapter does not enforce, each named;
 //! - exec: the request's own validation, and the shell form without `posix_shell`
 //!   (`[exec.shell]`);
 //! - connect without `reconnect`, list without `list`, the directory operations without

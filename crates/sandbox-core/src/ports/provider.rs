@@ -1,7 +1,9 @@
 //! The provider port and its optional capability traits.
 //!
-//! Contract bullets carry a tag in brackets (e.g. `[delete.absent]`); the conformance suite in
-//! `sandbox-testkit` cites the tag of every bullet it checks.
+//! Contract bullets the conformance suite in `sandbox-testkit` checks carry a tag in brackets
+//! (e.g. `[delete.absent]`), and each case cites the tags it checks. `cargo xtask tidy` (rule
+//! `contract-tags`) keeps the two in step: every tag here is cited by a case, every cite is a
+//! tag here. A bullet without a tag is a rule the suite cannot observe through the port.
 
 use std::time::Duration;
 
@@ -29,21 +31,33 @@ use crate::terminal::{DesktopOptions, DesktopStream, Terminal, TerminalOptions};
 ///   is killed); a dropped [`create`](SandboxProvider::create) may leave a sandbox behind,
 ///   which metadata recovery or the orphan reaper reclaims (so `create` must stamp the
 ///   request's metadata before it can be observed).
-/// - `[general.errors]` Failures are [`Error`]s with the kind that describes them; in
+/// - Failures are [`Error`]s with the kind that describes them; in
 ///   particular `not_found`/`terminal` only when the provider *proved* the sandbox is gone,
-///   because only those kinds let a caller replace a session's binding.
+///   because only those kinds let a caller replace a session's binding. (Untagged: each
+///   method's own bullets check the kinds it returns, and an unproven failure of a real
+///   backend is not something a conformance run can provoke.)
+/// - `[files.path]` Every file method takes a [`SandboxPath`]: absolute and normalised, so a
+///   relative, empty or traversing path (or one with a NUL byte) is refused with
+///   `invalid_request` where the caller builds it and never reaches an adapter.
 #[async_trait]
 pub trait SandboxProvider: Send + Sync + std::fmt::Debug {
     /// Which backend this is; recorded in bindings to detect provider switches.
     fn provider(&self) -> Provider;
 
     /// The static capability set. Callable before [`health`](SandboxProvider::health).
+    /// - `[capabilities.static]` Known without contacting the backend, and exactly the set the
+    ///   adapter documents (its conformance test pins it, so a case cannot vanish because the
+    ///   adapter declared less).
+    /// - `[capabilities.callable]` Each optional trait's flag is set exactly when its `as_*`
+    ///   accessor returns it, so [`narrow`] finds every declared capability.
     fn capabilities(&self) -> Capabilities;
 
     /// The [`NetworkPolicy`](crate::NetworkPolicy) fields this backend enforces at create.
-    /// - `[create.network]` A create setting a field not declared here is refused with
-    ///   `unsupported` naming the field (never accepted and left unapplied). The checking
-    ///   layer ([`crate::layers::Checked`]) does the refusing; adapters only declare.
+    ///
+    /// A create setting a field not declared here is refused with `unsupported` naming the
+    /// field (never accepted and left unapplied). The checking layer
+    /// ([`crate::layers::Checked`]) does the refusing and adapters only declare, so this is
+    /// tested once, on the layer (`sandbox-testkit`'s `tests/checking.rs`), not per adapter.
     fn network_fields(&self) -> NetworkFields;
 
     /// Probes the control plane.
@@ -281,6 +295,8 @@ pub trait TemplateCatalog: Send + Sync {
     async fn list_templates(&self) -> Result<Vec<Template>, Error>;
     /// Makes the standard template available (building or pulling it when absent) and returns
     /// it. Never deletes a usable template.
+    /// - `[template_catalog.standard]` Afterwards `list_templates` includes the returned
+    ///   template.
     async fn ensure_standard_template(&self) -> Result<Template, Error>;
 }
 
@@ -317,6 +333,8 @@ pub trait Desktop: Send + Sync {
 pub trait KeepAlive: Send + Sync {
     /// Moves the sandbox's idle timeout to `ttl` from now (or records activity, for backends
     /// whose idle sweep reads an activity marker).
+    /// - `[keep_alive.running]` On a running sandbox it succeeds, and the sandbox still runs
+    ///   commands afterwards.
     async fn keep_alive(&self, sandbox: &SandboxHandle, ttl: Duration) -> Result<(), Error>;
 }
 

@@ -10,6 +10,9 @@
 //!   lock it handed out, has origin [`Origin::Store`](crate::error::Origin::Store), whoever
 //!   built it (core's binding validation included). That origin, not the operation's name, is
 //!   what makes the service answer `store_unavailable` and count a store error.
+//!
+//! Contract bullets the store conformance suite in `sandbox-testkit` checks carry a tag in
+//! brackets, cited by its cases; `cargo xtask tidy` (rule `contract-tags`) keeps both in step.
 
 use std::fmt;
 use std::time::Duration;
@@ -25,11 +28,15 @@ use crate::provider::Provider;
 use crate::secret::Secret;
 
 /// Persists bindings and serialises lifecycle transitions of each session.
+/// - `[tenant.isolated]` A tenant's operations never see, change or count another tenant's
+///   bindings, even one under the same session ID.
 #[async_trait]
 pub trait BindingStore: Send + Sync + fmt::Debug {
     /// The current binding, `None` when the session is unbound.
     /// - `[get.malformed]` A stored value that fails to decode or validate against `key` is an
     ///   error, never `None`.
+    /// - `[get.round_trip]` A stored binding reads back exactly, every field, timestamps to the
+    ///   nanosecond.
     async fn get(&self, key: &BindingKey) -> Result<Option<Binding>, Error>;
 
     /// Stores `binding` only if `key` is unbound (create-if-absent), with no expiry.
@@ -42,6 +49,8 @@ pub trait BindingStore: Send + Sync + fmt::Debug {
 
     /// Deletes the binding only while it names `provider` and `sandbox` (compare-and-delete).
     /// Returns whether it deleted.
+    /// - `[delete.match]` A binding naming another provider or sandbox is left as it is, and
+    ///   the call returns `false`.
     async fn delete_if_match(
         &self,
         key: &BindingKey,
@@ -49,9 +58,10 @@ pub trait BindingStore: Send + Sync + fmt::Debug {
         sandbox: &SandboxId,
     ) -> Result<bool, Error>;
 
-    /// Patches the traffic token only while the binding still names `expected`'s provider and
-    /// sandbox, touching no other field (a concurrent stale mark survives). An empty token, or
-    /// one equal to the stored token, changes nothing and returns `false`.
+    /// Patches the traffic token.
+    /// - `[token.patch]` Only while the binding still names `expected`'s provider and sandbox,
+    ///   touching no other field (a concurrent stale mark survives). An empty token, or one
+    ///   equal to the stored token, changes nothing and returns `false`.
     async fn replace_traffic_token_if_match(
         &self,
         key: &BindingKey,
@@ -71,10 +81,14 @@ pub trait BindingStore: Send + Sync + fmt::Debug {
     ///   granted.
     async fn lock_lifecycle(&self, key: &BindingKey) -> Result<LifecycleLock, Error>;
 
-    /// Marks every binding of `(tenant, config)` stale (never deletes anything) and reports how
-    /// many it marked. Already-stale bindings, other tenants, other configs and legacy bindings
-    /// without a config are left alone. Sessions whose lock could not be taken in a bounded wait
-    /// are reported in [`InvalidationReport::failed`], not silently skipped.
+    /// Marks bindings of a config stale and reports what it did.
+    /// - `[invalidate.marks]` Marks every binding of `(tenant, config)` stale (never deletes
+    ///   anything, touches no other field) and reports how many it marked. Already-stale
+    ///   bindings, other tenants, other configs and legacy bindings without a config are left
+    ///   alone.
+    /// - `[invalidate.locked]` Each session's lifecycle lock is waited for, up to a bounded
+    ///   wait; a session whose lock could not be taken in it is reported in
+    ///   [`InvalidationReport::failed`] and left unmarked, not silently skipped.
     async fn invalidate_by_config(
         &self,
         tenant: TenantId,
@@ -82,6 +96,8 @@ pub trait BindingStore: Send + Sync + fmt::Debug {
     ) -> Result<InvalidationReport, Error>;
 
     /// Turn leases, when the store has them.
+    /// - `[optional.fixed]` Each optional part is there or not for the store's whole life, and
+    ///   alike on every instance sharing one backing.
     fn turn_leases(&self) -> Option<&dyn TurnLeases> {
         None
     }
@@ -116,7 +132,9 @@ pub struct ResolveSnapshot {
 pub trait OptimisticReads: Send + Sync {
     /// The binding and the turn lease's state, read together (one round trip where the
     /// backing allows it) and without side effects.
-    /// - `[optimistic.read_only]` Never writes, re-arms or creates anything.
+    /// - Never writes, re-arms or creates anything. (Untagged: no port call can tell a write that
+    ///   changed nothing from none; each store's own tests count its writes, as the Redis
+    ///   store's `tests/redis_round_trips.rs` does.)
     /// - `[get.malformed]` As `get`: a stored value that fails to decode is an error.
     async fn read_for_resolve(&self, key: &BindingKey) -> Result<ResolveSnapshot, Error>;
 }
@@ -188,10 +206,18 @@ pub struct TurnState {
 
 /// Chat-turn leases: a stale sandbox is rebuilt at most once per turn, at its first resolve, so
 /// an image change landing mid-turn cannot tear the sandbox down under the running turn.
+/// - `[turn.lease]` Holds nest: the first begin opens the turn with its one rebuild, consume
+///   spends it, the last end closes the turn, and the next turn gets a rebuild again.
+/// - `[turn.absent]` On a session without a lease, consume and end do nothing: they create no
+///   lease and leave no count behind.
+/// - `[turn.expiry]` A lease lives for the store's turn TTL after the last begin, state read
+///   or consume (each re-arms it) and then lapses, so a turn whose caller vanished stops
+///   blocking rebuilds.
 #[async_trait]
 pub trait TurnLeases: Send + Sync {
     /// Opens one turn hold (a counter). The first hold allows one rebuild.
-    /// Refused with code `session_rewind_locked` while a rewind holds the session.
+    /// - `[turn.rewind_locked]` Refused with code `session_rewind_locked` while a rewind holds
+    ///   the session, leaving no turn behind.
     async fn begin_turn(&self, key: &BindingKey) -> Result<(), Error>;
     /// Releases one hold; the last release drops the lease.
     async fn end_turn(&self, key: &BindingKey) -> Result<(), Error>;
@@ -206,10 +232,14 @@ pub trait TurnLeases: Send + Sync {
 /// The exclusive rewind lock of a session.
 #[async_trait]
 pub trait RewindLocks: Send + Sync {
-    /// Takes the rewind lock. Refused with code `session_turn_active` while a turn is open,
-    /// `session_work_active` while background work is live, and `session_rewind_locked` when
-    /// another rewind holds it. The store keeps it alive (renewing it, re-acquiring it with
-    /// the same token after a transient error) until released.
+    /// Takes the rewind lock.
+    /// - `[rewind.exclusive]` Refused with code `session_rewind_locked` when another rewind,
+    ///   from any instance, holds it; `has_rewind_lock` sees it; it is free again after
+    ///   `release` and after a drop.
+    /// - `[rewind.refusals]` Refused with code `session_turn_active` while a turn is open (even
+    ///   a spent one) and `session_work_active` while background work is live.
+    /// - `[rewind.kept_alive]` The store keeps it alive (renewing it, re-acquiring it with the
+    ///   same token after a transient error) until released, however long that is.
     async fn try_lock_rewind(&self, key: &BindingKey) -> Result<RewindLock, Error>;
     /// Whether a rewind holds the session.
     async fn has_rewind_lock(&self, key: &BindingKey) -> Result<bool, Error>;
@@ -249,10 +279,14 @@ pub struct BackgroundActivity {
 
 /// Leases on background work, visible to the turn state so live work blocks rebuilds and
 /// rewinds.
+/// - `[activities.hold]` Live background work counts as an open turn that may not rebuild,
+///   with or without a chat turn, and refuses a rewind; once it is gone the session is idle.
 #[async_trait]
 pub trait ActivityRegistry: Send + Sync {
-    /// Registers `activity` for `lease`. Refused with `capacity` when the session already has
-    /// `kind_cap` live activities of the same kind.
+    /// Registers `activity` for `lease`.
+    /// - `[activities.add]` Refused with `capacity` when the session already has `kind_cap`
+    ///   live activities of the same kind (other kinds do not count); re-adding a registered
+    ///   id renews it instead of taking a second slot.
     async fn add(
         &self,
         key: &BindingKey,
@@ -260,10 +294,14 @@ pub trait ActivityRegistry: Send + Sync {
         lease: Duration,
         kind_cap: usize,
     ) -> Result<(), Error>;
-    /// Extends a lease; `false` when the activity is no longer registered.
+    /// Extends a lease.
+    /// - `[activities.renew]` `false` when the activity is no longer registered.
     async fn renew(&self, key: &BindingKey, id: &str, lease: Duration) -> Result<bool, Error>;
-    /// Removes an activity (absent is success).
+    /// Removes an activity.
+    /// - `[activities.remove]` Absent is success; a removed activity frees its slot.
     async fn remove(&self, key: &BindingKey, id: &str) -> Result<(), Error>;
     /// The live activities.
+    /// - `[activities.list]` What was added and is still within its lease: an expired activity
+    ///   is not listed, cannot be renewed and no longer counts against the cap.
     async fn list(&self, key: &BindingKey) -> Result<Vec<BackgroundActivity>, Error>;
 }

@@ -14,7 +14,6 @@ mod cases;
 pub mod harness;
 pub mod store;
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -27,27 +26,19 @@ use sandbox_core::{
 };
 
 pub use cases::all_cases;
+use harness::CaseRun;
+pub use harness::{Declaration, Subject, SuiteCase};
 
-/// The case named `name` (without the `conformance::` prefix), builtin cases included.
+/// The case named `name` (without the `conformance::` prefix), the declaration cases included.
 pub fn find_case(name: &str) -> Option<Case> {
-    harness::builtin_cases()
-        .into_iter()
-        .chain(all_cases())
-        .find(|c| c.name == name)
+    harness::find::<ProviderSuite>(name)
 }
 
 /// Runs one case against `target` and cleans up after it: the library form of a trial, for
-/// tests that check the suite itself.
+/// tests that check the suite itself. The target's own `declared` set is the pinned one.
 pub async fn run_case(case: &Case, target: Target, seed: u64) -> CaseResult {
-    let ctx = Ctx::new(target, &format!("conf-{seed:x}"), case.name, seed);
-    let outcome = (case.run)(&ctx).await;
-    let problems = ctx.cleanup().await;
-    outcome?;
-    if problems.is_empty() {
-        Ok(())
-    } else {
-        Err(Failure(problems.join("; ")))
-    }
+    let pinned = target.declared;
+    harness::run_one::<ProviderSuite>(case, target, pinned, seed).await
 }
 
 /// Metadata key carrying the run's namespace on every sandbox the suite creates.
@@ -79,51 +70,18 @@ pub type CaseResult = Result<(), Failure>;
 /// A boxed case future.
 pub type CaseFuture<'a> = Pin<Box<dyn Future<Output = CaseResult> + Send + 'a>>;
 
-/// One conformance case.
-#[derive(Clone, Copy)]
-pub struct Case {
-    /// The trial name is `conformance::<name>`.
-    pub name: &'static str,
-    /// Capabilities the adapter must declare for the case to apply.
-    pub requires: &'static [Capability],
-    /// Capabilities the adapter must *not* declare (cases checking the refusal path).
-    pub forbids: &'static [Capability],
-    /// Contract bullets checked, by tag.
-    pub cites: &'static [&'static str],
-    pub run: for<'a> fn(&'a Ctx) -> CaseFuture<'a>,
-}
+/// One provider conformance case.
+pub type Case = SuiteCase<Ctx, Capability>;
 
-impl fmt::Debug for Case {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Case")
-            .field("name", &self.name)
-            .field("requires", &self.requires)
-            .finish()
-    }
-}
+/// The provider suite, as the shared harness sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct ProviderSuite;
 
-impl Case {
-    /// Why the case does not apply to `declared`, or `None` when it does.
-    pub fn not_applicable(&self, declared: &Capabilities) -> Option<String> {
-        let missing: Vec<&str> = self
-            .requires
-            .iter()
-            .filter(|c| !declared.has(**c))
-            .map(|c| c.as_str())
-            .collect();
-        let present: Vec<&str> = self
-            .forbids
-            .iter()
-            .filter(|c| declared.has(**c))
-            .map(|c| c.as_str())
-            .collect();
-        match (missing.is_empty(), present.is_empty()) {
-            (true, true) => None,
-            (false, _) => Some(format!("needs {}", missing.join(", "))),
-            (true, false) => Some(format!("checks the refusal without {}", present.join(", "))),
-        }
-    }
-}
+// The provider's context takes the pinned set from its target (`Target::declared`, the set the
+// adapter's test also hands the harness).
+harness::subject! { ProviderSuite: Target, Capabilities, Ctx; "adapter", "adapter";
+cases::declaration_cases, cases::all_cases;
+|target, _pinned, namespace, case, seed| Ctx::new(target, namespace, case, seed) }
 
 /// What a case runs against.
 #[derive(Debug, Clone)]
@@ -139,21 +97,14 @@ pub struct Target {
 /// Per-case context: the provider, the run's namespace and RNG, and what to clean up.
 pub struct Ctx {
     target: Target,
-    namespace: String,
-    case: &'static str,
-    seed: u64,
-    rng: Mutex<fastrand::Rng>,
+    run: CaseRun,
     created: Mutex<Vec<SandboxId>>,
     snapshots: Mutex<Vec<SnapshotId>>,
 }
 
 impl fmt::Debug for Ctx {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Ctx")
-            .field("namespace", &self.namespace)
-            .field("case", &self.case)
-            .field("seed", &self.seed)
-            .finish()
+        f.debug_struct("Ctx").field("run", &self.run).finish()
     }
 }
 
@@ -162,10 +113,7 @@ impl Ctx {
     pub fn new(target: Target, namespace: &str, case: &'static str, seed: u64) -> Self {
         Ctx {
             target,
-            namespace: namespace.to_owned(),
-            case,
-            seed,
-            rng: Mutex::new(fastrand::Rng::with_seed(seed)),
+            run: CaseRun::new(namespace, case, seed),
             created: Mutex::new(Vec::new()),
             snapshots: Mutex::new(Vec::new()),
         }
@@ -187,26 +135,8 @@ impl Ctx {
     pub fn pinned(&self) -> Capabilities {
         self.target.declared
     }
-    /// The run's namespace.
-    pub fn namespace(&self) -> &str {
-        &self.namespace
-    }
-    /// The seed of this case's payloads.
-    pub fn seed(&self) -> u64 {
-        self.seed
-    }
+    harness::run_accessors!();
 
-    fn with_rng<T>(&self, f: impl FnOnce(&mut fastrand::Rng) -> T) -> T {
-        f(&mut self.rng.lock().unwrap_or_else(PoisonError::into_inner))
-    }
-    /// A random lower-case alphanumeric token.
-    pub fn token(&self) -> String {
-        self.with_rng(|r| {
-            (0..16)
-                .map(|_| if r.bool() { r.lowercase() } else { r.digit(10) })
-                .collect()
-        })
-    }
     /// Random bytes.
     pub fn bytes(&self, len: usize) -> Vec<u8> {
         self.with_rng(|r| {
@@ -228,8 +158,8 @@ impl Ctx {
     pub fn metadata(&self) -> Metadata {
         let mut m = Metadata::new();
         if self.caps().metadata {
-            m.insert(NAMESPACE_KEY.to_owned(), self.namespace.clone());
-            m.insert(CASE_KEY.to_owned(), self.case.replace('_', "-"));
+            m.insert(NAMESPACE_KEY.to_owned(), self.run.namespace().to_owned());
+            m.insert(CASE_KEY.to_owned(), self.run.case().replace('_', "-"));
             m.insert(TEST_MARKER_KEY.to_owned(), "1".to_owned());
         }
         m
@@ -375,32 +305,5 @@ pub fn preview(bytes: &[u8]) -> String {
 
 /// The describe document `cargo xtask` reads: which cases apply to `declared`.
 pub fn describe(adapter: &str, declared: &Capabilities) -> serde_json::Value {
-    let mut cases: Vec<serde_json::Value> = harness::builtin_cases()
-        .iter()
-        .chain(all_cases().iter())
-        .map(|case| {
-            let missing: Vec<&str> = case
-                .requires
-                .iter()
-                .filter(|c| !declared.has(**c))
-                .map(|c| c.as_str())
-                .collect();
-            let reason = case.not_applicable(declared);
-            serde_json::json!({
-                "name": format!("conformance::{}", case.name),
-                "applicable": reason.is_none(),
-                "requires": case.requires.iter().map(|c| c.as_str()).collect::<Vec<_>>(),
-                "forbids": case.forbids.iter().map(|c| c.as_str()).collect::<Vec<_>>(),
-                "missing": missing,
-                "reason": reason,
-                "cites": case.cites,
-            })
-        })
-        .collect();
-    cases.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
-    let declared_names: BTreeMap<&str, bool> = Capability::ALL
-        .iter()
-        .map(|c| (c.as_str(), declared.has(*c)))
-        .collect();
-    serde_json::json!({ "adapter": adapter, "declared": declared_names, "cases": cases })
+    harness::describe_suite::<ProviderSuite>(adapter, declared)
 }

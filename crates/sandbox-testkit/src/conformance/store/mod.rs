@@ -2,11 +2,11 @@
 //! its optional turn leases, rewind lock and activity registry), each registered only when the
 //! store declares the features it needs.
 //!
-//! It checks invariants 1–12 of the reference's checklist (§3 of
-//! `weknora-behaviours.md`) wherever a port can observe them, citing the tagged contract bullets
-//! of `sandbox_core::ports::store` (`lock.exclusive`, `create.absent`, ...) and the invariant
-//! numbers (`invariant.8`). Every run draws random tenants, session IDs, sandbox IDs, configs
-//! and tokens, so no canned answer can pass; `SANDBOX_CONFORMANCE_SEED` replays a run.
+//! It checks every contract of `sandbox_core::ports::store` a port call can observe, each case
+//! citing the tagged bullets it checks (`lock.exclusive`, `create.absent`, ...). Every run
+//! draws random tenants, session IDs, sandbox IDs, configs and tokens, so no canned answer can
+//! pass; `SANDBOX_CONFORMANCE_SEED` replays a run. The registration, describe and run
+//! machinery is the provider suite's, through [`crate::conformance::harness`].
 //!
 //! A target is two handles on one backing ([`StoreTarget::store`] and [`StoreTarget::peer`]:
 //! two clones of a memory store, two clients of one Redis), so the cases can check that the
@@ -19,12 +19,11 @@
 //! `cargo xtask conformance <store adapter>` prints the same table.
 
 mod cases;
-pub mod harness;
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::process::ExitCode;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -35,10 +34,10 @@ use sandbox_core::{
 };
 use time::OffsetDateTime;
 
-use super::{CaseFuture, CaseResult, Failure, ensure_eq, within};
+use super::harness::{CaseRun, Factory, SuiteCase, describe_suite, find, run_one, run_suite};
+use super::{CaseResult, Failure, ensure_eq, within};
 
 pub use cases::all_store_cases;
-pub use harness::{run_store_main, run_store_main_when_selected};
 
 /// One optional part of a store, or a hook its target provides.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -149,8 +148,9 @@ pub struct StoreTiming {
 }
 
 impl StoreTiming {
-    /// The reference implementation's timings (30 min, 2 min, 2 s).
-    pub const REFERENCE: StoreTiming = StoreTiming {
+    /// The timings the workspace's stores default to: a 30 min turn lease, a 2 min rewind
+    /// lease, a 2 s invalidation wait.
+    pub const STANDARD: StoreTiming = StoreTiming {
         turn_lease_ttl: Duration::from_secs(30 * 60),
         rewind_ttl: Duration::from_secs(2 * 60),
         invalidate_lock_wait: Duration::from_secs(2),
@@ -248,66 +248,53 @@ impl fmt::Debug for StoreTarget {
     }
 }
 
-/// One store case.
-#[derive(Clone, Copy)]
-pub struct StoreCase {
-    /// The trial name is `conformance::<name>`; every name starts with `store_`.
-    pub name: &'static str,
-    /// Features the store must declare for the case to apply.
-    pub requires: &'static [StoreFeature],
-    /// Contract bullets (`lock.exclusive`) and reference invariants (`invariant.8`) checked.
-    pub cites: &'static [&'static str],
-    pub run: for<'a> fn(&'a StoreCtx) -> CaseFuture<'a>,
+/// One store conformance case; every name starts with `store_`.
+pub type StoreCase = SuiteCase<StoreCtx, StoreFeature>;
+
+/// The store suite, as the shared harness sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct StoreSuite;
+
+super::harness::subject! { StoreSuite: StoreTarget, StoreFeatures, StoreCtx;
+"store adapter", "store"; cases::declaration_cases, all_store_cases; StoreCtx::new }
+
+/// Builds the store under test inside the trial's runtime, given the run's namespace (a shared
+/// backing such as Redis scopes its keys by it, so a run never sees another run's state).
+pub type StoreTargetFactory = Factory<StoreTarget>;
+
+/// Runs the store suite for `adapter` and returns the process exit code. `features` is the set
+/// the adapter's test pins, known without contacting the backing. Runs when
+/// `SANDBOX_CONFORMANCE_ADAPTER` names this adapter or is unset (hermetic stores such as the
+/// memory store run in plain `cargo test`).
+pub fn run_store_main(
+    adapter: &'static str,
+    features: StoreFeatures,
+    factory: StoreTargetFactory,
+) -> ExitCode {
+    run_suite::<StoreSuite>(adapter, features, factory, false)
 }
 
-impl fmt::Debug for StoreCase {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("StoreCase")
-            .field("name", &self.name)
-            .field("requires", &self.requires)
-            .finish()
-    }
-}
-
-impl StoreCase {
-    /// The required features `declared` lacks.
-    pub fn missing(&self, declared: &StoreFeatures) -> Vec<&'static str> {
-        self.requires
-            .iter()
-            .filter(|f| !declared.has(**f))
-            .map(|f| f.as_str())
-            .collect()
-    }
-
-    /// Why the case does not apply to `declared`, or `None` when it does.
-    pub fn not_applicable(&self, declared: &StoreFeatures) -> Option<String> {
-        let missing = self.missing(declared);
-        (!missing.is_empty()).then(|| format!("needs {}", missing.join(", ")))
-    }
+/// [`run_store_main`] for stores that need a service (a Redis server): unless
+/// `SANDBOX_CONFORMANCE_ADAPTER` names this adapter, every case is registered as *ignored*.
+pub fn run_store_main_when_selected(
+    adapter: &'static str,
+    features: StoreFeatures,
+    factory: StoreTargetFactory,
+) -> ExitCode {
+    run_suite::<StoreSuite>(adapter, features, factory, true)
 }
 
 /// The store case named `name` (with its `store_` prefix, without `conformance::`), builtin
 /// cases included.
 pub fn find_store_case(name: &str) -> Option<StoreCase> {
-    harness::builtin_store_cases()
-        .into_iter()
-        .chain(all_store_cases())
-        .find(|c| c.name == name)
+    find::<StoreSuite>(name)
 }
 
 /// Runs one case against `target` and cleans up after it: the library form of a trial, for
 /// tests that check the suite itself. The target's own `features` serve as the pinned set.
 pub async fn run_store_case(case: &StoreCase, target: StoreTarget, seed: u64) -> CaseResult {
     let pinned = target.features;
-    let ctx = StoreCtx::new(target, pinned, &format!("conf-{seed:x}"), case.name, seed);
-    let outcome = (case.run)(&ctx).await;
-    let problems = ctx.cleanup().await;
-    outcome?;
-    if problems.is_empty() {
-        Ok(())
-    } else {
-        Err(Failure(problems.join("; ")))
-    }
+    run_one::<StoreSuite>(case, target, pinned, seed).await
 }
 
 /// Per-case context: both store handles, the hooks, the run's namespace and RNG, and the
@@ -315,20 +302,13 @@ pub async fn run_store_case(case: &StoreCase, target: StoreTarget, seed: u64) ->
 pub struct StoreCtx {
     target: StoreTarget,
     pinned: StoreFeatures,
-    namespace: String,
-    case: &'static str,
-    seed: u64,
-    rng: Mutex<fastrand::Rng>,
+    run: CaseRun,
     created: Mutex<Vec<BindingKey>>,
 }
 
 impl fmt::Debug for StoreCtx {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("StoreCtx")
-            .field("namespace", &self.namespace)
-            .field("case", &self.case)
-            .field("seed", &self.seed)
-            .finish()
+        f.debug_struct("StoreCtx").field("run", &self.run).finish()
     }
 }
 
@@ -345,10 +325,7 @@ impl StoreCtx {
         StoreCtx {
             target,
             pinned,
-            namespace: namespace.to_owned(),
-            case,
-            seed,
-            rng: Mutex::new(fastrand::Rng::with_seed(seed)),
+            run: CaseRun::new(namespace, case, seed),
             created: Mutex::new(Vec::new()),
         }
     }
@@ -381,28 +358,10 @@ impl StoreCtx {
     pub fn timing(&self) -> StoreTiming {
         self.target.timing
     }
-    /// The run's namespace.
-    pub fn namespace(&self) -> &str {
-        &self.namespace
-    }
-    /// The seed of this case's payloads.
-    pub fn seed(&self) -> u64 {
-        self.seed
-    }
+    super::harness::run_accessors!();
 
     // ---- random payloads ----------------------------------------------------------------
 
-    fn with_rng<T>(&self, f: impl FnOnce(&mut fastrand::Rng) -> T) -> T {
-        f(&mut self.rng.lock().unwrap_or_else(PoisonError::into_inner))
-    }
-    /// A random lower-case alphanumeric token.
-    pub fn token(&self) -> String {
-        self.with_rng(|r| {
-            (0..16)
-                .map(|_| if r.bool() { r.lowercase() } else { r.digit(10) })
-                .collect()
-        })
-    }
     /// A random tenant (wide enough that two draws practically never collide, so a tenant-wide
     /// operation in one case never sees another case's bindings).
     pub fn tenant(&self) -> Result<TenantId, Failure> {
@@ -422,7 +381,7 @@ impl StoreCtx {
     pub fn session(&self) -> Result<SessionId, Failure> {
         Ok(SessionId::new(format!(
             "{}-{}",
-            self.namespace,
+            self.run.namespace(),
             self.token()
         ))?)
     }
@@ -693,26 +652,5 @@ pub fn expect_kind<T: fmt::Debug>(
 /// The describe document `cargo xtask` reads: which store cases apply to `declared`. Same
 /// shape as the provider suite's, with feature names where that one has capability names.
 pub fn describe(adapter: &str, declared: &StoreFeatures) -> serde_json::Value {
-    let mut cases: Vec<serde_json::Value> = harness::builtin_store_cases()
-        .iter()
-        .chain(all_store_cases().iter())
-        .map(|case| {
-            let reason = case.not_applicable(declared);
-            serde_json::json!({
-                "name": format!("conformance::{}", case.name),
-                "applicable": reason.is_none(),
-                "requires": case.requires.iter().map(|f| f.as_str()).collect::<Vec<_>>(),
-                "forbids": Vec::<&str>::new(),
-                "missing": case.missing(declared),
-                "reason": reason,
-                "cites": case.cites,
-            })
-        })
-        .collect();
-    cases.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
-    let declared_names: BTreeMap<&str, bool> = StoreFeature::ALL
-        .iter()
-        .map(|f| (f.as_str(), declared.has(*f)))
-        .collect();
-    serde_json::json!({ "adapter": adapter, "declared": declared_names, "cases": cases })
+    describe_suite::<StoreSuite>(adapter, declared)
 }

@@ -1,5 +1,5 @@
-//! What only a store with a real backing can get wrong: corrupt stored values (reference
-//! invariant 6) and an unreachable backing (invariant 7). Both fail closed: an error, never
+//! What only a store with a real backing can get wrong: corrupt stored values and an
+//! unreachable backing. Both fail closed: an error, never
 //! "unbound", because an unbound session gets a second sandbox.
 
 use sandbox_core::{BindingKey, ErrorCode};
@@ -34,7 +34,7 @@ async fn scrub(ctx: &StoreCtx, key: &BindingKey) -> CaseResult {
     plant_round_trip(ctx, key).await
 }
 
-/// `[get.malformed]`, invariant 6: undecodable or invalid stored values are errors, never
+/// `[get.malformed]`: undecodable or invalid stored values are errors, never
 /// "unbound", and create-if-absent does not replace them.
 pub(super) async fn malformed_value_is_an_error(ctx: &StoreCtx) -> CaseResult {
     let key = ctx.key()?;
@@ -73,7 +73,7 @@ pub(super) async fn malformed_value_is_an_error(ctx: &StoreCtx) -> CaseResult {
     scrub(ctx, &key).await
 }
 
-/// `[get.malformed]`, invariant 6: a well-formed binding of another key stored under this one
+/// `[get.malformed]`: a well-formed binding of another key stored under this one
 /// is an error with code `invalid_binding`.
 pub(super) async fn foreign_value_is_an_error(ctx: &StoreCtx) -> CaseResult {
     let key = ctx.key()?;
@@ -99,7 +99,7 @@ pub(super) async fn foreign_value_is_an_error(ctx: &StoreCtx) -> CaseResult {
     scrub(ctx, &key).await
 }
 
-/// `[lock.fail_closed]`, invariant 7: with the backing down, get, create, delete, the token
+/// `[lock.fail_closed]`: with the backing down, get, create, delete, the token
 /// patch and the lifecycle lock all fail (no lock is granted, nothing reads as unbound), as do
 /// the optional parts, each with a store error (`[errors.origin]`: an outage is what
 /// `store_unavailable` is for); after it comes back nothing has changed.

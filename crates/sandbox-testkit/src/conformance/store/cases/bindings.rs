@@ -1,5 +1,5 @@
 //! Bindings: create-if-absent, identity, round-trip, compare-and-delete, tenant isolation and
-//! the token patch (reference invariants 2–5 and 9).
+//! the token patch.
 
 use std::time::Duration;
 
@@ -8,7 +8,7 @@ use sandbox_core::{Binding, ConfigId, ErrorCode, ErrorKind, Secret};
 use super::super::{OP_LIMIT, StoreCtx, expect_code, expect_kind};
 use crate::conformance::{CaseResult, ensure_eq, within};
 
-/// `[create.absent]`, invariant 3: the first create stores, a second one (even of another
+/// `[create.absent]`: the first create stores, a second one (even of another
 /// sandbox, even from another instance) returns `false` and changes nothing, and the binding
 /// does not expire.
 pub(super) async fn create_if_absent(ctx: &StoreCtx) -> CaseResult {
@@ -42,7 +42,7 @@ pub(super) async fn create_if_absent(ctx: &StoreCtx) -> CaseResult {
     Ok(())
 }
 
-/// `[create.validate]`, invariant 2: a binding whose identity is another key's is refused with
+/// `[create.validate]`: a binding whose identity is another key's is refused with
 /// `invalid_request` (code `invalid_binding`) and stored under neither key.
 pub(super) async fn create_refuses_foreign_identity(ctx: &StoreCtx) -> CaseResult {
     let key = ctx.key()?;
@@ -77,7 +77,7 @@ pub(super) async fn create_refuses_foreign_identity(ctx: &StoreCtx) -> CaseResul
     Ok(())
 }
 
-/// Invariant 2: every field round-trips exactly (nanosecond timestamps, config, stale mark,
+/// `[get.round_trip]`: every field round-trips exactly (nanosecond timestamps, config, stale mark,
 /// token), through the other instance too; bindings without config or token are valid; an
 /// empty token is not stored (it reads back as absent).
 pub(super) async fn binding_round_trips(ctx: &StoreCtx) -> CaseResult {
@@ -121,7 +121,7 @@ pub(super) async fn binding_round_trips(ctx: &StoreCtx) -> CaseResult {
     ensure_eq("binding created with an empty token", read, Some(empty))
 }
 
-/// Invariant 4: compare-and-delete deletes only on an exact (provider, sandbox) match.
+/// `[delete.match]`: compare-and-delete deletes only on an exact (provider, sandbox) match.
 pub(super) async fn delete_if_match_exact(ctx: &StoreCtx) -> CaseResult {
     let key = ctx.key()?;
     let b = ctx.binding(&key)?;
@@ -172,7 +172,7 @@ pub(super) async fn delete_if_match_exact(ctx: &StoreCtx) -> CaseResult {
     ensure_eq("delete_if_match of an unbound key", again, false)
 }
 
-/// Invariant 5: the same session ID under two tenants is two bindings; deleting one leaves the
+/// `[tenant.isolated]`: the same session ID under two tenants is two bindings; deleting one leaves the
 /// other.
 pub(super) async fn tenants_are_isolated(ctx: &StoreCtx) -> CaseResult {
     let a = ctx.key()?;
@@ -213,7 +213,7 @@ pub(super) async fn tenants_are_isolated(ctx: &StoreCtx) -> CaseResult {
     )
 }
 
-/// Invariant 9: the patch writes the token and nothing else; the same token again, an empty
+/// `[token.patch]`: the patch writes the token and nothing else; the same token again, an empty
 /// token, another sandbox, another provider or an unbound key change nothing and return
 /// `false`.
 pub(super) async fn token_patch_touches_only_the_token(ctx: &StoreCtx) -> CaseResult {
@@ -281,7 +281,7 @@ pub(super) async fn token_patch_touches_only_the_token(ctx: &StoreCtx) -> CaseRe
     )
 }
 
-/// Invariant 9: a stale mark written after the caller read the binding survives the caller's
+/// `[token.patch]`: a stale mark written after the caller read the binding survives the caller's
 /// token patch (the patch must not write back the caller's stale copy).
 pub(super) async fn token_patch_keeps_concurrent_stale_mark(ctx: &StoreCtx) -> CaseResult {
     let key = ctx.key()?;

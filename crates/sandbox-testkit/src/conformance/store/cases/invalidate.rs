@@ -1,4 +1,4 @@
-//! Invalidate-by-config (reference invariant 12).
+//! Invalidate-by-config: what it marks, and how it waits for a held lifecycle lock.
 
 use std::time::{Duration, Instant};
 
@@ -43,7 +43,7 @@ fn with_config(
     Ok(b)
 }
 
-/// Invariant 12: marks exactly the unmarked bindings of (tenant, config) — never another
+/// `[invalidate.marks]`: marks exactly the unmarked bindings of (tenant, config) — never another
 /// config, the default config, a legacy binding without a config, another tenant's binding of
 /// the same config and session ID, or an already-marked one — touches no other field, and does
 /// not count a binding twice. The default config (the sentinel) is a config like any other:
@@ -161,7 +161,7 @@ pub(super) async fn invalidate_marks_only_tenant_and_config(ctx: &StoreCtx) -> C
     )
 }
 
-/// Invariant 12: a session whose lifecycle lock stays held longer than the wait cap is reported
+/// `[invalidate.locked]`: a session whose lifecycle lock stays held longer than the wait cap is reported
 /// in `failed` within a bounded time and left unmarked, and the run goes on to mark the others;
 /// once the lock is free a later run marks it.
 pub(super) async fn invalidate_reports_a_locked_session(ctx: &StoreCtx) -> CaseResult {
@@ -223,7 +223,7 @@ pub(super) async fn invalidate_reports_a_locked_session(ctx: &StoreCtx) -> CaseR
     ensure_eq("bindings marked after release", later.marked, 1)
 }
 
-/// Invariant 12: the invalidation really waits for a held lock (up to the cap) rather than
+/// `[invalidate.locked]`: the invalidation really waits for a held lock (up to the cap) rather than
 /// giving up at once, and the mark after that wait still lands — it has its own budget, not
 /// the wait's leftover.
 pub(super) async fn invalidate_waits_for_a_briefly_held_lock(ctx: &StoreCtx) -> CaseResult {

@@ -1,5 +1,4 @@
-//! Turn leases, the rewind lock and background activities (reference invariants 10 and 11,
-//! and the activity registry that feeds both).
+//! Turn leases, the rewind lock, and the background-activity registry that feeds both.
 
 use std::time::Duration;
 
@@ -90,7 +89,7 @@ async fn await_rewind(
 
 // ---- turn leases ----------------------------------------------------------------------------
 
-/// Invariant 10: inactive initially; the first begin opens the turn with its rebuild; a nested
+/// `[turn.lease]`: inactive initially; the first begin opens the turn with its rebuild; a nested
 /// begin keeps it; consume spends it; the first end keeps the turn open; the last end closes
 /// it; the next turn gets a rebuild again. Every step is read through the other instance.
 pub(super) async fn turn_lease_lifecycle(ctx: &StoreCtx) -> CaseResult {
@@ -116,7 +115,7 @@ pub(super) async fn turn_lease_lifecycle(ctx: &StoreCtx) -> CaseResult {
     expect_state("after the next turn", tp, &key, IDLE).await
 }
 
-/// Invariant 10: consuming the rebuild of a session without a lease creates none — no turn
+/// `[turn.absent]`: consuming the rebuild of a session without a lease creates none — no turn
 /// appears, the next begin still gets its rebuild, and a rewind is not refused as "turn
 /// active".
 pub(super) async fn turn_consume_without_lease_creates_none(ctx: &StoreCtx) -> CaseResult {
@@ -135,7 +134,7 @@ pub(super) async fn turn_consume_without_lease_creates_none(ctx: &StoreCtx) -> C
     expect_state("after end", t, &key, IDLE).await
 }
 
-/// Invariant 10: an end without a lease is harmless — it neither errors nor leaves a count
+/// `[turn.absent]`: an end without a lease is harmless — it neither errors nor leaves a count
 /// behind that would swallow the next turn's begin.
 pub(super) async fn turn_end_without_lease_is_harmless(ctx: &StoreCtx) -> CaseResult {
     let key = ctx.key()?;
@@ -149,7 +148,7 @@ pub(super) async fn turn_end_without_lease_is_harmless(ctx: &StoreCtx) -> CaseRe
     expect_state("after one end", t, &key, IDLE).await
 }
 
-/// Reference §2.2: the turn lease lives for its TTL after the last begin, state or consume
+/// `[turn.expiry]`: the turn lease lives for its TTL after the last begin, state or consume
 /// (each re-arms it) and then lapses, so a turn whose caller vanished stops blocking rebuilds.
 pub(super) async fn turn_lease_expires_unless_rearmed(ctx: &StoreCtx) -> CaseResult {
     let key = ctx.key()?;
@@ -174,7 +173,7 @@ pub(super) async fn turn_lease_expires_unless_rearmed(ctx: &StoreCtx) -> CaseRes
 
 // ---- rewind lock ----------------------------------------------------------------------------
 
-/// Invariant 11: the rewind lock is exclusive across instances (`session_rewind_locked`), is
+/// `[rewind.exclusive]`: the rewind lock is exclusive across instances (`session_rewind_locked`), is
 /// visible through `has_rewind_lock`, and is free again after `release` and after a drop.
 pub(super) async fn rewind_lock_is_exclusive(ctx: &StoreCtx) -> CaseResult {
     let key = ctx.key()?;
@@ -218,7 +217,7 @@ pub(super) async fn rewind_lock_is_exclusive(ctx: &StoreCtx) -> CaseResult {
     Ok(())
 }
 
-/// Invariant 11: a held rewind lock refuses `begin_turn` with `session_rewind_locked`, and the
+/// `[turn.rewind_locked]`: a held rewind lock refuses `begin_turn` with `session_rewind_locked`, and the
 /// refused begin leaves no turn behind.
 pub(super) async fn rewind_lock_blocks_begin_turn(ctx: &StoreCtx) -> CaseResult {
     let key = ctx.key()?;
@@ -239,7 +238,7 @@ pub(super) async fn rewind_lock_blocks_begin_turn(ctx: &StoreCtx) -> CaseResult 
     end(tp, &key).await
 }
 
-/// Invariant 11: a rewind is refused with `session_turn_active` while a turn is open (even a
+/// `[rewind.refusals]`: a rewind is refused with `session_turn_active` while a turn is open (even a
 /// spent one), and allowed once the last turn ended.
 pub(super) async fn rewind_refused_while_turn_active(ctx: &StoreCtx) -> CaseResult {
     let key = ctx.key()?;
@@ -264,7 +263,7 @@ pub(super) async fn rewind_refused_while_turn_active(ctx: &StoreCtx) -> CaseResu
     Ok(())
 }
 
-/// Invariant 11 ("renewed past TTL"): a held rewind lock does not lapse while held, however
+/// `[rewind.kept_alive]`, renewed past its TTL: a held rewind lock does not lapse while held, however
 /// long that is.
 pub(super) async fn rewind_lock_outlives_its_ttl(ctx: &StoreCtx) -> CaseResult {
     let key = ctx.key()?;
@@ -289,7 +288,7 @@ pub(super) async fn rewind_lock_outlives_its_ttl(ctx: &StoreCtx) -> CaseResult {
     await_rewind(rp, &key, false, "after release").await
 }
 
-/// Invariant 11 ("renewal survives a transient error"): a backing outage shorter than the
+/// `[rewind.kept_alive]`, renewal survives a transient error: a backing outage shorter than the
 /// lease does not hand the session to a second rewinder.
 pub(super) async fn rewind_lock_survives_an_outage(ctx: &StoreCtx) -> CaseResult {
     let key = ctx.key()?;

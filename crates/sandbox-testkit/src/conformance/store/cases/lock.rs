@@ -1,4 +1,4 @@
-//! The lifecycle lock (reference invariant 8): exclusive per key across instances, parallel
+//! The lifecycle lock: exclusive per key across instances, parallel
 //! across keys, cancel-safe, released by `release` and by drop.
 
 use std::sync::Arc;

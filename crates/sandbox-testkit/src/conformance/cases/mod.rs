@@ -1,0 +1,282 @@
+//! The provider cases, one file per topic; the table below registers each with the
+//! capabilities it needs (or must lack) and the contract tags of the provider port it cites.
+//! Each case is a plain async function over the context.
+
+mod connect;
+mod declared;
+mod exec;
+mod files;
+mod lifecycle;
+mod snapshots;
+mod templates;
+mod terminal;
+
+use std::time::Duration;
+
+use sandbox_core::{Capability, ExecRequest, ExecResult, ExecTimeout, SandboxHandle, SandboxPath};
+
+use super::{Case, Ctx, Failure, within};
+
+const EXEC_LIMIT: Duration = Duration::from_secs(90);
+
+async fn exec(
+    ctx: &Ctx,
+    sandbox: &SandboxHandle,
+    request: ExecRequest,
+) -> Result<ExecResult, Failure> {
+    let label = request.command.label().to_owned();
+    within(EXEC_LIMIT, "exec", ctx.provider().exec(sandbox, request))
+        .await?
+        .map_err(|e| Failure(format!("exec {label}: {e}")))
+}
+
+fn path(raw: &str) -> Result<SandboxPath, Failure> {
+    SandboxPath::new(raw).map_err(|e| Failure(format!("bad test path {raw}: {e}")))
+}
+
+/// A scratch directory unique to this case.
+fn scratch(ctx: &Ctx, leaf: &str) -> Result<SandboxPath, Failure> {
+    path(&format!("/tmp/{}-{}/{leaf}", ctx.namespace(), ctx.token()))
+}
+
+fn timeout(secs: u64) -> Result<ExecTimeout, Failure> {
+    ExecTimeout::new(Duration::from_secs(secs)).map_err(Failure::from)
+}
+
+macro_rules! case {
+    ($module:ident :: $name:ident, [$($req:ident),*], [$($forbid:ident),*], [$($cite:literal),*]) => {
+        Case {
+            name: stringify!($name),
+            requires: &[$(Capability::$req),*],
+            forbids: &[$(Capability::$forbid),*],
+            cites: &[$($cite),*],
+            run: |ctx| Box::pin($module::$name(ctx)),
+        }
+    };
+}
+
+/// The cases about the declaration itself, which every adapter runs before the others.
+pub(super) fn declaration_cases() -> Vec<Case> {
+    vec![
+        case!(
+            declared::declared_capabilities_match,
+            [],
+            [],
+            ["capabilities.static"]
+        ),
+        case!(
+            declared::declared_capabilities_are_callable,
+            [],
+            [],
+            ["capabilities.callable"]
+        ),
+    ]
+}
+
+/// Every provider case but the declaration cases.
+pub fn all_cases() -> Vec<Case> {
+    vec![
+        case!(lifecycle::health_ok, [], [], ["health.ok"]),
+        case!(
+            lifecycle::create_then_get,
+            [],
+            [],
+            ["create.running", "get.absent"]
+        ),
+        case!(
+            lifecycle::metadata_round_trips,
+            [Metadata],
+            [],
+            ["create.metadata", "get.metadata"]
+        ),
+        case!(
+            lifecycle::list_filters_by_metadata_and_state,
+            [Metadata, List],
+            [],
+            ["list.filter"]
+        ),
+        case!(
+            lifecycle::create_unknown_template_is_invalid_request,
+            [],
+            [],
+            ["create.unknown_template"]
+        ),
+        case!(
+            lifecycle::create_with_volumes_is_unsupported,
+            [],
+            [Volumes],
+            ["create.volumes"]
+        ),
+        case!(
+            lifecycle::create_with_metadata_is_unsupported,
+            [],
+            [Metadata],
+            ["create.metadata"]
+        ),
+        case!(lifecycle::list_is_unsupported, [], [List], ["list.filter"]),
+        case!(exec::exec_argv_echo, [], [], ["exec.argv", "exec.io"]),
+        case!(exec::exec_exit_codes, [], [], ["exec.io"]),
+        case!(
+            exec::exec_exit_124_and_137_are_not_timeouts,
+            [],
+            [],
+            ["exec.timeout"]
+        ),
+        case!(exec::exec_stdin_is_delivered, [], [], ["exec.io"]),
+        case!(exec::exec_env_applies, [], [], ["exec.io"]),
+        case!(exec::exec_cwd_applies, [], [], ["exec.io"]),
+        case!(exec::exec_streams_are_kept_apart, [], [], ["exec.io"]),
+        case!(exec::exec_large_stdout_is_intact, [], [], ["exec.io"]),
+        case!(
+            exec::exec_output_streams_while_running,
+            [PosixShell],
+            [],
+            ["exec.stream"]
+        ),
+        case!(exec::exec_shell_form, [PosixShell], [], ["exec.shell"]),
+        case!(
+            exec::exec_shell_form_is_unsupported,
+            [],
+            [PosixShell],
+            ["exec.shell"]
+        ),
+        case!(exec::exec_timeout_kills, [], [], ["exec.timeout"]),
+        case!(
+            exec::exec_timeout_leaves_no_process,
+            [PosixShell],
+            [],
+            ["exec.timeout.reaped"]
+        ),
+        case!(
+            exec::exec_cancel_kills_process,
+            [PosixShell],
+            [],
+            ["exec.cancel", "general.cancel"]
+        ),
+        case!(
+            exec::exec_concurrent_calls,
+            [],
+            [],
+            ["exec.concurrent", "general.concurrency"]
+        ),
+        case!(files::files_binary_round_trip, [], [], ["files.binary"]),
+        case!(files::files_write_creates_parents, [], [], ["files.binary"]),
+        case!(files::files_list_dir, [FsEnumeration], [], ["files.list"]),
+        case!(files::files_stat_kinds, [FsEnumeration], [], ["files.stat"]),
+        case!(
+            files::files_make_dir_parents_and_existing,
+            [FsEnumeration],
+            [],
+            ["files.mkdir"]
+        ),
+        case!(
+            files::files_remove_recursive,
+            [FsEnumeration],
+            [],
+            ["files.remove"]
+        ),
+        case!(
+            files::files_missing_is_not_found,
+            [],
+            [],
+            ["files.missing", "files.stat", "files.list"]
+        ),
+        case!(
+            files::files_bad_paths_are_invalid_request,
+            [],
+            [],
+            ["files.path"]
+        ),
+        case!(
+            files::files_stream_round_trip,
+            [],
+            [],
+            ["files.stream", "files.stream.cap"]
+        ),
+        case!(
+            files::files_reads_take_only_regular_files,
+            [PosixShell],
+            [],
+            ["files.stream.regular"]
+        ),
+        case!(
+            files::files_tree_is_bounded,
+            [FsEnumeration],
+            [],
+            ["files.tree", "files.tree.caps"]
+        ),
+        case!(
+            lifecycle::delete_then_get_is_not_found,
+            [],
+            [],
+            ["delete.gone", "delete.absent", "get.absent"]
+        ),
+        case!(
+            connect::connect_running_sandbox,
+            [Reconnect],
+            [],
+            ["connect.token"]
+        ),
+        case!(
+            connect::connect_deleted_is_replaceable,
+            [Reconnect],
+            [],
+            ["connect.gone", "delete.gone"]
+        ),
+        case!(
+            connect::connect_unknown_is_replaceable,
+            [Reconnect],
+            [],
+            ["connect.gone"]
+        ),
+        case!(
+            connect::connect_probe_running_and_deleted,
+            [ConnectProbe],
+            [],
+            ["connect_probe.gone"]
+        ),
+        case!(
+            connect::keep_alive_running,
+            [KeepAlive],
+            [],
+            ["keep_alive.running"]
+        ),
+        case!(
+            terminal::terminal_echo_round_trip,
+            [Pty],
+            [],
+            ["terminal.echo"]
+        ),
+        case!(
+            terminal::terminal_resize_is_visible,
+            [Pty],
+            [],
+            ["terminal.resize"]
+        ),
+        case!(terminal::terminal_exit_code, [Pty], [], ["terminal.exit"]),
+        case!(
+            terminal::terminal_close_leaves_no_shell,
+            [Pty, PosixShell],
+            [],
+            ["terminal.close"]
+        ),
+        case!(
+            snapshots::snapshot_round_trip,
+            [Snapshots],
+            [],
+            ["snapshot.boot", "snapshot.delete_idempotent"]
+        ),
+        case!(
+            snapshots::snapshot_restore_is_owner_only,
+            [Snapshots, Metadata, List],
+            [],
+            ["create.snapshot_owner", "snapshot.tenant"]
+        ),
+        case!(
+            templates::template_catalog_has_standard,
+            [TemplateCatalog],
+            [],
+            ["template_catalog.standard"]
+        ),
+    ]
+}
