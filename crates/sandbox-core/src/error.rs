@@ -149,21 +149,6 @@ impl ErrorKind {
             _ => ErrorKind::Internal,
         }
     }
-
-    /// The HTTP status this workspace's own API answers with for the kind.
-    pub fn http_status(self) -> u16 {
-        match self {
-            ErrorKind::NotFound | ErrorKind::Terminal => 404,
-            ErrorKind::Authentication => 401,
-            ErrorKind::InvalidRequest => 400,
-            ErrorKind::Unsupported => 501,
-            ErrorKind::Conflict => 409,
-            ErrorKind::Capacity => 429,
-            ErrorKind::Timeout => 504,
-            ErrorKind::Unavailable => 503,
-            ErrorKind::Internal => 500,
-        }
-    }
 }
 
 impl fmt::Display for ErrorKind {
@@ -842,7 +827,6 @@ mod tests {
     fn kind_and_code_wire_names() {
         for kind in ErrorKind::ALL {
             assert_eq!(serde_json::to_value(kind).unwrap(), kind.as_str());
-            assert!((400..600).contains(&kind.http_status()));
         }
         assert_eq!(ErrorCode::SandboxPaused.as_str(), "session_sandbox_paused");
         assert_eq!(
