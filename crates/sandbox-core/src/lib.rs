@@ -17,7 +17,8 @@
 //! - [`ports`]: [`SandboxProvider`] and its capability traits, [`BindingStore`] and friends,
 //!   [`SessionExistence`], [`Bootstrapper`], [`ConfigLoader`].
 //! - [`config`]: named tenant configs, required fields, identity projection.
-//! - [`policy`]: shell quoting, workspace layout, skills, the script validator.
+//! - [`policy`]: shell quoting, workspace layout, skills (the script validator is in
+//!   `sandbox-session::policy`).
 //! - [`clock`]: injectable time.
 
 pub mod binding;
