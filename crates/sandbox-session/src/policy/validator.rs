@@ -6,18 +6,19 @@
 //! keeping false positives on ordinary data-processing scripts low, because every false
 //! positive is an agent task that fails for no reason.
 //!
-//! The rules are byte regexes over the ASCII-lowered input, compiled once. The regex engine
+//! The rules are byte regexes over the ASCII-lowered input, compiled once per validator (the
+//! session manager builds one). The regex engine
 //! runs in time linear in the input, and the few shapes that need the shell's word splitting
 //! (`rm` flags, `chmod`/`chown` arguments, `service` and `nc` arguments) are read by a small
 //! tokeniser that never indexes, so hostile input can neither panic the validator nor make it
 //! slow.
 
 use std::fmt;
-use std::sync::LazyLock;
+use std::sync::Arc;
 
 use regex::bytes::{Regex, RegexBuilder};
 
-use self::Matcher::{Any, Custom, Seq, Unless};
+use self::Matcher::{Any, Custom, Seq, Spaced, Then, Unless};
 
 /// Which family of rule fired; callers map these to user-facing categories and metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -98,15 +99,46 @@ impl ValidationResult {
     }
 }
 
-/// Stateless: the rules are static tables, so one validator can be shared freely.
-#[derive(Debug, Clone, Default)]
+/// Holds the rules compiled: build one (the session manager does, once) and share it; clones
+/// share the compiled rules.
+#[derive(Debug, Clone)]
 pub struct ScriptValidator {
-    _private: (),
+    rules: Arc<Rules>,
+}
+
+impl Default for ScriptValidator {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Every regex the validator runs, compiled when the validator is built.
+#[derive(Debug)]
+struct Rules {
+    /// [`SCRIPT_RULES`], rule for rule.
+    script: Vec<Vec<Compiled>>,
+    arg_tokens: Regex,
+    stdin_substitution: Regex,
+    stdin_backticks: Regex,
+    stdin_line_operator: Regex,
 }
 
 impl ScriptValidator {
     pub fn new() -> Self {
-        Self::default()
+        let script = SCRIPT_RULES
+            .iter()
+            .map(|rule| rule.matchers.iter().map(Compiled::new).collect())
+            .collect();
+        let rules = Rules {
+            script,
+            arg_tokens: compile(ARG_TOKENS),
+            stdin_substitution: compile(STDIN_SUBSTITUTION),
+            stdin_backticks: compile(STDIN_BACKTICKS),
+            stdin_line_operator: compile(STDIN_LINE_OPERATOR),
+        };
+        Self {
+            rules: Arc::new(rules),
+        }
     }
 
     /// Reports every script rule that fires, in table order (reverse shells first, then
@@ -121,7 +153,7 @@ impl ScriptValidator {
         let text = lower.as_bytes();
         let errors = SCRIPT_RULES
             .iter()
-            .zip(COMPILED.iter())
+            .zip(&self.rules.script)
             .filter(|(_, matchers)| matchers.iter().any(|m| m.fires(text)))
             .map(|(rule, _)| ValidationError {
                 kind: rule.kind,
@@ -140,7 +172,7 @@ impl ScriptValidator {
         let mut errors = Vec::new();
         for (index, arg) in args.iter().enumerate() {
             let lower = arg.to_ascii_lowercase();
-            for label in arg_findings(lower.as_bytes()) {
+            for label in arg_findings(&self.rules, lower.as_bytes()) {
                 errors.push(ValidationError {
                     kind: ValidationErrorKind::ArgInjection,
                     pattern: label.to_owned(),
@@ -156,7 +188,7 @@ impl ScriptValidator {
     /// it into a shell are refused; ordinary multi-line CSV, JSON and prose pass.
     pub fn validate_stdin(&self, stdin: &str) -> ValidationResult {
         let lower = stdin.to_ascii_lowercase();
-        let errors = stdin_findings(lower.as_bytes())
+        let errors = stdin_findings(&self.rules, lower.as_bytes())
             .into_iter()
             .map(|(label, description)| ValidationError {
                 kind: ValidationErrorKind::ShellInjection,
@@ -272,8 +304,8 @@ fn pattern_source(pat: &Pat) -> String {
     let mut core = String::new();
     for c in pat.text.chars() {
         match c {
-            ' ' => core.push_str("[ \t]+"),
-            '%' => core.push_str("[ \t]*"),
+            ' ' => core.push_str(r"[ \t]+"),
+            '%' => core.push_str(r"[ \t]*"),
             c => core.push_str(&regex::escape(&c.to_string())),
         }
     }
@@ -328,6 +360,10 @@ enum Matcher {
     Seq(&'static [&'static [Pat]]),
     /// The first pattern without the second later on the same line.
     Unless(Pat, Pat),
+    /// A match of the pattern whose following text, from the match's end, passes the check.
+    Then(Pat, fn(&[u8], usize) -> bool),
+    /// These literals in order, with any whitespace (line breaks too) between them.
+    Spaced(&'static [&'static str]),
     /// Shapes that need tokenising rather than pattern search.
     Custom(fn(&[u8]) -> bool),
 }
@@ -338,6 +374,7 @@ enum Compiled {
     Regex(Regex),
     Seq(Vec<Vec<Regex>>),
     Unless(Regex, Regex),
+    Then(Regex, fn(&[u8], usize) -> bool),
     Custom(fn(&[u8]) -> bool),
 }
 
@@ -356,6 +393,11 @@ impl Compiled {
                     .collect(),
             ),
             Matcher::Unless(first, absent) => Self::Unless(one(&first), one(&absent)),
+            Matcher::Then(first, check) => Self::Then(one(&first), check),
+            Matcher::Spaced(parts) => {
+                let parts: Vec<String> = parts.iter().map(|p| regex::escape(p)).collect();
+                Self::Regex(compile(&parts.join(r"[ \t\n\x0C\r]*")))
+            }
             Matcher::Custom(check) => Self::Custom(check),
         }
     }
@@ -365,6 +407,7 @@ impl Compiled {
             Self::Regex(re) => re.is_match(text),
             Self::Seq(stages) => seq_found(text, stages),
             Self::Unless(first, absent) => unless_found(text, first, absent),
+            Self::Then(first, check) => occurrences(first, text).any(|(_, end)| check(text, end)),
             Self::Custom(check) => check(text),
         }
     }
@@ -471,7 +514,7 @@ static SCRIPT_RULES: &[Rule] = &[
     rule(DC, "mkfs", &[Any(&[word("mkfs")])]),
     rule(DC, "dd if=/dev/zero", &[Any(&[cmd_start("dd if=/dev/zero")])]),
     rule(DC, "dd if=/dev/random", &[Any(&[cmd_start("dd if=/dev/random"), cmd_start("dd if=/dev/urandom")])]),
-    rule(DC, "fork bomb", &[Custom(fork_bomb)]),
+    rule(DC, "fork bomb", &[Spaced(&[":", "(", ")", "{", ":", "|", ":", "&", "}", ";", ":"])]),
     rule(DC, "shutdown", &[Any(&[cmd_pos("shutdown")])]),
     rule(DC, "reboot", &[Any(&[cmd_pos("reboot")])]),
     rule(DC, "halt", &[Any(&[cmd_pos("halt")])]),
@@ -497,7 +540,7 @@ static SCRIPT_RULES: &[Rule] = &[
     rule(DC, "/etc/cron", &[Any(&[lit("/etc/cron")])]),
     rule(DC, "crontab", &[Any(&[word("crontab")])]),
     rule(DC, "systemctl", &[Any(&[word("systemctl")])]),
-    rule(DC, "service", &[Custom(service_command)]),
+    rule(DC, "service", &[Then(word("service"), service_args)]),
     rule(DC, "insmod", &[Any(&[word("insmod")])]),
     rule(DC, "modprobe", &[Any(&[word("modprobe")])]),
     rule(DC, "rmmod", &[Any(&[word("rmmod")])]),
@@ -533,7 +576,7 @@ static SCRIPT_RULES: &[Rule] = &[
     // Plain network access.
     rule(NA, "curl", &[Any(&[word("curl")])]),
     rule(NA, "wget", &[Any(&[word("wget")])]),
-    rule(NA, "nc", &[Custom(nc_command)]),
+    rule(NA, "nc", &[Then(word("nc"), nc_args)]),
     rule(NA, "netcat", &[Any(&[word("netcat"), word("ncat")])]),
     rule(NA, "telnet", &[Any(&[word("telnet")])]),
     rule(NA, "ssh", &[Any(&[word("ssh")])]),
@@ -551,14 +594,6 @@ static SCRIPT_RULES: &[Rule] = &[
     rule(NA, "axios", &[Any(&[ident("axios")])]),
     rule(NA, "xmlhttprequest", &[Any(&[lit("xmlhttprequest")])]),
 ];
-
-/// [`SCRIPT_RULES`], compiled once, rule for rule.
-static COMPILED: LazyLock<Vec<Vec<Compiled>>> = LazyLock::new(|| {
-    SCRIPT_RULES
-        .iter()
-        .map(|rule| rule.matchers.iter().map(Compiled::new).collect())
-        .collect()
-});
 
 // ---------------------------------------------------------------------------------------------
 // Tokenised command checks
@@ -696,18 +731,6 @@ fn chown_root(text: &[u8]) -> bool {
     })
 }
 
-/// `:(){ :|:& };:` with any whitespace between its bytes: the shell ignores it there, so
-/// `:() { : | : & } ; :` is the same bomb.
-fn fork_bomb(text: &[u8]) -> bool {
-    static BOMB: LazyLock<Regex> = LazyLock::new(|| {
-        let bytes = [
-            ":", r"\(", r"\)", r"\{", ":", r"\|", ":", "&", r"\}", ";", ":",
-        ];
-        compile(&bytes.join(r"[ \t\n\x0C\r]*"))
-    });
-    BOMB.is_match(text)
-}
-
 /// Quotes, brackets and commas separate the arguments read by [`next_tokens`], so that
 /// `service("nginx", "restart")` and `nc 'host' 80` read like shell.
 fn is_token_separator(b: u8) -> bool {
@@ -740,12 +763,9 @@ fn next_tokens(hay: &[u8], from: usize, limit: usize) -> Vec<&[u8]> {
     found
 }
 
-static SERVICE: LazyLock<Regex> = LazyLock::new(|| compile(&pattern_source(&word("service"))));
-static NC: LazyLock<Regex> = LazyLock::new(|| compile(&pattern_source(&word("nc"))));
-
 /// `service` is an ordinary English word, so it only fires in the SysV shape
 /// `service <name> <action>` or `service --status-all`; "web service is down" stays valid.
-fn service_command(text: &[u8]) -> bool {
+fn service_args(text: &[u8], end: usize) -> bool {
     const ACTIONS: &[&[u8]] = &[
         b"start",
         b"stop",
@@ -754,28 +774,26 @@ fn service_command(text: &[u8]) -> bool {
         b"force-reload",
         b"status",
     ];
-    occurrences(&SERVICE, text).any(|(_, end)| match next_tokens(text, end, 2).as_slice() {
+    match next_tokens(text, end, 2).as_slice() {
         [first, ..] if *first == b"--status-all" => true,
         [name, action, ..] => {
             name.first().is_some_and(u8::is_ascii_alphanumeric) && ACTIONS.contains(action)
         }
         _ => false,
-    })
+    }
 }
 
 /// `nc` is also a common short variable name (`nc = 4`, `for nc in range(n)`), so it only
 /// fires when followed by a flag (`nc -l`) or by a host and a numeric port (`nc 10.0.0.1 80`).
-fn nc_command(text: &[u8]) -> bool {
-    occurrences(&NC, text).any(|(_, end)| {
-        if !text.get(end).copied().is_some_and(is_blank) {
-            return false;
-        }
-        match next_tokens(text, end, 2).as_slice() {
-            [flag, ..] if flag.len() > 1 && flag.starts_with(b"-") => true,
-            [_, port, ..] => port.iter().all(u8::is_ascii_digit),
-            _ => false,
-        }
-    })
+fn nc_args(text: &[u8], end: usize) -> bool {
+    if !text.get(end).copied().is_some_and(is_blank) {
+        return false;
+    }
+    match next_tokens(text, end, 2).as_slice() {
+        [flag, ..] if flag.len() > 1 && flag.starts_with(b"-") => true,
+        [_, port, ..] => port.iter().all(u8::is_ascii_digit),
+        _ => false,
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -785,18 +803,17 @@ fn nc_command(text: &[u8]) -> bool {
 /// Shell operators and `$NAME` references, longest operator first so that `&&` is reported as
 /// itself rather than as `&>` or a stray `&` (the regex takes the first alternative that
 /// matches at the leftmost position).
-static ARG_TOKENS: LazyLock<Regex> =
-    LazyLock::new(|| compile(r"&&|\|\||>>|2>|&>|\$\(|\$\{|;|\||>|<|`|\n|\r|\$[a-z_]"));
+const ARG_TOKENS: &str = r"&&|\|\||>>|2>|&>|\$\(|\$\{|;|\||>|<|`|\n|\r|\$[a-z_]";
 
 /// Labels of every finding in one argument, each once, in order of first appearance.
-fn arg_findings(arg: &[u8]) -> Vec<&'static str> {
+fn arg_findings(rules: &Rules, arg: &[u8]) -> Vec<&'static str> {
     let mut found: Vec<&'static str> = Vec::new();
     let mut note = |label: &'static str| {
         if !found.contains(&label) {
             found.push(label);
         }
     };
-    for token in ARG_TOKENS.find_iter(arg) {
+    for token in rules.arg_tokens.find_iter(arg) {
         note(match token.as_bytes() {
             b"&&" => "&&",
             b"||" => "||",
@@ -840,22 +857,22 @@ fn arg_description(label: &str) -> String {
 }
 
 /// `$(` with a `)` anywhere after it.
-static STDIN_SUBSTITUTION: LazyLock<Regex> = LazyLock::new(|| compile(r"(?s)\$\(.*\)"));
+const STDIN_SUBSTITUTION: &str = r"(?s)\$\(.*\)";
 /// A closed, non-empty backtick pair; a lone backtick is an apostrophe in prose.
-static STDIN_BACKTICKS: LazyLock<Regex> = LazyLock::new(|| compile(r"`[^`]+`"));
+const STDIN_BACKTICKS: &str = r"`[^`]+`";
 /// A line (not the first) that starts with a shell operator, `||` before `|`.
-static STDIN_LINE_OPERATOR: LazyLock<Regex> = LazyLock::new(|| compile(r"\n[ \t]*(&&|\|\||;|\|)"));
+const STDIN_LINE_OPERATOR: &str = r"\n[ \t]*(&&|\|\||;|\|)";
 
 /// Findings as `(label, description)`.
-fn stdin_findings(stdin: &[u8]) -> Vec<(&'static str, &'static str)> {
+fn stdin_findings(rules: &Rules, stdin: &[u8]) -> Vec<(&'static str, &'static str)> {
     let mut found = Vec::new();
-    if STDIN_SUBSTITUTION.is_match(stdin) {
+    if rules.stdin_substitution.is_match(stdin) {
         found.push(("$(...)", "command substitution `$(...)`"));
     }
-    if STDIN_BACKTICKS.is_match(stdin) {
+    if rules.stdin_backticks.is_match(stdin) {
         found.push(("`...`", "backtick command substitution"));
     }
-    for caps in STDIN_LINE_OPERATOR.captures_iter(stdin) {
+    for caps in rules.stdin_line_operator.captures_iter(stdin) {
         let finding = match caps.get(1).map(|op| op.as_bytes()) {
             Some(b"&&") => ("newline &&", "a line starting with shell operator `&&`"),
             Some(b"||") => ("newline ||", "a line starting with shell operator `||`"),

@@ -5,43 +5,34 @@
 //! mixed with random text.
 
 use proptest::prelude::*;
+use proptest::test_runner::{TestCaseError, TestRunner};
 
 use super::old;
-use super::{Matcher, Pat, SCRIPT_RULES, ScriptValidator, ValidationResult};
+use super::{Matcher, Pat, SCRIPT_RULES, ScriptValidator};
 
-/// One finding, field for field, in a form both implementations share.
-type Finding = (&'static str, String, String, String);
+/// One finding, field for field (kind, label, context, message, as displayed), in a form both
+/// implementations share.
+type Finding = (&'static str, String, String, String, String);
 
-fn new_verdict(result: &ValidationResult) -> Vec<Finding> {
-    result
-        .errors
-        .iter()
-        .map(|e| {
-            let shown = e.to_string();
-            (
-                e.kind.as_str(),
-                e.pattern.clone(),
-                e.context.clone(),
-                e.message.clone() + "|" + &shown,
-            )
-        })
-        .collect()
-}
-
-fn old_verdict(result: &old::ValidationResult) -> Vec<Finding> {
-    result
-        .errors
-        .iter()
-        .map(|e| {
-            let shown = e.to_string();
-            (
-                e.kind.as_str(),
-                e.pattern.clone(),
-                e.context.clone(),
-                e.message.clone() + "|" + &shown,
-            )
-        })
-        .collect()
+/// The findings of a `ValidationResult` of either implementation (their types differ, their
+/// fields do not).
+macro_rules! verdict {
+    ($result:expr) => {
+        $result
+            .errors
+            .iter()
+            .map(|e| {
+                let shown = e.to_string();
+                (
+                    e.kind.as_str(),
+                    e.pattern.clone(),
+                    e.context.clone(),
+                    e.message.clone(),
+                    shown,
+                )
+            })
+            .collect::<Vec<Finding>>()
+    };
 }
 
 /// The literal of every pattern of every rule, with its blank wildcards (`' '`, `'%'`) still in.
@@ -56,6 +47,8 @@ fn rule_literals() -> Vec<&'static str> {
                 Matcher::Any(pats) => add(&mut out, pats),
                 Matcher::Seq(stages) => stages.iter().for_each(|s| add(&mut out, s)),
                 Matcher::Unless(first, absent) => add(&mut out, &[first, absent]),
+                Matcher::Then(first, _) => add(&mut out, &[first]),
+                Matcher::Spaced(parts) => out.extend(parts.iter().copied()),
                 Matcher::Custom(_) => {}
             }
         }
@@ -342,26 +335,54 @@ fn input() -> impl Strategy<Value = Vec<Piece>> {
     prop::collection::vec(piece(), 0..24)
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig {
+/// The whole verdict of both implementations on one input, compared.
+fn agree(
+    new: &ScriptValidator,
+    old: &old::ScriptValidator,
+    (script, args, stdin): (String, Vec<String>, String),
+) -> Result<(), TestCaseError> {
+    let got = verdict!(new.validate_all(&script, &args, &stdin));
+    let want = verdict!(old.validate_all(&script, &args, &stdin));
+    prop_assert_eq!(
+        got,
+        want,
+        "script {:?} args {:?} stdin {:?}",
+        script,
+        args,
+        stdin
+    );
+    Ok(())
+}
+
+fn request() -> impl Strategy<Value = (String, Vec<String>, String)> {
+    let literals = rule_literals();
+    (
+        input(),
+        prop::collection::vec(prop::collection::vec(piece(), 0..6), 0..4),
+        input(),
+    )
+        .prop_map(move |(script, args, stdin)| {
+            (
+                assemble(&script, &literals),
+                args.iter().map(|a| assemble(a, &literals)).collect(),
+                assemble(&stdin, &literals),
+            )
+        })
+}
+
+/// A runner rather than the `proptest!` macro, so that each validator is built (its regexes
+/// compiled) once for all cases.
+#[test]
+fn regex_validator_agrees_with_the_old_matcher() {
+    let config = ProptestConfig {
         cases: 10_000,
         failure_persistence: None,
         ..ProptestConfig::default()
-    })]
-
-    #[test]
-    fn regex_validator_agrees_with_the_old_matcher(
-        script in input(),
-        args in prop::collection::vec(prop::collection::vec(piece(), 0..6), 0..4),
-        stdin in input(),
-    ) {
-        let literals = rule_literals();
-        let script = assemble(&script, &literals);
-        let args: Vec<String> = args.iter().map(|a| assemble(a, &literals)).collect();
-        let stdin = assemble(&stdin, &literals);
-        let new = new_verdict(&ScriptValidator::new().validate_all(&script, &args, &stdin));
-        let old = old_verdict(&old::ScriptValidator::new().validate_all(&script, &args, &stdin));
-        prop_assert_eq!(new, old, "script {:?} args {:?} stdin {:?}", script, args, stdin);
+    };
+    let (new, old) = (ScriptValidator::new(), old::ScriptValidator::new());
+    let outcome = TestRunner::new(config).run(&request(), |case| agree(&new, &old, case));
+    if let Err(failure) = outcome {
+        panic!("{failure}");
     }
 }
 
@@ -370,7 +391,6 @@ proptest! {
 #[test]
 fn generated_inputs_reach_the_rules() {
     use proptest::strategy::ValueTree;
-    use proptest::test_runner::TestRunner;
     let literals = rule_literals();
     let mut runner = TestRunner::deterministic();
     let strategy = input();
