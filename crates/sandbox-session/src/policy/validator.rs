@@ -6,15 +6,15 @@
 //! keeping false positives on ordinary data-processing scripts low, because every false
 //! positive is an agent task that fails for no reason.
 //!
-//! The rules are byte regexes over the ASCII-lowered input, compiled once per validator (the
-//! session manager builds one). The regex engine
+//! The rules are byte regexes over the ASCII-lowered input, compiled once per validator, on
+//! first use (the session manager builds one validator). The regex engine
 //! runs in time linear in the input, and the few shapes that need the shell's word splitting
 //! (`rm` flags, `chmod`/`chown` arguments, `service` and `nc` arguments) are read by a small
 //! tokeniser that never indexes, so hostile input can neither panic the validator nor make it
 //! slow.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use regex::bytes::{Regex, RegexBuilder};
 
@@ -99,11 +99,12 @@ impl ValidationResult {
     }
 }
 
-/// Holds the rules compiled: build one (the session manager does, once) and share it; clones
-/// share the compiled rules.
+/// Holds the rules, compiled on first use (so a manager that never runs a script never pays
+/// for them): build one (the session manager does, once) and share it; clones share the
+/// compiled rules.
 #[derive(Debug, Clone)]
 pub struct ScriptValidator {
-    rules: Arc<Rules>,
+    rules: Arc<OnceLock<Rules>>,
 }
 
 impl Default for ScriptValidator {
@@ -123,22 +124,31 @@ struct Rules {
     stdin_line_operator: Regex,
 }
 
-impl ScriptValidator {
-    pub fn new() -> Self {
+impl Rules {
+    fn compile() -> Self {
         let script = SCRIPT_RULES
             .iter()
             .map(|rule| rule.matchers.iter().map(Compiled::new).collect())
             .collect();
-        let rules = Rules {
+        Self {
             script,
             arg_tokens: compile(ARG_TOKENS),
             stdin_substitution: compile(STDIN_SUBSTITUTION),
             stdin_backticks: compile(STDIN_BACKTICKS),
             stdin_line_operator: compile(STDIN_LINE_OPERATOR),
-        };
-        Self {
-            rules: Arc::new(rules),
         }
+    }
+}
+
+impl ScriptValidator {
+    pub fn new() -> Self {
+        Self {
+            rules: Arc::default(),
+        }
+    }
+
+    fn rules(&self) -> &Rules {
+        self.rules.get_or_init(Rules::compile)
     }
 
     /// Reports every script rule that fires, in table order (reverse shells first, then
@@ -153,7 +163,7 @@ impl ScriptValidator {
         let text = lower.as_bytes();
         let errors = SCRIPT_RULES
             .iter()
-            .zip(&self.rules.script)
+            .zip(&self.rules().script)
             .filter(|(_, matchers)| matchers.iter().any(|m| m.fires(text)))
             .map(|(rule, _)| ValidationError {
                 kind: rule.kind,
@@ -172,7 +182,7 @@ impl ScriptValidator {
         let mut errors = Vec::new();
         for (index, arg) in args.iter().enumerate() {
             let lower = arg.to_ascii_lowercase();
-            for label in arg_findings(&self.rules, lower.as_bytes()) {
+            for label in arg_findings(self.rules(), lower.as_bytes()) {
                 errors.push(ValidationError {
                     kind: ValidationErrorKind::ArgInjection,
                     pattern: label.to_owned(),
@@ -188,7 +198,7 @@ impl ScriptValidator {
     /// it into a shell are refused; ordinary multi-line CSV, JSON and prose pass.
     pub fn validate_stdin(&self, stdin: &str) -> ValidationResult {
         let lower = stdin.to_ascii_lowercase();
-        let errors = stdin_findings(&self.rules, lower.as_bytes())
+        let errors = stdin_findings(self.rules(), lower.as_bytes())
             .into_iter()
             .map(|(label, description)| ValidationError {
                 kind: ValidationErrorKind::ShellInjection,

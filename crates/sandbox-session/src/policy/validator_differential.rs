@@ -269,7 +269,7 @@ fn piece() -> impl Strategy<Value = Piece> {
         3 => (any::<usize>(), prop_oneof![Just(0u64), any::<u64>()]).prop_map(|(i, c)| Piece::Extra(i, c)),
         4 => any::<usize>().prop_map(Piece::Separator),
         2 => "[ -~]{0,3}".prop_map(Piece::Random),
-        1 => any::<String>().prop_map(|s| s.chars().take(3).collect()).prop_map(Piece::Random),
+        1 => prop::collection::vec(any::<char>(), 0..3).prop_map(|c| Piece::Random(c.into_iter().collect())),
         3 => (any::<usize>(), prop::collection::vec(any::<usize>(), 6), prop_oneof![Just(0u64), any::<u64>()])
             .prop_map(|(i, g, c)| Piece::Sequence(i, g, c)),
         3 => (any::<usize>(), prop::collection::vec(any::<usize>(), 8), prop_oneof![Just(0u64), any::<u64>()])
@@ -277,7 +277,24 @@ fn piece() -> impl Strategy<Value = Piece> {
     ]
 }
 
-fn assemble(pieces: &[Piece], literals: &[&str]) -> String {
+/// The rules' own words, gathered once.
+#[derive(Debug)]
+struct Vocabulary {
+    literals: Vec<&'static str>,
+    sequences: Vec<Vec<Vec<&'static str>>>,
+}
+
+impl Vocabulary {
+    fn new() -> Self {
+        Self {
+            literals: rule_literals(),
+            sequences: rule_sequences(),
+        }
+    }
+}
+
+fn assemble(pieces: &[Piece], vocabulary: &Vocabulary) -> String {
+    let (literals, sequences) = (&vocabulary.literals, &vocabulary.sequences);
     let pick =
         |list: &[&'static str], i: usize| list.get(i % list.len().max(1)).copied().unwrap_or("");
     let mut out = String::new();
@@ -294,7 +311,6 @@ fn assemble(pieces: &[Piece], literals: &[&str]) -> String {
             Piece::Separator(i) => out.push_str(pick(SEPARATORS, *i)),
             Piece::Random(s) => out.push_str(s),
             Piece::Sequence(i, gaps, case) => {
-                let sequences = rule_sequences();
                 let Some(stages) = sequences.get(i % sequences.len().max(1)) else {
                     continue;
                 };
@@ -355,7 +371,7 @@ fn agree(
 }
 
 fn request() -> impl Strategy<Value = (String, Vec<String>, String)> {
-    let literals = rule_literals();
+    let vocabulary = Vocabulary::new();
     (
         input(),
         prop::collection::vec(prop::collection::vec(piece(), 0..6), 0..4),
@@ -363,9 +379,9 @@ fn request() -> impl Strategy<Value = (String, Vec<String>, String)> {
     )
         .prop_map(move |(script, args, stdin)| {
             (
-                assemble(&script, &literals),
-                args.iter().map(|a| assemble(a, &literals)).collect(),
-                assemble(&stdin, &literals),
+                assemble(&script, &vocabulary),
+                args.iter().map(|a| assemble(a, &vocabulary)).collect(),
+                assemble(&stdin, &vocabulary),
             )
         })
 }
@@ -391,7 +407,7 @@ fn regex_validator_agrees_with_the_old_matcher() {
 #[test]
 fn generated_inputs_reach_the_rules() {
     use proptest::strategy::ValueTree;
-    let literals = rule_literals();
+    let vocabulary = Vocabulary::new();
     let mut runner = TestRunner::deterministic();
     let strategy = input();
     let validator = ScriptValidator::new();
@@ -402,7 +418,7 @@ fn generated_inputs_reach_the_rules() {
         let Ok(tree) = strategy.new_tree(&mut runner) else {
             panic!("the input strategy cannot fail");
         };
-        let result = validator.validate_script(&assemble(&tree.current(), &literals));
+        let result = validator.validate_script(&assemble(&tree.current(), &vocabulary));
         with_findings += usize::from(!result.is_valid());
         fired.extend(result.errors.into_iter().map(|e| e.pattern));
     }
