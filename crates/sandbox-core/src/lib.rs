@@ -1,7 +1,7 @@
 //! `sandbox-core`: the domain of session-bound sandboxes — types, the error taxonomy, the ports
 //! adapters implement, and pure policy. No runtime and no I/O: other services depend on this
 //! crate and only the adapters they need, so its dependency list is an allow-list enforced by
-//! `cargo xtask tidy` (serde, thiserror, async-trait, time, event-listener).
+//! `cargo xtask tidy` (serde, async-trait, time, event-listener).
 //!
 //! Map:
 //! - [`provider`]: [`SandboxType`] and [`Provider`].
@@ -17,7 +17,8 @@
 //! - [`ports`]: [`SandboxProvider`] and its capability traits, [`BindingStore`] and friends,
 //!   [`SessionExistence`], [`Bootstrapper`], [`ConfigLoader`].
 //! - [`config`]: named tenant configs, required fields, identity projection.
-//! - [`policy`]: shell quoting, workspace layout, skills, the script validator.
+//! - [`policy`]: shell quoting, workspace layout, skills (the script validator is in
+//!   `sandbox-session::policy`).
 //! - [`clock`]: injectable time.
 
 pub mod binding;

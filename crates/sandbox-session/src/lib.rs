@@ -5,4 +5,5 @@ pub mod lifecycle;
 pub mod manager;
 pub mod memory_store;
 pub mod observer;
+pub mod policy;
 pub mod quota;

@@ -9,7 +9,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use sandbox_core::policy::validator::ScriptValidator;
 use sandbox_core::policy::workspace::{WorkspaceLayout, interpreter_for};
 use sandbox_core::{
     BindingKey, ConfigId, EntryKind, Error, ErrorCode, ErrorKind, ExecRequest, ExecResult,
@@ -19,6 +18,7 @@ use sandbox_core::{
 };
 
 use crate::lifecycle::{Lifecycle, ResolveOptions};
+use crate::policy::validator::ScriptValidator;
 use crate::quota::{Counted, QuotaPermit};
 
 const OP_TERMINAL: Operation = Operation::OPEN_TERMINAL;

@@ -1,8 +1,8 @@
 //! [`MemoryBindingStore`]: the whole [`BindingStore`] port in one process, for tests and
 //! explicitly configured single-process deployments.
 //!
-//! Its semantics mirror the Redis store's wherever they mean something in one process
-//! (reference §2.2): create-if-absent with no expiry, compare-and-delete, a token patch that
+//! Its semantics mirror the Redis store's wherever they mean something in one process:
+//! create-if-absent with no expiry, compare-and-delete, a token patch that
 //! leaves a concurrent stale mark alone, turn leases with a refcount and one rebuild per turn,
 //! an exclusive rewind lock, activity leases with a per-kind cap, and an invalidation that marks
 //! under each session's lifecycle lock with a bounded wait. The binding suite in
@@ -25,9 +25,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use sandbox_core::{
     ActivityRegistry, BackgroundActivity, Binding, BindingKey, BindingStore, Clock, ConfigId,
-    Error, ErrorCode, ErrorKind, InvalidationReport, LifecycleLock, LockRelease, Operation,
-    OptimisticReads, Origin, OwnershipToken, Provider, ResolveSnapshot, RewindLock, RewindLocks,
-    SandboxId, Secret, SystemClock, TenantId, TurnLeases, TurnState, timefmt,
+    Error, ErrorKind, InvalidationReport, LifecycleLock, LockRelease, Operation, OptimisticReads,
+    Origin, OwnershipToken, Provider, ResolveSnapshot, RewindLock, RewindLocks, SandboxId, Secret,
+    SystemClock, TenantId, TurnLeases, TurnState,
 };
 use time::OffsetDateTime;
 
@@ -157,7 +157,8 @@ impl Default for MemoryBindingStore {
 }
 
 impl MemoryBindingStore {
-    /// An empty store with the reference's timings and the system clock.
+    /// An empty store with the default timings (those of a default builder) and the system
+    /// clock.
     pub fn new() -> Self {
         MemoryBindingStoreBuilder::default().build()
     }
@@ -203,34 +204,6 @@ fn stored(error: Error) -> Error {
     error.with_origin(Origin::Store)
 }
 
-fn invalid_binding(why: String) -> Error {
-    stored(
-        Error::invalid_request(Operation::VALIDATE, format!("invalid binding: {why}"))
-            .with_code(ErrorCode::InvalidBinding),
-    )
-}
-
-/// Refuses what a shared store could not store or read back: a binding for another key, or
-/// timestamps the wire schema cannot carry or reads as unset. Accepting them here would make
-/// the memory store the one place such a binding works.
-fn check_storable(key: &BindingKey, binding: &Binding) -> Result<(), Error> {
-    binding.validate(key).map_err(stored)?;
-    let created = binding.created_at;
-    if created == OffsetDateTime::UNIX_EPOCH || (created.year() == 1 && created.ordinal() == 1) {
-        return Err(invalid_binding("created_at must be set".to_owned()));
-    }
-    for (field, at) in [
-        ("created_at", Some(created)),
-        ("stale_at", binding.stale_at),
-    ] {
-        if let Some(at) = at {
-            timefmt::format(at)
-                .map_err(|e| invalid_binding(format!("{field}: {}", e.message())))?;
-        }
-    }
-    Ok(())
-}
-
 #[async_trait]
 impl BindingStore for MemoryBindingStore {
     async fn get(&self, key: &BindingKey) -> Result<Option<Binding>, Error> {
@@ -238,7 +211,9 @@ impl BindingStore for MemoryBindingStore {
     }
 
     async fn create(&self, key: &BindingKey, binding: &Binding) -> Result<bool, Error> {
-        check_storable(key, binding)?;
+        // Core's storable check: the memory store refuses what a shared store could not store
+        // or read back, so it is never the one place such a binding works.
+        binding.check_storable(key).map_err(stored)?;
         Ok(self.inner.state().create(key, binding.clone()))
     }
 
@@ -278,8 +253,8 @@ impl BindingStore for MemoryBindingStore {
         tenant: TenantId,
         config: &ConfigId,
     ) -> Result<InvalidationReport, Error> {
-        // Listing first and re-checking under each lock is the reference's shape (SCAN, then
-        // per key lock + get + compare); filtering here means a locked session of another
+        // Listing first and re-checking under each lock is a shared store's shape too (SCAN,
+        // then per key lock + get + compare); filtering here means a locked session of another
         // config is never waited for.
         let candidates = self.inner.state().invalidation_candidates(tenant, config);
         let wait = self.inner.invalidate_lock_wait;
@@ -444,12 +419,7 @@ impl ActivityRegistry for MemoryBindingStore {
         lease: Duration,
         kind_cap: usize,
     ) -> Result<(), Error> {
-        if activity.id.trim().is_empty() || activity.kind.trim().is_empty() {
-            return Err(stored(Error::invalid_request(
-                Operation::new("add_activity"),
-                "a background activity needs an id and a kind",
-            )));
-        }
+        activity.validate().map_err(stored)?;
         let now = self.inner.now();
         self.inner
             .state()
@@ -485,7 +455,7 @@ impl ActivityRegistry for MemoryBindingStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sandbox_core::{ManualClock, TemplateId};
+    use sandbox_core::{ErrorCode, ManualClock, TemplateId, timefmt};
 
     fn key(session: &str) -> BindingKey {
         BindingKey::new(9, session).unwrap()

@@ -318,29 +318,6 @@ fn encode(binding: &Binding) -> Result<Vec<u8>, Error> {
     })
 }
 
-/// Refuses what could not be stored or read back (the memory store refuses the same).
-fn check_storable(key: &BindingKey, binding: &Binding) -> Result<Vec<u8>, Error> {
-    binding.validate(key).map_err(stored)?;
-    let created = binding.created_at;
-    if created == OffsetDateTime::UNIX_EPOCH || (created.year() == 1 && created.ordinal() == 1) {
-        return Err(stored(Error::invalid_request(
-            Operation::VALIDATE,
-            "invalid binding: created_at must be set",
-        ))
-        .with_code(ErrorCode::InvalidBinding));
-    }
-    for at in [Some(created), binding.stale_at].into_iter().flatten() {
-        timefmt::format(at).map_err(|e| {
-            stored(Error::invalid_request(
-                Operation::VALIDATE,
-                format!("invalid binding: {}", e.message()),
-            ))
-            .with_code(ErrorCode::InvalidBinding)
-        })?;
-    }
-    encode(binding)
-}
-
 fn millis(d: Duration) -> Vec<u8> {
     d.as_millis().max(1).to_string().into_bytes()
 }
@@ -355,7 +332,8 @@ impl BindingStore for RedisBindingStore {
     }
 
     async fn create(&self, key: &BindingKey, binding: &Binding) -> Result<bool, Error> {
-        let json = check_storable(key, binding)?;
+        binding.check_storable(key).map_err(stored)?;
+        let json = encode(binding)?;
         let stored: Option<String> = self
             .inner
             .client
@@ -666,12 +644,8 @@ impl ActivityRegistry for RedisBindingStore {
         kind_cap: usize,
     ) -> Result<(), Error> {
         let operation = Operation::new("add_activity");
-        if activity.id.trim().is_empty() || activity.kind.trim().is_empty() {
-            return Err(stored(Error::invalid_request(
-                operation,
-                "a background activity needs an id and a kind",
-            )));
-        }
+        activity.validate().map_err(stored)?;
+        // Cannot fail once validated; the wire form is needed for the script's argument.
         let started = timefmt::format(activity.started_at)
             .map_err(|e| stored(Error::invalid_request(operation, e.message().to_owned())))?;
         let answer: Vec<i64> = self

@@ -1,55 +1,7 @@
-//! Pure policy from the specification: shell quoting, the workspace layout, skill paths, script
-//! interpreters and the script validator. No I/O; every rule is a function of its inputs.
+//! Pure policy: shell quoting, the workspace layout, skill paths and script interpreters. No
+//! I/O; every rule is a function of its inputs. (The script validator lives in
+//! `sandbox-session::policy`, where it may use `regex`.)
 
 pub mod shell;
 pub mod skills;
-pub mod validator;
 pub mod workspace;
-
-use crate::error::{Error, ErrorCode};
-
-impl validator::ValidationResult {
-    /// The first finding as an `invalid_request` error with code `security_violation`, or
-    /// `Ok(())` when the script passed. The message names the rule and where it fired, never
-    /// the offending input (which may be a prompt-injected payload).
-    pub fn into_result(self) -> Result<(), Error> {
-        match self.first() {
-            None => Ok(()),
-            Some(finding) => Err(Error::invalid_input(format!(
-                "security validation failed: {finding}"
-            ))
-            .with_code(ErrorCode::SecurityViolation)),
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::validator::ScriptValidator;
-    use crate::{ErrorCode, ErrorKind};
-
-    #[test]
-    fn validation_findings_become_security_violations() {
-        let v = ScriptValidator::new();
-        assert!(
-            v.validate_all("print('hello')", &[], "")
-                .into_result()
-                .is_ok()
-        );
-        let err = v
-            .validate_all("import os\nos.system('reboot')", &[], "")
-            .into_result()
-            .unwrap_err();
-        assert_eq!(err.kind(), ErrorKind::InvalidRequest);
-        assert_eq!(err.code(), Some(ErrorCode::SecurityViolation));
-        assert!(
-            err.to_string().contains("security validation failed"),
-            "{err}"
-        );
-        let err = v
-            .validate_all("print(1)", &["a; rm -rf /".to_owned()], "")
-            .into_result()
-            .unwrap_err();
-        assert!(err.to_string().contains("arg[0]"), "{err}");
-    }
-}

@@ -21,11 +21,12 @@ use async_trait::async_trait;
 use time::OffsetDateTime;
 
 use crate::binding::{Binding, BindingKey};
-use crate::error::Error;
+use crate::error::{Error, Operation};
 use crate::ids::{ConfigId, SandboxId, SessionId, TenantId};
 use crate::ownership::OwnershipToken;
 use crate::provider::Provider;
 use crate::secret::Secret;
+use crate::timefmt;
 
 /// Persists bindings and serialises lifecycle transitions of each session.
 /// - `[tenant.isolated]` A tenant's operations never see, change or count another tenant's
@@ -277,6 +278,24 @@ pub struct BackgroundActivity {
     pub started_at: OffsetDateTime,
 }
 
+impl BackgroundActivity {
+    /// What every activity registry checks before it registers `self`: a non-blank id and
+    /// kind, and a start time the wire format can carry. Refusals are `invalid_request` on
+    /// operation `add_activity`; a store only adds its origin.
+    pub fn validate(&self) -> Result<(), Error> {
+        let operation = Operation::new("add_activity");
+        if self.id.trim().is_empty() || self.kind.trim().is_empty() {
+            return Err(Error::invalid_request(
+                operation,
+                "a background activity needs an id and a kind",
+            ));
+        }
+        timefmt::format(self.started_at)
+            .map_err(|e| Error::invalid_request(operation, e.message().to_owned()))?;
+        Ok(())
+    }
+}
+
 /// Leases on background work, visible to the turn state so live work blocks rebuilds and
 /// rewinds.
 /// - `[activities.hold]` Live background work counts as an open turn that may not rebuild,
@@ -304,4 +323,46 @@ pub trait ActivityRegistry: Send + Sync {
     /// - `[activities.list]` What was added and is still within its lease: an expired activity
     ///   is not listed, cannot be renewed and no longer counts against the cap.
     async fn list(&self, key: &BindingKey) -> Result<Vec<BackgroundActivity>, Error>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorKind;
+
+    fn activity(id: &str, kind: &str) -> BackgroundActivity {
+        BackgroundActivity {
+            id: id.to_owned(),
+            kind: kind.to_owned(),
+            started_at: OffsetDateTime::UNIX_EPOCH,
+        }
+    }
+
+    #[test]
+    fn activity_validation_refuses_blank_names_and_unwritable_start() {
+        assert!(activity("job-1", "shell_job").validate().is_ok());
+        for (id, kind) in [
+            ("", "shell_job"),
+            ("job-1", ""),
+            ("  ", "shell_job"),
+            ("job-1", "\t"),
+        ] {
+            let err = activity(id, kind).validate().unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::InvalidRequest, "{id:?} {kind:?}");
+            assert_eq!(err.operation(), Operation::new("add_activity"));
+            assert_eq!(
+                err.message(),
+                "a background activity needs an id and a kind"
+            );
+        }
+        let mut far = activity("job-1", "shell_job");
+        far.started_at = OffsetDateTime::new_utc(
+            time::Date::from_calendar_date(-5, time::Month::January, 1).unwrap(),
+            time::Time::MIDNIGHT,
+        );
+        let err = far.validate().unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidRequest);
+        assert_eq!(err.operation(), Operation::new("add_activity"));
+        assert_eq!(err.message(), "timestamp cannot be formatted as RFC 3339");
+    }
 }
