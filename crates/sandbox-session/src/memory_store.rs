@@ -276,7 +276,7 @@ impl BindingStore for MemoryBindingStore {
                 ));
                 continue;
             };
-            // The reference gives the mark its own 3 s budget so it never runs on the lock
+            // The Redis store gives the mark its own 3 s budget so it never runs on the lock
             // wait's leftover time. Here the mark is one synchronous write that starts after
             // the wait is over, so no timer is needed to get the same guarantee.
             let now = self.inner.now();

@@ -31,7 +31,8 @@ pub(super) fn deadline(now: OffsetDateTime, ttl: Duration) -> OffsetDateTime {
 /// are never touched again do not keep their dead entries for the life of the process.
 const SWEEP_EVERY: u32 = 256;
 
-/// A chat-turn lease: the reference's `turn` hash (`refs`, `rebuild`) with its PEXPIRE.
+/// A chat-turn lease: what the Redis store keeps as a `turn` hash (`refs`, `rebuild`) with a
+/// PEXPIRE.
 #[derive(Debug, Clone, Copy)]
 struct TurnLease {
     refs: u64,
@@ -305,7 +306,7 @@ impl State {
 
     /// Whether a rewind holds `key`.
     ///
-    /// The reference's rewind key has a 2-minute TTL that a renewer extends every 40 s until
+    /// The Redis store's rewind key has a 2-minute TTL that a renewer extends every 40 s until
     /// unlock, so it expires only when its holder's process died. In one process the holder
     /// cannot die without taking the store with it, and its `RewindLock` releases on drop, so
     /// the lease is modelled as renewed on every look while the holder's handle is alive, and
