@@ -11,7 +11,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Test binary: a failed unwrap is a failed test.
 
-mod support;
+use crate::support;
 use support::code;
 use support::serve::Service;
 
