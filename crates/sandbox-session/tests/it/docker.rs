@@ -1,7 +1,8 @@
 //! The session manager over the real Docker adapter (no HTTP): first use creates the container;
 //! files, exec and a terminal work; a snapshot seeds a new session; destroy removes the
 //! container; a second manager with a fresh store (a restart) adopts the existing container;
-//! a really paused container makes terminal open answer "paused" (invariant 31).
+//! a really paused container makes terminal open answer "paused" and stay paused: opening a
+//! terminal never resumes a session behind the back of whoever paused it.
 //!
 //! Needs the Docker engine and the `sandbox-busybox:test` image, so ignored in a plain
 //! `cargo test`; `cargo xtask test` runs it. Containers are counted by this test's namespace.
