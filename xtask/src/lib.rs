@@ -12,4 +12,5 @@ pub mod redis;
 pub mod tidy;
 pub mod tidy_decorators;
 pub mod tidy_source;
+pub mod tidy_tests;
 pub mod workspace;

@@ -745,6 +745,7 @@ pub fn check_live(root: &Path) -> Result<Vec<Violation>, String> {
     ));
     violations.extend(crate::tidy_source::check_crates(&root.join("crates"))?);
     violations.extend(crate::tidy_decorators::check_crates(&root.join("crates"))?);
+    violations.extend(crate::tidy_tests::check_workspace(root)?);
     Ok(violations)
 }
 
