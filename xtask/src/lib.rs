@@ -14,4 +14,5 @@ pub mod tidy_citations;
 pub mod tidy_decorators;
 pub mod tidy_source;
 pub mod tidy_tags;
+pub mod tidy_tests;
 pub mod workspace;

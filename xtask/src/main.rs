@@ -24,8 +24,10 @@ usage: cargo xtask <command>
 
 commands:
   test                     the whole pipeline (the README's test command; CI runs it with CI=true):
-                           prerequisites, fixtures, fmt, clippy, tidy, hermetic tests, conformance,
-                           cleanup
+                           prerequisites, fixtures, fmt, clippy (the workspace, then each feature
+                           set of sandbox-app), tidy, hermetic tests (also sandbox-app with no
+                           default features), conformance, redis tests, docker engine tests,
+                           egress, cleanup; each stage and step is timed in the closing summary
   conformance <adapter>    start what one adapter needs, run its conformance suite, print its table
   serve                    run the service on its embedded defaults (memory store, the local
                            Docker engine, which it starts, and the locally built default image)
@@ -36,7 +38,8 @@ commands:
   help                     this text
 
 Under CI=true a missing prerequisite, a service that cannot start or a skipped conformance case
-fails the run; locally they are warnings and the affected stages say they did not run.";
+fails the run; locally they are warnings and the affected stages say they did not run. Under
+CI=true a run longer than 75 minutes also fails, its last line naming the slowest stages.";
 
 /// What every command needs to know.
 #[derive(Debug)]

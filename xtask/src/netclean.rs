@@ -1,5 +1,5 @@
 //! Removes the network state the Docker adapter's egress test leaves behind when it is killed
-//! (`crates/sandbox-provider-docker/tests/egress.rs`): its network namespaces and the servers
+//! (`crates/sandbox-provider-docker/tests/it/egress.rs`): its network namespaces and the servers
 //! in them, its veths, its policy-routing rules and table, its Docker containers and networks,
 //! and the adapter's `SBX-*` chains of test namespaces.
 //!

@@ -13,7 +13,7 @@ use crate::Ctx;
 use crate::fixtures::Fixtures;
 use crate::prereq_stage::{self, Availability};
 use crate::suite::{self, AdapterResult};
-use crate::ui::{Stages, Verdict};
+use crate::ui::{CI_BUDGET, Stages, Steps, Verdict};
 
 const FMT_DEADLINE: Duration = Duration::from_secs(600);
 /// Clippy and the test build compile the whole workspace; on a cold 2-core machine that is the
@@ -22,19 +22,29 @@ const CLIPPY_DEADLINE: Duration = Duration::from_secs(2400);
 const NEXTEST_DEADLINE: Duration = Duration::from_secs(3000);
 const DOCTEST_DEADLINE: Duration = Duration::from_secs(1800);
 
-/// The hermetic tier: everything but the conformance binaries (run per adapter), the Docker
-/// adapter's engine, registry, egress and `tcp://` TLS tests (ignored without the engine; run by
-/// their own stages) and the tests that need Redis servers, so the hermetic run's counts hold
-/// no skips. In `sandbox-app`, a test binary whose name ends in `_docker` needs the engine; in
-/// `sandbox-store-redis`, one whose name starts with `redis_` needs Redis.
-const HERMETIC_FILTER: &str = "not binary(conformance) and not (package(sandbox-provider-docker) and (binary(engine) | binary(registry) | binary(egress) | binary(tcp_tls))) and not (package(sandbox-session) and binary(docker)) and not (package(sandbox-app) and binary(*_docker)) and not (package(xtask) and binary(serve_docker)) and not (package(sandbox-store-redis) and (binary(conformance) | binary(redis_*))) and not (package(xtask) and binary(redis_fixture))";
+/// The hermetic tier: everything but the conformance binaries (run per adapter) and the tests
+/// that need a service, so the hermetic run's counts hold no skips. A crate's service-needing
+/// tests live in its one `it` test binary (`tests/it/`, one module per topic: one link instead
+/// of one per file), and the stages below select them by binary and module: the Docker
+/// adapter's `it` also holds the hermetic `tcp_guard` module, which runs here. `sandbox-app`'s
+/// `failover_docker` stays a binary of its own: it needs the store's failpoints, a feature set
+/// of its own, and would otherwise rebuild the whole `it` binary a second time.
+const HERMETIC_FILTER: &str = "not binary(conformance) and not (package(sandbox-provider-docker) and binary(it) and not test(/^tcp_guard::/)) and not (package(sandbox-session) and binary(it)) and not (package(sandbox-app) and (binary(it) | binary(failover_docker))) and not (package(sandbox-store-redis) and binary(it)) and not (package(xtask) and binary(it))";
 
-/// The tests that need the Docker engine beyond conformance, run by the docker stage.
-const DOCKER_ENGINE_FILTER: &str = "(package(sandbox-provider-docker) and (binary(engine) | binary(registry) | binary(tcp_tls))) | (package(sandbox-session) and binary(docker)) | (package(sandbox-app) and binary(*_docker))";
+/// The tests that need the Docker engine beyond conformance, run by the docker stage: the
+/// adapter's engine, registry and `tcp://` TLS modules (egress runs in a stage of its own), the
+/// session manager over the real adapter and the service's engine tests.
+const DOCKER_ENGINE_FILTER: &str = "(package(sandbox-provider-docker) and binary(it) and not test(/^egress::/) and not test(/^tcp_guard::/)) | (package(sandbox-session) and binary(it)) | (package(sandbox-app) and binary(it))";
 
 /// The tests that need the Redis fixtures beyond conformance, run by the redis stage: the Redis
-/// store's `redis_*` binaries and xtask's own check of the fixtures.
-const REDIS_FILTER: &str = "(package(sandbox-store-redis) and binary(redis_*)) | (package(xtask) and binary(redis_fixture))";
+/// store's `it` binary and xtask's own check of the fixtures.
+const REDIS_FILTER: &str = "(package(sandbox-store-redis) and binary(it)) | (package(xtask) and binary(it) and test(/^redis_fixture::/))";
+
+/// The egress module of the Docker adapter's `it` binary, run by the egress stage.
+const EGRESS_FILTER: &str = "test(/^egress::/)";
+
+/// xtask's check of the README's run command, last in the docker stage.
+const SERVE_FILTER: &str = "test(/^serve_docker::/)";
 
 /// What the redis stage starts, and whose addresses its tests are given.
 const REDIS_SERVICES: &[conformance::Service] = &[
@@ -83,55 +93,47 @@ pub(crate) fn test(ctx: &Ctx) -> ExitCode {
         cargo_step(ctx, &["fmt", "--all", "--", "--check"], FMT_DEADLINE)
     });
 
-    stages.run("clippy", || {
+    stages.run_steps("clippy", |steps| {
         if let Some(why) = avail.lacking(&[Tool::Clippy]) {
             return Verdict::NotRun(why);
         }
-        cargo_step(
-            ctx,
-            &[
-                "clippy",
-                // The committed Cargo.lock must already match the manifests: a build that
-                // would rewrite it is not the build that was reviewed.
-                "--locked",
-                "--workspace",
-                "--all-targets",
-                // Test-only features (the store's failpoints) are linted too.
-                "--all-features",
-                "--",
-                "-D",
-                "warnings",
-            ],
-            CLIPPY_DEADLINE,
-        )
+        for (name, args) in clippy_runs() {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            steps.run(name, || cargo_step(ctx, &args, CLIPPY_DEADLINE));
+        }
+        Verdict::Passed
     });
 
     stages.run("tidy", || tidy_stage(ctx));
 
-    stages.run("hermetic tests", || {
+    stages.run_steps("hermetic tests", |steps| {
         if let Some(why) = avail.lacking(&[Tool::Nextest]) {
             return Verdict::NotRun(why);
         }
-        hermetic_stage(ctx, &mut counts)
+        hermetic_stage(ctx, steps, &mut counts);
+        Verdict::Passed
     });
 
-    stages.run("conformance", || {
-        let results: Vec<AdapterResult> = conformance::ADAPTERS
-            .iter()
-            .map(|a| suite::run_adapter(ctx, &mut fixtures, &avail, a, ctx.ci))
-            .collect();
-        for c in results.iter().filter_map(|r| r.counts) {
-            counts.get_or_insert_default().add(c);
+    stages.run_steps("conformance", |steps| {
+        // One step per adapter, so each suite's time is in the summary.
+        for adapter in conformance::ADAPTERS {
+            steps.run(adapter.name, || {
+                let r = suite::run_adapter(ctx, &mut fixtures, &avail, adapter, ctx.ci);
+                if let Some(c) = r.counts {
+                    counts.get_or_insert_default().add(c);
+                }
+                conformance_verdict(&[r])
+            });
         }
-        conformance_verdict(&results)
+        Verdict::Passed
     });
 
     stages.run("redis tests", || {
         redis_stage(ctx, &mut fixtures, &avail, &mut counts)
     });
 
-    stages.run("docker engine tests", || {
-        docker_engine_stage(ctx, &mut fixtures, &avail, &mut counts)
+    stages.run_steps("docker engine tests", |steps| {
+        docker_engine_stage(ctx, steps, &mut fixtures, &avail, &mut counts)
     });
 
     stages.run("egress", || {
@@ -181,22 +183,36 @@ fn finish(
         fixtures.dump_logs();
     }
     stages.summary();
-    let code = match stages.first_failure() {
+    // Under CI=true a run past the budget fails; locally the same line is only a note, so a
+    // slow machine can still run the pipeline to the end.
+    let over_budget = stages.over_budget(CI_BUDGET);
+    let mut code = match stages.first_failure() {
         Some(stage) => {
             println!("xtask: FAILED at stage {stage}");
             ExitCode::FAILURE
         }
+        None if ctx.ci && over_budget.is_some() => ExitCode::FAILURE,
         None => {
             println!("xtask: ok{}", if ctx.ci { " (CI)" } else { "" });
             ExitCode::SUCCESS
         }
     };
-    // Last, alone on a line: the totals of every nextest run (hermetic + conformance).
+    // Then, alone on a line: the totals of every nextest run (hermetic + conformance + the
+    // service stages).
     if let Some(c) = counts {
         println!(
             "tests: {} passed, {} failed, {} skipped",
             c.passed, c.failed, c.skipped
         );
+    }
+    // Last: the budget's verdict, so a run that fails only on time says so on its final line.
+    if let Some(line) = over_budget {
+        if ctx.ci {
+            println!("{line}");
+            code = ExitCode::FAILURE;
+        } else {
+            println!("note: under CI=true this run would fail: {line}");
+        }
     }
     code
 }
@@ -245,24 +261,101 @@ pub(crate) fn tidy_stage(ctx: &Ctx) -> Verdict {
     }
 }
 
-fn hermetic_stage(ctx: &Ctx, counts: &mut Option<Counts>) -> Verdict {
+/// The clippy runs, each a step of the clippy stage: the whole workspace with every feature
+/// (test-only features such as the store's failpoints are linted too), then `sandbox-app` in
+/// each of its feature sets, where the code under `cfg(not(feature = ...))` is compiled at all.
+/// The feature-set runs are limited to `sandbox-app` and share the target directory, so they
+/// check one crate again, not the workspace.
+fn clippy_runs() -> Vec<(&'static str, Vec<String>)> {
+    let run = |scope: &[&str]| -> Vec<String> {
+        // The committed Cargo.lock must already match the manifests: a build that would
+        // rewrite it is not the build that was reviewed.
+        ["clippy", "--locked"]
+            .iter()
+            .chain(scope)
+            .chain(&["--all-targets", "--", "-D", "warnings"])
+            .map(|s| (*s).to_owned())
+            .collect()
+    };
+    let mut runs = vec![(
+        "workspace, all features",
+        run(&["--workspace", "--all-features"]),
+    )];
+    for &(name, features) in APP_FEATURE_SETS {
+        let scope: Vec<&str> = ["-p", "sandbox-app"]
+            .into_iter()
+            .chain(features.iter().copied())
+            .collect();
+        runs.push((name, run(&scope)));
+    }
+    runs
+}
+
+/// `sandbox-app`'s feature sets, each checked alone by clippy: none, each feature alone, and
+/// the default.
+const APP_FEATURE_SETS: &[(&str, &[&str])] = &[
+    (
+        "sandbox-app, no default features",
+        &["--no-default-features"],
+    ),
+    (
+        "sandbox-app, docker alone",
+        &["--no-default-features", "--features", "docker"],
+    ),
+    (
+        "sandbox-app, redis alone",
+        &["--no-default-features", "--features", "redis"],
+    ),
+    (
+        "sandbox-app, failpoints alone",
+        &["--no-default-features", "--features", "failpoints"],
+    ),
+    ("sandbox-app, default features", &[]),
+];
+
+/// The hermetic runs, each a step: the workspace, `sandbox-app` once more with no default
+/// features (the service without a backend or store compiled in must still pass its own tests),
+/// and the doctests. The workspace run's failure stops the stage; the no-default-features run
+/// uses the same filter, so the tests it selects are hermetic too.
+fn hermetic_stage(ctx: &Ctx, steps: &mut Steps<'_>, counts: &mut Option<Counts>) {
+    let workspace: &[&str] = &[
+        "nextest",
+        "run",
+        "--workspace",
+        "--profile",
+        CI_PROFILE,
+        "-E",
+        HERMETIC_FILTER,
+    ];
+    let app_bare: &[&str] = &[
+        "nextest",
+        "run",
+        "-p",
+        "sandbox-app",
+        "--no-default-features",
+        "--profile",
+        CI_PROFILE,
+        "-E",
+        HERMETIC_FILTER,
+    ];
+    if !steps.run("workspace", || counted_nextest(ctx, workspace, counts)) {
+        return;
+    }
+    steps.run("sandbox-app, no default features", || {
+        counted_nextest(ctx, app_bare, counts)
+    });
+    steps.run("doctests", || {
+        cargo_step(ctx, &["test", "--workspace", "--doc"], DOCTEST_DEADLINE)
+    });
+}
+
+/// One nextest run of the `ci` profile; its JUnit totals are printed and added to `counts`.
+fn counted_nextest(ctx: &Ctx, args: &[&str], counts: &mut Option<Counts>) -> Verdict {
     let junit = suite::junit_path(&ctx.target, CI_PROFILE);
     if let Err(e) = suite::remove_stale(&junit) {
         return Verdict::Failed(e);
     }
-    let nextest = cargo_step(
-        ctx,
-        &[
-            "nextest",
-            "run",
-            "--workspace",
-            "--profile",
-            CI_PROFILE,
-            "-E",
-            HERMETIC_FILTER,
-        ],
-        NEXTEST_DEADLINE,
-    );
+    let nextest = cargo_step(ctx, args, NEXTEST_DEADLINE);
     match std::fs::read_to_string(&junit).map(|xml| junit::parse(&xml)) {
         Ok(Ok(cases)) => {
             let c = Counts::of(&cases);
@@ -275,29 +368,23 @@ fn hermetic_stage(ctx: &Ctx, counts: &mut Option<Counts>) -> Verdict {
         Ok(Err(e)) => println!("    warning: cannot read {}: {e}", junit.display()),
         Err(_) => {}
     }
-    if !matches!(nextest, Verdict::Passed) {
-        return nextest;
-    }
-    cargo_step(ctx, &["test", "--workspace", "--doc"], DOCTEST_DEADLINE)
+    nextest
 }
 
 /// The Docker adapter's tests that need the real engine beyond conformance (isolation,
 /// ownership, resume, the dropped-exec kill, the idle sweeper, bad input), the pull path
-/// against a loopback `docker-registry`, and the session manager over the real adapter. They are `#[ignore]`d in a plain `cargo test` (no
-/// engine there) and run here explicitly, so none is skipped silently.
+/// against a loopback `docker-registry`, the session manager over the real adapter, and the
+/// service's engine tests. They are `#[ignore]`d in a plain `cargo test` (no engine there) and
+/// run here explicitly, so none is skipped silently. Three steps, in this order: see each.
+/// Every step fails when its selection matches no test: a renamed module must not turn a step
+/// into one that silently runs nothing.
 fn docker_engine_stage(
     ctx: &Ctx,
+    steps: &mut Steps<'_>,
     fixtures: &mut Fixtures,
     avail: &Availability,
     counts: &mut Option<Counts>,
 ) -> Verdict {
-    let cannot = |why: String| {
-        if ctx.ci {
-            Verdict::Failed(why)
-        } else {
-            Verdict::NotRun(format!("{why} (under CI=true this fails)"))
-        }
-    };
     // The replica and failover tests start their own redis-server.
     if let Some(why) = avail.lacking(&[
         Tool::Nextest,
@@ -306,10 +393,10 @@ fn docker_engine_stage(
         Tool::Registry,
         Tool::Redis,
     ]) {
-        return cannot(why);
+        return cannot_run(ctx, why);
     }
     if let Err(e) = fixtures.ensure(conformance::Service::TestImage) {
-        return cannot(e);
+        return cannot_run(ctx, e);
     }
     let main: &[&str] = &[
         "nextest",
@@ -324,6 +411,8 @@ fn docker_engine_stage(
         CI_PROFILE,
         "--run-ignored",
         "only",
+        "--no-tests",
+        "fail",
         "-E",
         DOCKER_ENGINE_FILTER,
     ];
@@ -343,6 +432,8 @@ fn docker_engine_stage(
         CI_PROFILE,
         "--run-ignored",
         "only",
+        "--no-tests",
+        "fail",
     ];
     // The README's run command builds `sandbox` itself (with the feature set of a plain
     // `cargo build`), which relinks `target/debug/sandbox`: last, alone.
@@ -352,34 +443,24 @@ fn docker_engine_stage(
         "-p",
         "xtask",
         "--test",
-        "serve_docker",
+        "it",
         "--profile",
         CI_PROFILE,
         "--run-ignored",
         "only",
+        "--no-tests",
+        "fail",
+        "-E",
+        SERVE_FILTER,
     ];
-    let mut verdict = Verdict::Passed;
-    for args in [main, failover, serve] {
-        let junit = suite::junit_path(&ctx.target, CI_PROFILE);
-        if let Err(e) = suite::remove_stale(&junit) {
-            return Verdict::Failed(e);
-        }
-        println!("    cargo {}", args.join(" "));
-        let mut cmd = ctx.cargo_cmd(args);
-        let outcome = match process::run_with_deadline(&mut cmd, NEXTEST_DEADLINE, Output::Inherit)
-        {
-            Ok(o) if o.success() => Verdict::Passed,
-            Ok(o) => Verdict::Failed(o.describe()),
-            Err(e) => Verdict::Failed(e),
-        };
-        if let Ok(Ok(cases)) = std::fs::read_to_string(&junit).map(|xml| junit::parse(&xml)) {
-            counts.get_or_insert_default().add(Counts::of(&cases));
-        }
-        if matches!(verdict, Verdict::Passed) {
-            verdict = outcome;
-        }
-    }
-    verdict
+    // Each step runs even after an earlier one failed: they test different things, and the
+    // order only keeps the `sandbox` binary from being rebuilt under running tests.
+    steps.run("engine tests", || counted_nextest(ctx, main, counts));
+    steps.run("failover (store failpoints)", || {
+        counted_nextest(ctx, failover, counts)
+    });
+    steps.run("README run command", || counted_nextest(ctx, serve, counts));
+    Verdict::Passed
 }
 
 /// The tests that need real Redis servers beyond conformance: the Redis store's `redis_*` binaries
@@ -448,8 +529,8 @@ fn cannot_run(ctx: &Ctx, why: String) -> Verdict {
     }
 }
 
-/// The Docker adapter's egress test (real iptables, a network namespace): root only, one test
-/// at a time, after removing what a killed earlier run left.
+/// The Docker adapter's egress module (`tests/it/egress.rs`: real iptables, a network
+/// namespace): root only, one test at a time, after removing what a killed earlier run left.
 fn egress_stage(
     ctx: &Ctx,
     fixtures: &mut Fixtures,
@@ -499,11 +580,15 @@ fn egress_stage(
         "-p",
         "sandbox-provider-docker",
         "--test",
-        "egress",
+        "it",
         "--profile",
         CI_PROFILE,
         "--run-ignored",
         "only",
+        "--no-tests",
+        "fail",
+        "-E",
+        EGRESS_FILTER,
         "-j",
         "1",
     ];
@@ -545,5 +630,77 @@ fn conformance_verdict(results: &[AdapterResult]) -> Verdict {
         Verdict::Passed
     } else {
         Verdict::Warned(warnings)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clippy_checks_the_workspace_then_each_feature_set_of_the_app() {
+        let runs: Vec<(&str, String)> = clippy_runs()
+            .into_iter()
+            .map(|(name, args)| (name, args.join(" ")))
+            .collect();
+        let tail = "--all-targets -- -D warnings";
+        let app = "clippy --locked -p sandbox-app";
+        assert_eq!(
+            runs,
+            [
+                (
+                    "workspace, all features",
+                    format!("clippy --locked --workspace --all-features {tail}")
+                ),
+                (
+                    "sandbox-app, no default features",
+                    format!("{app} --no-default-features {tail}")
+                ),
+                (
+                    "sandbox-app, docker alone",
+                    format!("{app} --no-default-features --features docker {tail}")
+                ),
+                (
+                    "sandbox-app, redis alone",
+                    format!("{app} --no-default-features --features redis {tail}")
+                ),
+                (
+                    "sandbox-app, failpoints alone",
+                    format!("{app} --no-default-features --features failpoints {tail}")
+                ),
+                ("sandbox-app, default features", format!("{app} {tail}")),
+            ]
+        );
+    }
+
+    /// The service stages select modules of the `it` binaries by test path (`egress::...`):
+    /// every module a filter names is a file under a `tests/it/` that its `main.rs` declares,
+    /// so renaming a module without its filter fails here, not as a stage that runs nothing.
+    #[test]
+    fn module_filters_name_modules_that_exist() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .expect("xtask sits in the workspace root");
+        let docker = "crates/sandbox-provider-docker/tests/it";
+        for (filter, dir, module) in [
+            (EGRESS_FILTER, docker, "egress"),
+            (DOCKER_ENGINE_FILTER, docker, "egress"),
+            (DOCKER_ENGINE_FILTER, docker, "tcp_guard"),
+            (HERMETIC_FILTER, docker, "tcp_guard"),
+            (SERVE_FILTER, "xtask/tests/it", "serve_docker"),
+            (REDIS_FILTER, "xtask/tests/it", "redis_fixture"),
+        ] {
+            assert!(
+                filter.contains(&format!("test(/^{module}::/)")),
+                "{filter} does not select {module}"
+            );
+            let file = root.join(dir).join(format!("{module}.rs"));
+            assert!(file.is_file(), "{} is missing", file.display());
+            let main = std::fs::read_to_string(root.join(dir).join("main.rs")).expect("main.rs");
+            assert!(
+                main.lines().any(|l| l.trim() == format!("mod {module};")),
+                "{dir}/main.rs does not declare mod {module}"
+            );
+        }
     }
 }

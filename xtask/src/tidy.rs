@@ -760,6 +760,7 @@ pub fn check_live(root: &Path) -> Result<Vec<Violation>, String> {
     violations.extend(crate::tidy_decorators::check_crates(&root.join("crates"))?);
     violations.extend(crate::tidy_citations::check_tree(root)?);
     violations.extend(crate::tidy_tags::check_tree(root)?);
+    violations.extend(crate::tidy_tests::check_workspace(root)?);
     Ok(violations)
 }
 

@@ -11,6 +11,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Test binary: a failed unwrap is a failed test.
 
+#[path = "it/support/mod.rs"]
 mod support;
 use support::container_ids;
 use support::redis::RedisServer;

@@ -13,7 +13,7 @@
 #![cfg(feature = "docker")]
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Test binary: a failed unwrap is a failed test.
 
-mod support;
+use crate::support;
 use support::code;
 use support::serve::Service;
 

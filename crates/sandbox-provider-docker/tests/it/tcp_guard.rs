@@ -7,7 +7,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Test binary: a failed unwrap is a failed test.
 
-mod support;
+use crate::support;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};

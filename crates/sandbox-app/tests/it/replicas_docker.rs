@@ -11,7 +11,7 @@
 #![cfg(all(feature = "docker", feature = "redis"))]
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Test binary: a failed unwrap is a failed test.
 
-mod support;
+use crate::support;
 use support::container_ids;
 use support::redis::RedisServer;
 use support::serve::{START_DEADLINE, Service, temp_dir};

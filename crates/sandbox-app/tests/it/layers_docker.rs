@@ -6,7 +6,7 @@
 #![cfg(feature = "docker")]
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Test binary: a failed unwrap is a failed test.
 
-mod support;
+use crate::support;
 
 use sandbox_core::{BindingKey, ExecRequest, TerminalOptions};
 

@@ -10,7 +10,7 @@
 #![cfg(feature = "docker")]
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Test binary: a failed unwrap is a failed test.
 
-mod support;
+use crate::support;
 use support::container_ids;
 use support::serve::{EXIT_DEADLINE, START_DEADLINE, Service, temp_dir};
 
