@@ -41,10 +41,13 @@ const DOCKER_ENGINE_FILTER: &str = "(package(sandbox-provider-docker) and binary
 const REDIS_FILTER: &str = "(package(sandbox-store-redis) and binary(it)) | (package(xtask) and binary(it) and test(/^redis_fixture::/))";
 
 /// The egress module of the Docker adapter's `it` binary, run by the egress stage.
-const EGRESS_FILTER: &str = "test(/^egress::/)";
+const EGRESS_FILTER: &str = "package(sandbox-provider-docker) and binary(it) and test(/^egress::/)";
 
 /// xtask's check of the README's run command, last in the docker stage.
-const SERVE_FILTER: &str = "test(/^serve_docker::/)";
+const SERVE_FILTER: &str = "package(xtask) and binary(it) and test(/^serve_docker::/)";
+
+/// The failover test, run alone with the store's failpoints compiled in.
+const FAILOVER_FILTER: &str = "package(sandbox-app) and binary(failover_docker)";
 
 /// What the redis stage starts, and whose addresses its tests are given.
 const REDIS_SERVICES: &[conformance::Service] = &[
@@ -282,7 +285,7 @@ fn clippy_runs() -> Vec<(&'static str, Vec<String>)> {
         run(&["--workspace", "--all-features"]),
     )];
     for &(name, features) in APP_FEATURE_SETS {
-        let scope: Vec<&str> = ["-p", "sandbox-app"]
+        let scope: Vec<&str> = ["--workspace"]
             .into_iter()
             .chain(features.iter().copied())
             .collect();
@@ -293,6 +296,13 @@ fn clippy_runs() -> Vec<(&'static str, Vec<String>)> {
 
 /// `sandbox-app`'s feature sets, each checked alone by clippy: none, each feature alone, and
 /// the default.
+///
+/// Each run names the whole workspace and sets only `sandbox-app`'s features (it is the one
+/// member with default features, so `--no-default-features` changes nothing else). Cargo unifies
+/// dependency features over the packages it builds: a `-p sandbox-app` run would see another
+/// feature set of tokio, hyper or axum than the workspace run before it and re-check them all
+/// (about 85 s of a cold CI run), while a workspace run re-checks only the crates whose
+/// features really changed.
 const APP_FEATURE_SETS: &[(&str, &[&str])] = &[
     (
         "sandbox-app, no default features",
@@ -300,15 +310,19 @@ const APP_FEATURE_SETS: &[(&str, &[&str])] = &[
     ),
     (
         "sandbox-app, docker alone",
-        &["--no-default-features", "--features", "docker"],
+        &["--no-default-features", "--features", "sandbox-app/docker"],
     ),
     (
         "sandbox-app, redis alone",
-        &["--no-default-features", "--features", "redis"],
+        &["--no-default-features", "--features", "sandbox-app/redis"],
     ),
     (
         "sandbox-app, failpoints alone",
-        &["--no-default-features", "--features", "failpoints"],
+        &[
+            "--no-default-features",
+            "--features",
+            "sandbox-app/failpoints",
+        ],
     ),
     ("sandbox-app, default features", &[]),
 ];
@@ -327,16 +341,18 @@ fn hermetic_stage(ctx: &Ctx, steps: &mut Steps<'_>, counts: &mut Option<Counts>)
         "-E",
         HERMETIC_FILTER,
     ];
+    // The whole workspace with only `sandbox-app`'s features changed, so nothing but
+    // `sandbox-app` is rebuilt (see `APP_FEATURE_SETS`); the filter keeps its tests alone.
+    let app_bare_filter = format!("package(sandbox-app) and ({HERMETIC_FILTER})");
     let app_bare: &[&str] = &[
         "nextest",
         "run",
-        "-p",
-        "sandbox-app",
+        "--workspace",
         "--no-default-features",
         "--profile",
         CI_PROFILE,
         "-E",
-        HERMETIC_FILTER,
+        &app_bare_filter,
     ];
     if !steps.run("workspace", || counted_nextest(ctx, workspace, counts)) {
         return;
@@ -398,15 +414,13 @@ fn docker_engine_stage(
     if let Err(e) = fixtures.ensure(conformance::Service::TestImage) {
         return cannot_run(ctx, e);
     }
+    // Every run names the whole workspace, as the hermetic run did, so the test binaries it
+    // built are reused as they are (a `-p` run unifies other dependency features and rebuilds;
+    // see `APP_FEATURE_SETS`). The filters select the tests.
     let main: &[&str] = &[
         "nextest",
         "run",
-        "-p",
-        "sandbox-provider-docker",
-        "-p",
-        "sandbox-session",
-        "-p",
-        "sandbox-app",
+        "--workspace",
         "--profile",
         CI_PROFILE,
         "--run-ignored",
@@ -422,12 +436,11 @@ fn docker_engine_stage(
     let failover: &[&str] = &[
         "nextest",
         "run",
-        "-p",
-        "sandbox-app",
+        "--workspace",
         "--features",
         "sandbox-app/failpoints",
-        "--test",
-        "failover_docker",
+        "-E",
+        FAILOVER_FILTER,
         "--profile",
         CI_PROFILE,
         "--run-ignored",
@@ -440,10 +453,7 @@ fn docker_engine_stage(
     let serve: &[&str] = &[
         "nextest",
         "run",
-        "-p",
-        "xtask",
-        "--test",
-        "it",
+        "--workspace",
         "--profile",
         CI_PROFILE,
         "--run-ignored",
@@ -491,10 +501,7 @@ fn redis_stage(
     let args = [
         "nextest",
         "run",
-        "-p",
-        "sandbox-store-redis",
-        "-p",
-        "xtask",
+        "--workspace",
         "--profile",
         CI_PROFILE,
         "--run-ignored",
@@ -577,10 +584,7 @@ fn egress_stage(
     let args = [
         "nextest",
         "run",
-        "-p",
-        "sandbox-provider-docker",
-        "--test",
-        "it",
+        "--workspace",
         "--profile",
         CI_PROFILE,
         "--run-ignored",
@@ -644,7 +648,7 @@ mod tests {
             .map(|(name, args)| (name, args.join(" ")))
             .collect();
         let tail = "--all-targets -- -D warnings";
-        let app = "clippy --locked -p sandbox-app";
+        let app = "clippy --locked --workspace";
         assert_eq!(
             runs,
             [
@@ -658,18 +662,53 @@ mod tests {
                 ),
                 (
                     "sandbox-app, docker alone",
-                    format!("{app} --no-default-features --features docker {tail}")
+                    format!("{app} --no-default-features --features sandbox-app/docker {tail}")
                 ),
                 (
                     "sandbox-app, redis alone",
-                    format!("{app} --no-default-features --features redis {tail}")
+                    format!("{app} --no-default-features --features sandbox-app/redis {tail}")
                 ),
                 (
                     "sandbox-app, failpoints alone",
-                    format!("{app} --no-default-features --features failpoints {tail}")
+                    format!("{app} --no-default-features --features sandbox-app/failpoints {tail}")
                 ),
                 ("sandbox-app, default features", format!("{app} {tail}")),
             ]
+        );
+    }
+
+    /// The feature-set runs name the whole workspace and say `--no-default-features`: that
+    /// changes only `sandbox-app` as long as it is the one member with default features.
+    #[test]
+    fn only_the_app_has_default_features() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .expect("xtask sits in the workspace root");
+        let mut manifests = vec![root.join("xtask/Cargo.toml")];
+        for entry in std::fs::read_dir(root.join("crates")).expect("crates/") {
+            manifests.push(entry.expect("an entry").path().join("Cargo.toml"));
+        }
+        let with_defaults: Vec<String> = manifests
+            .iter()
+            .filter(|m| {
+                let text = std::fs::read_to_string(m).expect("a manifest");
+                // A line-based read is enough for the manifests this workspace writes: a
+                // `default = [...]` line with a quoted feature, inside `[features]`.
+                let mut in_features = false;
+                text.lines().map(str::trim).any(|line| {
+                    if line.starts_with('[') {
+                        in_features = line == "[features]";
+                        return false;
+                    }
+                    in_features && line.starts_with("default") && line.contains('"')
+                })
+            })
+            .map(|m| m.display().to_string())
+            .collect();
+        assert_eq!(
+            with_defaults,
+            vec![root.join("crates/sandbox-app/Cargo.toml").display().to_string()],
+            "a member with default features is also switched by the feature-set runs"
         );
     }
 
