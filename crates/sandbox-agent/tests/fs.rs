@@ -477,21 +477,33 @@ fn watch_req(path: &Path, recursive: bool, include_entry: bool) -> WatchDirReque
     }
 }
 
+/// A `WatchDir` stream of `path` whose `start` was read.
+async fn started(
+    fs: &Filesystem,
+    env: &Env,
+    path: &Path,
+    recursive: bool,
+    include_entry: bool,
+) -> sandbox_agent::fs::WatchDirStream {
+    let mut stream = fs
+        .watch_dir(
+            &caller(env),
+            watch_req(path, recursive, include_entry),
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+    expect_start(&mut stream).await;
+    stream
+}
+
 #[tokio::test]
 async fn watch_dir_streams_create_write_remove() {
     let env = Env::new();
     let fs = service(&env, FsLimits::default());
     let dir = env.home().join("watched");
     std::fs::create_dir(&dir).unwrap();
-    let mut stream = fs
-        .watch_dir(
-            &caller(&env),
-            watch_req(&dir, false, true),
-            Duration::from_secs(60),
-        )
-        .await
-        .unwrap();
-    expect_start(&mut stream).await;
+    let mut stream = started(&fs, &env, &dir, false, true).await;
 
     std::fs::write(dir.join("new.txt"), b"").unwrap();
     let created = next_event(&mut stream).await;
@@ -529,15 +541,7 @@ async fn watch_dir_streams_create_write_remove() {
     assert!(removed.entry.is_none(), "a remove never carries an entry");
 
     // Without include_entry nothing is attached.
-    let mut plain = fs
-        .watch_dir(
-            &caller(&env),
-            watch_req(&dir, false, false),
-            Duration::from_secs(60),
-        )
-        .await
-        .unwrap();
-    expect_start(&mut plain).await;
+    let mut plain = started(&fs, &env, &dir, false, false).await;
     std::fs::write(dir.join("other"), b"").unwrap();
     let e = next_event(&mut plain).await;
     assert_eq!(e.r#type, EventType::Create);
@@ -550,15 +554,7 @@ async fn recursive_watches_see_new_subdirectories() {
     let fs = service(&env, FsLimits::default());
     let dir = env.home().join("w");
     std::fs::create_dir_all(dir.join("existing")).unwrap();
-    let mut stream = fs
-        .watch_dir(
-            &caller(&env),
-            watch_req(&dir, true, false),
-            Duration::from_secs(60),
-        )
-        .await
-        .unwrap();
-    expect_start(&mut stream).await;
+    let mut stream = started(&fs, &env, &dir, true, false).await;
     std::fs::write(dir.join("existing/f"), b"").unwrap();
     let e = next_event(&mut stream).await;
     assert_eq!(
@@ -576,15 +572,7 @@ async fn recursive_watches_see_new_subdirectories() {
     assert_eq!((e.name.as_str(), e.r#type), ("new/g", EventType::Create));
 
     // A non-recursive watch does not see below the top.
-    let mut flat = fs
-        .watch_dir(
-            &caller(&env),
-            watch_req(&dir, false, false),
-            Duration::from_secs(60),
-        )
-        .await
-        .unwrap();
-    expect_start(&mut flat).await;
+    let mut flat = started(&fs, &env, &dir, false, false).await;
     std::fs::write(dir.join("existing/h"), b"").unwrap();
     std::fs::write(dir.join("top"), b"").unwrap();
     let e = next_event(&mut flat).await;
