@@ -633,3 +633,15 @@ async fn an_access_token_needs_the_header_or_a_signature() {
         b"signed write"
     );
 }
+
+#[test]
+fn handler_futures_are_send() {
+    // The server runs handlers on a multi-threaded runtime: their futures must be `Send`.
+    fn send<T: Send>(_: &T) {}
+    let env = Env::new();
+    let ctx = ctx(&env);
+    let download = get_files(get("path=x"), &ctx);
+    send(&download);
+    let upload = post_files(octet("path=x", Vec::new()), &ctx);
+    send(&upload);
+}

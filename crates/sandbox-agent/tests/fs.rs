@@ -571,6 +571,36 @@ async fn recursive_watches_see_new_subdirectories() {
     let e = next_event(&mut stream).await;
     assert_eq!((e.name.as_str(), e.r#type), ("new/g", EventType::Create));
 
+    // A directory renamed inside the tree is reported under its new name afterwards.
+    std::fs::rename(dir.join("new"), dir.join("renamed")).unwrap();
+    let e = next_event(&mut stream).await;
+    assert_eq!((e.name.as_str(), e.r#type), ("new", EventType::Rename));
+    let e = next_event(&mut stream).await;
+    assert_eq!((e.name.as_str(), e.r#type), ("renamed", EventType::Create));
+    // (The scan of the moved-in directory reports what it holds.)
+    let e = next_event(&mut stream).await;
+    assert_eq!(
+        (e.name.as_str(), e.r#type),
+        ("renamed/g", EventType::Create)
+    );
+    std::fs::write(dir.join("renamed/h"), b"").unwrap();
+    let e = next_event(&mut stream).await;
+    assert_eq!(
+        (e.name.as_str(), e.r#type),
+        ("renamed/h", EventType::Create)
+    );
+    // One moved out of the tree is no longer watched.
+    std::fs::rename(dir.join("renamed"), env.home().join("outside")).unwrap();
+    let e = next_event(&mut stream).await;
+    assert_eq!((e.name.as_str(), e.r#type), ("renamed", EventType::Rename));
+    std::fs::write(env.home().join("outside/i"), b"").unwrap();
+    std::fs::write(dir.join("marker"), b"").unwrap();
+    let e = next_event(&mut stream).await;
+    assert_eq!(
+        e.name, "marker",
+        "a change outside the tree was reported first"
+    );
+
     // A non-recursive watch does not see below the top.
     let mut flat = started(&fs, &env, &dir, false, false).await;
     std::fs::write(dir.join("existing/h"), b"").unwrap();
@@ -805,4 +835,20 @@ async fn concurrent_watchers_are_bounded() {
     fs.remove_watcher(RemoveWatcherRequest { watcher_id: id })
         .await
         .unwrap();
+}
+
+#[test]
+fn service_futures_and_streams_are_send() {
+    // The server runs calls on a multi-threaded runtime: futures and streams must be `Send`.
+    fn send<T: Send>(_: &T) {}
+    let env = Env::new();
+    let fs = service(&env, FsLimits::default());
+    let c = caller(&env);
+    send(&fs.stat(&c, stat_req("x")));
+    send(&fs.list_dir(&c, ListDirRequest::default()));
+    send(&fs.watch_dir(&c, WatchDirRequest::default(), Duration::from_secs(1)));
+    send(&fs.create_watcher(&c, CreateWatcherRequest::default()));
+    send(&fs.get_watcher_events(GetWatcherEventsRequest::default()));
+    fn stream_is_send<T: Send + Unpin + futures_util::Stream>() {}
+    stream_is_send::<sandbox_agent::fs::WatchDirStream>();
 }

@@ -109,17 +109,28 @@ pub fn replace(file: &std::fs::File, metadata: &BTreeMap<String, String>) -> io:
 /// tools) are skipped, since the wire map holds strings.
 pub fn read(path: &Path) -> io::Result<BTreeMap<String, String>> {
     let mut out = BTreeMap::new();
-    let mut list = vec![0u8; XATTR_MAX];
-    let len = match rustix::fs::listxattr(path, &mut list[..]) {
-        Ok(len) => len,
-        Err(Errno::OPNOTSUPP) => return Ok(out),
+    // Most files have no attributes at all: one query answers that without a buffer.
+    let size = match rustix::fs::listxattr_query(path) {
+        Ok(0) | Err(Errno::OPNOTSUPP) => return Ok(out),
+        Ok(size) => size.min(XATTR_MAX),
         Err(e) => return Err(e.into()),
     };
-    let mut value = vec![0u8; XATTR_MAX];
+    let mut list = vec![0u8; size];
+    let len = match rustix::fs::listxattr(path, &mut list[..]) {
+        Ok(len) => len,
+        // It grew between the two calls: take the most there can be.
+        Err(Errno::RANGE) => {
+            list.resize(XATTR_MAX, 0);
+            rustix::fs::listxattr(path, &mut list[..])?
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let mut value = Vec::new();
     for name in names(&list[..len]) {
         let Some(key) = name.strip_prefix(XATTR_PREFIX) else {
             continue;
         };
+        value.resize(XATTR_MAX, 0);
         let n = match rustix::fs::getxattr(path, name, &mut value[..]) {
             Ok(n) => n,
             // Removed between the listing and the read.
