@@ -192,6 +192,12 @@ async fn paths_resolve_from_the_home_and_the_default_workdir() {
         .await
         .unwrap_err();
     assert_eq!(err.code, Code::NotFound, "{err}");
+    // Nothing can be below a file.
+    let err = fs
+        .stat(&caller(&env), stat_req("f/below"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code, Code::NotFound, "{err}");
 }
 
 #[tokio::test]
@@ -531,6 +537,14 @@ async fn watch_dir_streams_create_write_remove() {
         ("new.txt", EventType::Write)
     );
     assert_eq!(written.entry.unwrap().size, 4);
+
+    chmod(&dir.join("new.txt"), 0o600);
+    let chmodded = next_event(&mut stream).await;
+    assert_eq!(
+        (chmodded.name.as_str(), chmodded.r#type),
+        ("new.txt", EventType::Chmod)
+    );
+    assert_eq!(chmodded.entry.unwrap().permissions, "-rw-------");
 
     std::fs::remove_file(dir.join("new.txt")).unwrap();
     let removed = next_event(&mut stream).await;
