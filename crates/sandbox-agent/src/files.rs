@@ -133,7 +133,8 @@ impl FilesError {
 /// 200 with the content (`Content-Type` by extension, `Content-Disposition: inline`), gzip
 /// when the client accepts it and asks for no range, one byte range (206) when asked for;
 /// 400 for a directory or anything but a regular file (a FIFO or a device is never read);
-/// 401; 404 `path '<p>' does not exist`; 406 when no acceptable encoding is left.
+/// 401; 404 `path '<p>' does not exist`; 406 when no acceptable encoding is left; 416 for a
+/// range outside the file.
 pub async fn get_files<B>(request: Request<B>, ctx: &FilesContext) -> Response<FilesBody> {
     match download::get(request.headers(), request.uri(), ctx).await {
         Ok(response) => response,

@@ -86,8 +86,9 @@ impl Display for UploadError {
 impl std::error::Error for UploadError {}
 
 /// The data of a request body as a stream of chunks, gunzipped when asked, refusing more than
-/// `limit` bytes (counted after decompression). Every chunk it yields is at most what one body
-/// frame or one step of the decoder produces, so nothing accumulates here.
+/// `limit` bytes (counted after decompression). Every chunk it yields is at most [`PACE`]
+/// bytes of one body frame or one step of the decoder's output, so nothing accumulates here
+/// and a writer's queue of chunks is bounded in bytes too.
 pub(crate) struct UploadStream<B> {
     body: Pin<Box<B>>,
     gunzip: Option<flate2::write::MultiGzDecoder<Vec<u8>>>,
@@ -148,6 +149,10 @@ where
             if this.done {
                 return Poll::Ready(None);
             }
+            if this.gunzip.is_none() && !this.pending.is_empty() {
+                let piece = this.pending.split_to(this.pending.len().min(PACE));
+                return this.emit(piece);
+            }
             if let Some(decoder) = &mut this.gunzip
                 && !this.pending.is_empty()
             {
@@ -177,11 +182,9 @@ where
                     if data.is_empty() {
                         continue;
                     }
-                    if this.gunzip.is_some() {
-                        this.pending = data;
-                    } else {
-                        return this.emit(data);
-                    }
+                    // Plain data is handed on in pieces of at most `PACE`, compressed data
+                    // goes through the decoder first.
+                    this.pending = data;
                 }
                 Some(Err(e)) => return this.fail(UploadError::Read(e.to_string())),
                 None => {

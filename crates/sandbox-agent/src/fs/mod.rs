@@ -137,7 +137,10 @@ impl Filesystem {
             inner: Arc::new(Inner {
                 accounts,
                 limits,
-                watch_permits: Arc::new(Semaphore::new(limits.max_watchers)),
+                // A larger count than the semaphore holds would panic; no machine runs that many.
+                watch_permits: Arc::new(Semaphore::new(
+                    limits.max_watchers.min(Semaphore::MAX_PERMITS),
+                )),
                 watchers: Mutex::new(HashMap::new()),
                 ids: Default::default(),
             }),
