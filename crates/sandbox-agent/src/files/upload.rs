@@ -280,6 +280,32 @@ pub(crate) fn write_error(what: &str, e: &io::Error) -> FilesError {
     }
 }
 
+/// What a failure to store metadata means for an upload: `None` to go on writing.
+///
+/// A filesystem without extended attributes cannot keep metadata: with some to store the
+/// upload is refused (400) before any content is written, and a file it created is removed
+/// again; with none, there is nothing to keep and nothing stale to clear. A full disk is 507.
+fn metadata_failure(
+    e: &io::Error,
+    metadata: &BTreeMap<String, String>,
+    path: &Path,
+    existed: bool,
+) -> Option<FilesError> {
+    if !metadata::is_unsupported(e) {
+        return Some(write_error("error writing file metadata", e));
+    }
+    if metadata.is_empty() {
+        return None;
+    }
+    if !existed {
+        let _ = std::fs::remove_file(path);
+    }
+    Some(FilesError::bad_request(format!(
+        "the filesystem of {} does not support extended attributes, so the file metadata cannot be stored",
+        path.display()
+    )))
+}
+
 fn write_blocking(
     path: &Path,
     owner: Owner,
@@ -332,20 +358,10 @@ fn write_blocking(
     owner
         .apply_to_file(&file)
         .map_err(|e| FilesError::internal(format!("error changing file ownership: {e}")))?;
-    if let Err(e) = metadata::replace(&file, metadata) {
-        if metadata::is_unsupported(&e) {
-            // With nothing to store and nothing that could be stale, there is nothing to do.
-            if !metadata.is_empty() {
-                if !existed {
-                    let _ = std::fs::remove_file(path);
-                }
-                return Err(FilesError::bad_request(format!(
-                    "the filesystem of {shown} does not support extended attributes, so the file metadata cannot be stored"
-                )));
-            }
-        } else {
-            return Err(write_error("error writing file metadata", &e));
-        }
+    if let Err(e) = metadata::replace(&file, metadata)
+        && let Some(refused) = metadata_failure(&e, metadata, path, existed)
+    {
+        return Err(refused);
     }
     file.set_len(0)
         .map_err(|e| write_error("error truncating file", &e))?;
@@ -374,6 +390,43 @@ mod tests {
         assert_eq!(write_error("w", &quota).status, 507);
         let other = io::Error::from_raw_os_error(Errno::IO.raw_os_error());
         assert_eq!(write_error("w", &other).status, 500);
+    }
+
+    #[test]
+    fn a_filesystem_without_attributes_refuses_metadata_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("new");
+        std::fs::write(&path, b"").unwrap();
+        let unsupported = io::Error::from_raw_os_error(Errno::OPNOTSUPP.raw_os_error());
+        let some: BTreeMap<String, String> = [("k".to_owned(), "v".to_owned())].into();
+        assert!(metadata_failure(&unsupported, &BTreeMap::new(), &path, false).is_none());
+        let existing = metadata_failure(&unsupported, &some, &path, true).unwrap();
+        assert_eq!(existing.status, 400);
+        assert!(
+            existing.message.contains("extended attributes"),
+            "{}",
+            existing.message
+        );
+        assert!(path.exists(), "a file that was there stays");
+        assert_eq!(
+            metadata_failure(&unsupported, &some, &path, false)
+                .unwrap()
+                .status,
+            400
+        );
+        assert!(!path.exists(), "a file the upload created is removed again");
+        let full = io::Error::from_raw_os_error(Errno::NOSPC.raw_os_error());
+        assert_eq!(
+            metadata_failure(&full, &some, &path, true).unwrap().status,
+            507
+        );
+        let other = io::Error::from_raw_os_error(Errno::IO.raw_os_error());
+        assert_eq!(
+            metadata_failure(&other, &BTreeMap::new(), &path, true)
+                .unwrap()
+                .status,
+            500
+        );
     }
 
     #[test]
