@@ -2,4 +2,6 @@
 //!
 //! The library holds everything the binary runs, so tests can drive the agent in-process.
 
+pub mod files;
+pub mod fs;
 pub mod users;
