@@ -29,7 +29,7 @@ const DOCTEST_DEADLINE: Duration = Duration::from_secs(1800);
 /// adapter's `it` also holds the hermetic `tcp_guard` module, which runs here. `sandbox-app`'s
 /// `failover_docker` stays a binary of its own: it needs the store's failpoints, a feature set
 /// of its own, and would otherwise rebuild the whole `it` binary a second time.
-const HERMETIC_FILTER: &str = "not binary(conformance) and not (package(sandbox-provider-docker) and binary(it) and not test(/^tcp_guard::/)) and not (package(sandbox-session) and binary(it)) and not (package(sandbox-app) and (binary(it) | binary(failover_docker))) and not (package(sandbox-store-redis) and binary(it)) and not (package(xtask) and binary(it))";
+const HERMETIC_FILTER: &str = "not binary(conformance) and not (package(sandbox-provider-docker) and binary(it) and not test(/^tcp_guard::/)) and not (package(sandbox-session) and binary(it)) and not (package(sandbox-app) and (binary(it) | binary(failover_docker))) and not (package(sandbox-store-redis) and binary(it)) and not (package(xtask) and binary(it)) and not (package(sandbox-agent) and binary(it))";
 
 /// The tests that need the Docker engine beyond conformance, run by the docker stage: the
 /// adapter's engine, registry and `tcp://` TLS modules (egress runs in a stage of its own), the
@@ -65,11 +65,13 @@ const ALL_TOOLS: &[Tool] = &[
     Tool::Registry,
     Tool::NetTools,
     Tool::Redis,
+    Tool::StaticLibc,
+    Tool::Debootstrap,
 ];
 
 pub(crate) fn test(ctx: &Ctx) -> ExitCode {
     let mut stages = Stages::new();
-    let mut fixtures = Fixtures::new(&ctx.target);
+    let mut fixtures = Fixtures::new(&ctx.root, &ctx.target);
     let mut avail = Availability::default();
     let mut counts: Option<Counts> = None;
     println!(
@@ -84,7 +86,9 @@ pub(crate) fn test(ctx: &Ctx) -> ExitCode {
         verdict
     });
 
-    stages.run("fixtures", || fixtures_stage(ctx, &mut fixtures, &avail));
+    stages.run_steps("fixtures", |steps| {
+        fixtures_stage(ctx, steps, &mut fixtures, &avail)
+    });
 
     stages.run("fmt", || {
         if let Some(why) = avail.lacking(&[Tool::Rustfmt]) {
@@ -105,6 +109,13 @@ pub(crate) fn test(ctx: &Ctx) -> ExitCode {
     });
 
     stages.run("tidy", || tidy_stage(ctx));
+
+    stages.run("agent static build", || {
+        if let Some(why) = avail.lacking(crate::agent::TOOLS) {
+            return cannot_run(ctx, why);
+        }
+        crate::agent::stage(ctx)
+    });
 
     stages.run_steps("hermetic tests", |steps| {
         if let Some(why) = avail.lacking(&[Tool::Nextest]) {
@@ -146,7 +157,7 @@ pub(crate) fn test(ctx: &Ctx) -> ExitCode {
 /// `cargo xtask conformance <adapter>`: only what that adapter needs.
 pub(crate) fn conformance_one(ctx: &Ctx, adapter: &Adapter) -> ExitCode {
     let mut stages = Stages::new();
-    let mut fixtures = Fixtures::new(&ctx.target);
+    let mut fixtures = Fixtures::new(&ctx.root, &ctx.target);
     let mut avail = Availability::default();
     let mut counts = None;
 
@@ -217,22 +228,42 @@ fn finish(
     code
 }
 
-fn fixtures_stage(ctx: &Ctx, fixtures: &mut Fixtures, avail: &Availability) -> Verdict {
+fn fixtures_stage(
+    ctx: &Ctx,
+    steps: &mut Steps<'_>,
+    fixtures: &mut Fixtures,
+    avail: &Availability,
+) -> Verdict {
     if let Some(why) = avail.lacking(&[Tool::Docker, Tool::Busybox]) {
         return Verdict::NotRun(why);
     }
-    // Started even when no registered adapter needs them yet: the image and engine are part of
-    // the pipeline's contract, and a broken fixture should show up before the suites need it.
-    let result = fixtures
-        .ensure(conformance::Service::DockerEngine)
-        .and_then(|()| fixtures.ensure(conformance::Service::TestImage));
-    match result {
+    let judge = |result: Result<(), String>, what: &str| match result {
         Ok(()) => Verdict::Passed,
         Err(e) if ctx.ci => Verdict::Failed(e),
         Err(e) => Verdict::Warned(vec![format!(
-            "{e} (the suites that need Docker will not run; under CI=true this fails)"
+            "{e} (the suites that need {what} will not run; under CI=true this fails)"
         )]),
-    }
+    };
+    // Started even when no registered adapter needs them yet: the images and engine are part
+    // of the pipeline's contract, and a broken fixture should show up before the suites need
+    // it.
+    steps.run("engine and test image", || {
+        let result = fixtures
+            .ensure(conformance::Service::DockerEngine)
+            .and_then(|()| fixtures.ensure(conformance::Service::TestImage));
+        judge(result, "Docker")
+    });
+    // The image the SDKs expect of a sandbox; built once per recipe, then found by its tag.
+    steps.run("Debian sandbox image", || {
+        if let Some(why) = avail.lacking(&[Tool::Debootstrap]) {
+            return cannot_run(ctx, why);
+        }
+        judge(
+            fixtures.ensure(conformance::Service::DebianImage),
+            "the Debian image",
+        )
+    });
+    Verdict::Passed
 }
 
 fn cargo_step(ctx: &Ctx, args: &[&str], deadline: Duration) -> Verdict {
