@@ -8,7 +8,7 @@ use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
 use xtask::conformance::Service;
-use xtask::debian_image::{self, IMPORT_CHANGES, Recipe, USER, USER_HOME, USER_UID};
+use xtask::debian_image::{self, CLEANUP, IMPORT_CHANGES, Recipe, USER, USER_HOME, USER_UID};
 use xtask::prereq::Tool;
 use xtask::process::{self, Output, Stream};
 
@@ -142,6 +142,10 @@ fn build(recipe: &Recipe, tag: &str, dir: &Path) -> Result<(), String> {
     if !home.is_dir() {
         return Err(format!("useradd made no {}", home.display()));
     }
+    let mut cleanup = Command::new("chroot");
+    cleanup.arg(dir).args(["/bin/sh", "-c", CLEANUP]);
+    println!("    chroot {} /bin/sh -c '{CLEANUP}'", dir.display());
+    process::run_with_deadline(&mut cleanup, STEP_DEADLINE, Output::Capture)?.check()?;
 
     // A pipe with pipefail: a tar that fails half-way must not import a half image.
     let mut import = Command::new("bash");
