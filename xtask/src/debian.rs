@@ -13,7 +13,7 @@ use xtask::prereq::Tool;
 use xtask::process::{self, Output, Stream};
 
 use crate::Ctx;
-use crate::fixtures::{Fixtures, TEST_LABEL, docker};
+use crate::fixtures::{Fixtures, docker, smoke_run};
 use crate::prereq_stage;
 use crate::ui::{Verdict, secs};
 
@@ -179,28 +179,12 @@ fn smoke(tag: &str) -> Result<(), String> {
          python3 -c 'print(1)' >/dev/null; git --version >/dev/null; curl --version >/dev/null; \
          test -s /etc/ssl/certs/ca-certificates.crt; ps -p 1 >/dev/null; echo debian-image-ok"
     );
-    let mut cmd = docker([
-        "run",
-        "--rm",
-        "--pull=never",
-        "--network",
-        "none",
-        "--label",
-        TEST_LABEL,
+    smoke_run(
         tag,
-        "/bin/bash",
-        "-l",
-        "-c",
-    ]);
-    cmd.arg(script);
-    let out = process::run_with_deadline(&mut cmd, STEP_DEADLINE, Output::Capture)?;
-    out.check()?;
-    if out.stdout.trim() != "debian-image-ok" {
-        return Err(format!(
-            "the smoke run of {tag} printed {:?} instead of \"debian-image-ok\"",
-            out.stdout.trim()
-        ));
-    }
+        &["/bin/bash", "-l", "-c", &script],
+        "debian-image-ok",
+        STEP_DEADLINE,
+    )?;
     println!("    {tag} answers (bash -l, user {USER_UID}, python3, git, curl, CA bundle)");
     Ok(())
 }

@@ -393,7 +393,7 @@ enabled: No
             &["main"],
         );
         check(
-            &[main.clone()],
+            std::slice::from_ref(&main),
             Some(("http://deb.debian.org/debian", "bookworm")),
         );
         let security = source(

@@ -367,27 +367,12 @@ impl Fixtures {
             self.remove_image = true;
         }
 
-        let mut smoke = docker([
-            "run",
-            "--rm",
-            "--pull=never",
-            "--network",
-            "none",
-            "--label",
-            TEST_LABEL,
+        smoke_run(
             TEST_IMAGE,
-            "sh",
-            "-c",
-            "echo sandbox-image-ok",
-        ]);
-        let outcome = process::run_with_deadline(&mut smoke, SMOKE_RUN_DEADLINE, Output::Capture)?;
-        outcome.check()?;
-        if outcome.stdout.trim() != "sandbox-image-ok" {
-            return Err(format!(
-                "the smoke run of {TEST_IMAGE} printed {:?} instead of \"sandbox-image-ok\"",
-                outcome.stdout.trim()
-            ));
-        }
+            &["sh", "-c", "echo sandbox-image-ok"],
+            "sandbox-image-ok",
+            SMOKE_RUN_DEADLINE,
+        )?;
         println!("    {TEST_IMAGE} built and answers (sandbox-image-ok)");
         Ok(())
     }
@@ -499,6 +484,36 @@ impl Drop for Fixtures {
             }
         }
     }
+}
+
+/// Runs `argv` in a throwaway container of `image` (never pulled, no network, labelled for
+/// cleanup) and checks that it printed exactly `expected`.
+pub(crate) fn smoke_run(
+    image: &str,
+    argv: &[&str],
+    expected: &str,
+    deadline: Duration,
+) -> Result<(), String> {
+    let mut cmd = docker([
+        "run",
+        "--rm",
+        "--pull=never",
+        "--network",
+        "none",
+        "--label",
+        TEST_LABEL,
+        image,
+    ]);
+    cmd.args(argv);
+    let outcome = process::run_with_deadline(&mut cmd, deadline, Output::Capture)?;
+    outcome.check()?;
+    if outcome.stdout.trim() != expected {
+        return Err(format!(
+            "the smoke run of {image} printed {:?} instead of {expected:?}",
+            outcome.stdout.trim()
+        ));
+    }
+    Ok(())
 }
 
 /// The server version when an engine answers on the default socket.
