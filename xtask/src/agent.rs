@@ -1,5 +1,6 @@
 //! `cargo xtask agent`: the static build of `sandbox-agent` (see `xtask::agent_build`), checked,
-//! with its size and build time. The pipeline's agent stage runs the same [`build`].
+//! with its size and build time. The pipeline's agent stage runs the same [`build`] and hands
+//! the path to the docker engine stage's tests (`SANDBOX_AGENT_BIN`).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -58,14 +59,6 @@ pub(crate) fn build(ctx: &Ctx) -> Result<Built, String> {
         bytes: checked.bytes,
         elapsed: outcome.elapsed,
     })
-}
-
-/// The build as a pipeline stage's verdict.
-pub(crate) fn stage(ctx: &Ctx) -> Verdict {
-    match build(ctx) {
-        Ok(_) => Verdict::Passed,
-        Err(e) => Verdict::Failed(e),
-    }
 }
 
 /// `cargo xtask agent`.

@@ -28,6 +28,9 @@ pub const STATIC_RUSTFLAGS: &str = "-C target-feature=+crt-static";
 /// The agent is copied into every sandbox image; past this size something large was linked in
 /// by mistake (a TLS stack, a second runtime, debug info).
 pub const MAX_BYTES: u64 = 5 * 1024 * 1024;
+/// Names the checked static binary to the tests that copy it into containers (set by the
+/// pipeline on the docker engine stage's tests).
+pub const ENV_AGENT_BIN: &str = "SANDBOX_AGENT_BIN";
 /// The static glibc the static link needs.
 pub const STATIC_LIBC: &str = "/usr/lib/x86_64-linux-gnu/libc.a";
 /// Present in a binary when static glibc's NSS code was linked in (`getpwnam`, `getaddrinfo`

@@ -110,11 +110,20 @@ pub(crate) fn test(ctx: &Ctx) -> ExitCode {
 
     stages.run("tidy", || tidy_stage(ctx));
 
+    // The static agent, checked; the docker engine stage hands its path to the tests that run
+    // it in containers (`SANDBOX_AGENT_BIN`).
+    let mut agent_bin = None;
     stages.run("agent static build", || {
         if let Some(why) = avail.lacking(crate::agent::TOOLS) {
             return cannot_run(ctx, why);
         }
-        crate::agent::stage(ctx)
+        match crate::agent::build(ctx) {
+            Ok(built) => {
+                agent_bin = Some(built.path);
+                Verdict::Passed
+            }
+            Err(e) => Verdict::Failed(e),
+        }
     });
 
     stages.run_steps("hermetic tests", |steps| {
@@ -144,7 +153,14 @@ pub(crate) fn test(ctx: &Ctx) -> ExitCode {
     });
 
     stages.run_steps("docker engine tests", |steps| {
-        docker_engine_stage(ctx, steps, &mut fixtures, &avail, &mut counts)
+        docker_engine_stage(
+            ctx,
+            steps,
+            &mut fixtures,
+            &avail,
+            agent_bin.as_deref(),
+            &mut counts,
+        )
     });
 
     stages.run("egress", || {
@@ -267,8 +283,15 @@ fn fixtures_stage(
 }
 
 fn cargo_step(ctx: &Ctx, args: &[&str], deadline: Duration) -> Verdict {
-    println!("    cargo {}", args.join(" "));
+    cargo_step_env(ctx, args, &[], deadline)
+}
+
+/// [`cargo_step`] with `env` set on that one command (and shown with it).
+fn cargo_step_env(ctx: &Ctx, args: &[&str], env: &[(&str, String)], deadline: Duration) -> Verdict {
+    let shown: String = env.iter().map(|(k, v)| format!("{k}={v} ")).collect();
+    println!("    {shown}cargo {}", args.join(" "));
     let mut cmd = ctx.cargo_cmd(args);
+    cmd.envs(env.iter().map(|(k, v)| (*k, v)));
     match process::run_with_deadline(&mut cmd, deadline, Output::Inherit) {
         Ok(o) if o.success() => Verdict::Passed,
         Ok(o) => Verdict::Failed(o.describe()),
@@ -382,11 +405,21 @@ fn hermetic_stage(ctx: &Ctx, steps: &mut Steps<'_>, counts: &mut Option<Counts>)
 
 /// One nextest run of the `ci` profile; its JUnit totals are printed and added to `counts`.
 fn counted_nextest(ctx: &Ctx, args: &[&str], counts: &mut Option<Counts>) -> Verdict {
+    counted_nextest_env(ctx, args, &[], counts)
+}
+
+/// [`counted_nextest`] with `env` set on the nextest command.
+fn counted_nextest_env(
+    ctx: &Ctx,
+    args: &[&str],
+    env: &[(&str, String)],
+    counts: &mut Option<Counts>,
+) -> Verdict {
     let junit = suite::junit_path(&ctx.target, CI_PROFILE);
     if let Err(e) = suite::remove_stale(&junit) {
         return Verdict::Failed(e);
     }
-    let nextest = cargo_step(ctx, args, NEXTEST_DEADLINE);
+    let nextest = cargo_step_env(ctx, args, env, NEXTEST_DEADLINE);
     match std::fs::read_to_string(&junit).map(|xml| junit::parse(&xml)) {
         Ok(Ok(cases)) => {
             let c = Counts::of(&cases);
@@ -414,6 +447,7 @@ fn docker_engine_stage(
     steps: &mut Steps<'_>,
     fixtures: &mut Fixtures,
     avail: &Availability,
+    agent_bin: Option<&std::path::Path>,
     counts: &mut Option<Counts>,
 ) -> Verdict {
     // The replica and failover tests start their own redis-server.
@@ -486,7 +520,13 @@ fn docker_engine_stage(
     ];
     // Each step runs even after an earlier one failed: they test different things, and the
     // order only keeps the `sandbox` binary from being rebuilt under running tests.
-    steps.run("engine tests", || counted_nextest(ctx, main, counts));
+    let agent_env: Vec<(&str, String)> = agent_bin
+        .map(|p| (xtask::agent_build::ENV_AGENT_BIN, p.display().to_string()))
+        .into_iter()
+        .collect();
+    steps.run("engine tests", || {
+        counted_nextest_env(ctx, main, &agent_env, counts)
+    });
     steps.run("failover (store failpoints)", || {
         counted_nextest(ctx, failover, counts)
     });
