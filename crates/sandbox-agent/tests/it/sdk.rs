@@ -19,16 +19,18 @@ const ENV_PYTHON: &str = "SANDBOX_TEST_E2B_PYTHON";
 /// The whole scenario, 50 MiB both ways included, on a slow machine.
 const SCENARIO_DEADLINE: Duration = Duration::from_secs(300);
 
-/// Kills and reaps the agent however the test ends.
+/// Kills and reaps the agent, and removes its temporary home, however the test ends.
 struct Agent {
     child: Child,
     log: PathBuf,
+    home: PathBuf,
 }
 
 impl Drop for Agent {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.home);
     }
 }
 
@@ -126,7 +128,17 @@ fn the_official_python_sdk_passes_its_scenario() {
     let mut agent = Agent {
         child: cmd.spawn().unwrap(),
         log,
+        home: home.clone(),
     };
+    // An agent that cannot start (a bad flag, a taken port) says so at once: report that
+    // instead of the scenario's wait for /health.
+    std::thread::sleep(Duration::from_millis(300));
+    if let Some(status) = agent.child.try_wait().unwrap() {
+        panic!(
+            "the agent exited ({status}) before serving:\n{}",
+            agent.log_tail()
+        );
+    }
 
     let mut run = Command::new(&python);
     run.arg(&scenario)
@@ -165,7 +177,6 @@ fn the_official_python_sdk_passes_its_scenario() {
         agent.log_tail()
     );
     drop(agent);
-    let _ = std::fs::remove_dir_all(&home);
 
     let Some(status) = status else {
         panic!(
