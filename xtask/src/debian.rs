@@ -191,10 +191,12 @@ fn smoke(tag: &str) -> Result<(), String> {
 
 /// The mount points at or under `dir`, deepest first, from `/proc/self/mounts`.
 fn mounts_under(dir: &Path) -> Vec<PathBuf> {
-    let Ok(text) = std::fs::read_to_string("/proc/self/mounts") else {
-        return Vec::new();
-    };
-    let mut found: Vec<PathBuf> = text
+    std::fs::read_to_string("/proc/self/mounts").map_or_else(|_| Vec::new(), |t| mounts_in(&t, dir))
+}
+
+/// [`mounts_under`] over a mounts table's text.
+fn mounts_in(table: &str, dir: &Path) -> Vec<PathBuf> {
+    let mut found: Vec<PathBuf> = table
         .lines()
         .filter_map(|l| l.split_whitespace().nth(1))
         // Spaces in mount points are written as \040.
@@ -234,4 +236,35 @@ fn remove_tree(dir: &Path) -> Result<(), String> {
         ));
     }
     std::fs::remove_dir_all(dir).map_err(|e| format!("cannot remove {}: {e}", dir.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mounts_under_the_root_filesystem_are_found_deepest_first() {
+        let table = "\
+proc /proc proc rw 0 0
+proc /t/rootfs/proc proc rw 0 0
+sysfs /t/rootfs/sys sysfs rw 0 0
+devpts /t/rootfs/dev/pts devpts rw 0 0
+tmpfs /t/rootfs\\040x tmpfs rw 0 0
+/dev/vda /t/rootfs-other ext4 rw 0 0
+";
+        let found = mounts_in(table, Path::new("/t/rootfs"));
+        assert_eq!(
+            found,
+            [
+                PathBuf::from("/t/rootfs/dev/pts"),
+                PathBuf::from("/t/rootfs/proc"),
+                PathBuf::from("/t/rootfs/sys"),
+            ]
+        );
+        assert!(mounts_in(table, Path::new("/elsewhere")).is_empty());
+        assert_eq!(
+            mounts_in(table, Path::new("/t/rootfs x")),
+            [PathBuf::from("/t/rootfs x")]
+        );
+    }
 }
