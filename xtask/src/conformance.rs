@@ -34,6 +34,11 @@ pub enum Service {
     Redis,
     /// A Redis Cluster of three primaries on free 127.0.0.1 ports.
     RedisCluster,
+    /// The Debian sandbox image (`sandbox-debian:<recipe hash>`, see `debian_image`), built
+    /// with debootstrap when missing and kept: its tag changes only with its recipe.
+    DebianImage,
+    /// The venv holding the official E2B Python SDK from its hashed lock (see `e2b_sdk`).
+    SdkVenv,
 }
 
 impl Service {
@@ -43,6 +48,8 @@ impl Service {
             Self::TestImage => "test image sandbox-busybox:test",
             Self::Redis => "Redis server",
             Self::RedisCluster => "Redis Cluster",
+            Self::DebianImage => "Debian sandbox image",
+            Self::SdkVenv => "E2B Python SDK venv",
         }
     }
 
@@ -55,14 +62,17 @@ impl Service {
             Self::DockerEngine | Self::TestImage => None,
             Self::Redis => Some(redis::ENV_URL),
             Self::RedisCluster => Some(redis::ENV_CLUSTER_NODES),
+            // The tag is a hash of the recipe, the venv's place the target directory's.
+            Self::DebianImage => Some(crate::debian_image::ENV_IMAGE),
+            Self::SdkVenv => Some(crate::e2b_sdk::ENV_PYTHON),
         }
     }
 
     /// Services that must be up before this one.
     pub fn depends_on(self) -> &'static [Service] {
         match self {
-            Self::DockerEngine | Self::Redis | Self::RedisCluster => &[],
-            Self::TestImage => &[Service::DockerEngine],
+            Self::DockerEngine | Self::Redis | Self::RedisCluster | Self::SdkVenv => &[],
+            Self::TestImage | Self::DebianImage => &[Service::DockerEngine],
         }
     }
 
@@ -72,6 +82,8 @@ impl Service {
             Self::DockerEngine => &[Tool::Docker],
             Self::TestImage => &[Tool::Docker, Tool::Busybox],
             Self::Redis | Self::RedisCluster => &[Tool::Redis],
+            Self::DebianImage => &[Tool::Docker, Tool::Debootstrap],
+            Self::SdkVenv => &[Tool::Python],
         }
     }
 }

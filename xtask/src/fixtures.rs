@@ -1,5 +1,5 @@
-//! Services the suites need: the Docker engine, the local test image, and loopback Redis servers
-//! (one standalone, one cluster). Each is started at most once per run, remembered, and undone by
+//! Services the suites need: the Docker engine, the local test image, the Debian sandbox image,
+//! the E2B Python SDK's venv, and loopback Redis servers (one standalone, one cluster). Each is started at most once per run, remembered, and undone by
 //! [`Fixtures::cleanup`] (what we started, we stop).
 
 use std::fs::File;
@@ -42,6 +42,16 @@ pub(crate) struct Fixtures {
     /// data and configuration are not ours).
     redis: Option<Result<redis::Standalone, String>>,
     redis_cluster: Option<Result<redis::Cluster, String>>,
+    /// The Debian image's tag. Never removed at cleanup: it is slow to build and its tag
+    /// changes with its recipe, so a kept one is never stale.
+    debian: Option<Result<String, String>>,
+    /// The SDK venv's python (kept in the target directory, reused while the lock matches).
+    sdk_venv: Option<Result<PathBuf, String>>,
+    /// The workspace root, where the SDK's lock is.
+    root: PathBuf,
+    /// Where the Debian root filesystem is made.
+    work_dir: PathBuf,
+    target: PathBuf,
     temp_dirs: Vec<PathBuf>,
     /// (service, log file) for every service this run started.
     logs: Vec<(String, PathBuf)>,
@@ -64,9 +74,14 @@ where
 }
 
 impl Fixtures {
-    pub(crate) fn new(target: &Path) -> Self {
+    pub(crate) fn new(root: &Path, target: &Path) -> Self {
         Self {
             logs_dir: target.join("xtask").join("logs"),
+            debian: None,
+            sdk_venv: None,
+            root: root.to_path_buf(),
+            work_dir: target.join("xtask"),
+            target: target.to_path_buf(),
             engine: None,
             image: None,
             dockerd: None,
@@ -81,8 +96,8 @@ impl Fixtures {
     }
 
     /// Fixtures for running the service: what they start is left running and in place.
-    pub(crate) fn kept(target: &Path) -> Self {
-        let mut fixtures = Self::new(target);
+    pub(crate) fn kept(root: &Path, target: &Path) -> Self {
+        let mut fixtures = Self::new(root, target);
         fixtures.keep = true;
         fixtures
     }
@@ -122,7 +137,32 @@ impl Fixtures {
                     _ => Ok(()),
                 }
             }
+            Service::DebianImage => {
+                self.ensure(Service::DockerEngine)
+                    .map_err(|e| format!("no Docker engine: {e}"))?;
+                if self.debian.is_none() {
+                    self.debian = Some(crate::debian::ensure(&self.work_dir));
+                }
+                match &self.debian {
+                    Some(Err(e)) => Err(e.clone()),
+                    _ => Ok(()),
+                }
+            }
+            Service::SdkVenv => {
+                if self.sdk_venv.is_none() {
+                    self.sdk_venv = Some(crate::sdk_venv::ensure(&self.root, &self.target));
+                }
+                match &self.sdk_venv {
+                    Some(Err(e)) => Err(e.clone()),
+                    _ => Ok(()),
+                }
+            }
         }
+    }
+
+    /// The Debian image's tag, once [`Fixtures::ensure`] built or found it.
+    pub(crate) fn debian_image(&self) -> Option<&str> {
+        self.debian.as_ref()?.as_ref().ok().map(String::as_str)
     }
 
     /// Whether a service failed to start (its logs are then worth showing).
@@ -132,6 +172,8 @@ impl Fixtures {
             .any(|r| matches!(r, Some(Err(_))))
             || matches!(self.redis, Some(Err(_)))
             || matches!(self.redis_cluster, Some(Err(_)))
+            || matches!(self.debian, Some(Err(_)))
+            || matches!(self.sdk_venv, Some(Err(_)))
     }
 
     /// The environment telling test processes where `services` are (see
@@ -155,6 +197,12 @@ impl Fixtures {
                     .as_ref()
                     .and_then(|r| r.as_ref().ok())
                     .map(redis::Cluster::seeds),
+                Service::DebianImage => self.debian_image().map(str::to_owned),
+                Service::SdkVenv => self
+                    .sdk_venv
+                    .as_ref()
+                    .and_then(|r| r.as_ref().ok())
+                    .map(|p| p.display().to_string()),
                 Service::DockerEngine | Service::TestImage => None,
             };
             if let Some(value) = value
@@ -319,27 +367,12 @@ impl Fixtures {
             self.remove_image = true;
         }
 
-        let mut smoke = docker([
-            "run",
-            "--rm",
-            "--pull=never",
-            "--network",
-            "none",
-            "--label",
-            TEST_LABEL,
+        smoke_run(
             TEST_IMAGE,
-            "sh",
-            "-c",
-            "echo sandbox-image-ok",
-        ]);
-        let outcome = process::run_with_deadline(&mut smoke, SMOKE_RUN_DEADLINE, Output::Capture)?;
-        outcome.check()?;
-        if outcome.stdout.trim() != "sandbox-image-ok" {
-            return Err(format!(
-                "the smoke run of {TEST_IMAGE} printed {:?} instead of \"sandbox-image-ok\"",
-                outcome.stdout.trim()
-            ));
-        }
+            &["sh", "-c", "echo sandbox-image-ok"],
+            "sandbox-image-ok",
+            SMOKE_RUN_DEADLINE,
+        )?;
         println!("    {TEST_IMAGE} built and answers (sandbox-image-ok)");
         Ok(())
     }
@@ -451,6 +484,36 @@ impl Drop for Fixtures {
             }
         }
     }
+}
+
+/// Runs `argv` in a throwaway container of `image` (never pulled, no network, labelled for
+/// cleanup) and checks that it printed exactly `expected`.
+pub(crate) fn smoke_run(
+    image: &str,
+    argv: &[&str],
+    expected: &str,
+    deadline: Duration,
+) -> Result<(), String> {
+    let mut cmd = docker([
+        "run",
+        "--rm",
+        "--pull=never",
+        "--network",
+        "none",
+        "--label",
+        TEST_LABEL,
+        image,
+    ]);
+    cmd.args(argv);
+    let outcome = process::run_with_deadline(&mut cmd, deadline, Output::Capture)?;
+    outcome.check()?;
+    if outcome.stdout.trim() != expected {
+        return Err(format!(
+            "the smoke run of {image} printed {:?} instead of {expected:?}",
+            outcome.stdout.trim()
+        ));
+    }
+    Ok(())
 }
 
 /// The server version when an engine answers on the default socket.

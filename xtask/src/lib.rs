@@ -2,8 +2,12 @@
 //! the JUnit reader, the conformance and bench registries and reports, process deadlines), kept
 //! here so unit tests and `tests/tidy_live.rs` can reach it. `main.rs` is the command line.
 
+pub mod agent_build;
 pub mod bench;
 pub mod conformance;
+pub mod debian_image;
+pub mod e2b_sdk;
+pub mod elf;
 pub mod junit;
 pub mod netclean;
 pub mod prereq;
@@ -15,4 +19,5 @@ pub mod tidy_decorators;
 pub mod tidy_source;
 pub mod tidy_tags;
 pub mod tidy_tests;
+pub mod tidy_unsafe;
 pub mod workspace;

@@ -4,11 +4,14 @@
 // workspace's print_stdout/print_stderr lints (meant for library and service code) do not apply.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
+mod agent;
 mod api_golden;
 mod bench_cmd;
+mod debian;
 mod fixtures;
 mod pipeline;
 mod prereq_stage;
+mod sdk_venv;
 mod serve;
 mod suite;
 mod ui;
@@ -25,12 +28,20 @@ usage: cargo xtask <command>
 commands:
   test                     the whole pipeline (the README's test command; CI runs it with CI=true):
                            prerequisites, fixtures, fmt, clippy (the workspace, then each feature
-                           set of sandbox-app), tidy, hermetic tests (also sandbox-app with no
-                           default features), conformance, redis tests, docker engine tests,
-                           egress, cleanup; each stage and step is timed in the closing summary
+                           set of sandbox-app), tidy, the agent's static build, hermetic tests
+                           (also sandbox-app with no default features), conformance, redis
+                           tests, docker engine tests, egress, cleanup; each stage and step is
+                           timed in the closing summary
   conformance <adapter>    start what one adapter needs, run its conformance suite, print its table
-  serve                    run the service on its embedded defaults (memory store, the local
-                           Docker engine, which it starts, and the locally built default image)
+  serve [--debian]         run the service on its embedded defaults (memory store, the local
+                           Docker engine, which it starts, and the locally built default image);
+                           --debian: sandboxes boot the Debian sandbox image, built when missing
+  agent                    build the static sandbox-agent binary (profile agent, +crt-static),
+                           check it is static and under 5 MB, print its size and build time
+  debian-image             build the Debian sandbox image (debootstrap from this machine's apt
+                           mirror, then docker import) unless its recipe's tag exists; print it
+  sdk-venv                 make the E2B Python SDK's venv from its hashed lock unless it matches;
+                           print its python
   tidy                     check the architecture's dependency lines on this workspace
   bench <suite> [--smoke]  run a benchmark suite and write its Markdown report
   api-golden [--bless]     replay the HTTP API's golden corpus (crates/sandbox-app/tests/golden/
@@ -108,7 +119,12 @@ fn main() -> ExitCode {
             conformance::names()
         )),
         ["tidy"] => tidy(&Ctx::new()),
-        ["serve"] => serve::serve(&Ctx::new()),
+        ["serve"] => serve::serve(&Ctx::new(), false),
+        ["serve", "--debian"] => serve::serve(&Ctx::new(), true),
+        ["serve", ..] => usage_error("serve takes only --debian"),
+        ["agent"] => agent::run(&Ctx::new()),
+        ["debian-image"] => debian::run(&Ctx::new()),
+        ["sdk-venv"] => sdk_venv::run(&Ctx::new()),
         ["bench", rest @ ..] => {
             let smoke = rest.contains(&"--smoke");
             let names: Vec<&&str> = rest.iter().filter(|a| **a != "--smoke").collect();

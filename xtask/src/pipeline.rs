@@ -29,7 +29,7 @@ const DOCTEST_DEADLINE: Duration = Duration::from_secs(1800);
 /// adapter's `it` also holds the hermetic `tcp_guard` module, which runs here. `sandbox-app`'s
 /// `failover_docker` stays a binary of its own: it needs the store's failpoints, a feature set
 /// of its own, and would otherwise rebuild the whole `it` binary a second time.
-const HERMETIC_FILTER: &str = "not binary(conformance) and not (package(sandbox-provider-docker) and binary(it) and not test(/^tcp_guard::/)) and not (package(sandbox-session) and binary(it)) and not (package(sandbox-app) and (binary(it) | binary(failover_docker))) and not (package(sandbox-store-redis) and binary(it)) and not (package(xtask) and binary(it))";
+const HERMETIC_FILTER: &str = "not binary(conformance) and not (package(sandbox-provider-docker) and binary(it) and not test(/^tcp_guard::/)) and not (package(sandbox-session) and binary(it)) and not (package(sandbox-app) and (binary(it) | binary(failover_docker))) and not (package(sandbox-store-redis) and binary(it)) and not (package(xtask) and binary(it)) and not (package(sandbox-agent) and binary(it))";
 
 /// The tests that need the Docker engine beyond conformance, run by the docker stage: the
 /// adapter's engine, registry and `tcp://` TLS modules (egress runs in a stage of its own), the
@@ -68,11 +68,13 @@ const ALL_TOOLS: &[Tool] = &[
     Tool::Registry,
     Tool::NetTools,
     Tool::Redis,
+    Tool::StaticLibc,
+    Tool::Debootstrap,
 ];
 
 pub(crate) fn test(ctx: &Ctx) -> ExitCode {
     let mut stages = Stages::new();
-    let mut fixtures = Fixtures::new(&ctx.target);
+    let mut fixtures = Fixtures::new(&ctx.root, &ctx.target);
     let mut avail = Availability::default();
     let mut counts: Option<Counts> = None;
     println!(
@@ -87,7 +89,9 @@ pub(crate) fn test(ctx: &Ctx) -> ExitCode {
         verdict
     });
 
-    stages.run("fixtures", || fixtures_stage(ctx, &mut fixtures, &avail));
+    stages.run_steps("fixtures", |steps| {
+        fixtures_stage(ctx, steps, &mut fixtures, &avail)
+    });
 
     stages.run("fmt", || {
         if let Some(why) = avail.lacking(&[Tool::Rustfmt]) {
@@ -108,6 +112,22 @@ pub(crate) fn test(ctx: &Ctx) -> ExitCode {
     });
 
     stages.run("tidy", || tidy_stage(ctx));
+
+    // The static agent, checked; the docker engine stage hands its path to the tests that run
+    // it in containers (`SANDBOX_AGENT_BIN`).
+    let mut agent_bin = None;
+    stages.run("agent static build", || {
+        if let Some(why) = avail.lacking(crate::agent::TOOLS) {
+            return cannot_run(ctx, why);
+        }
+        match crate::agent::build(ctx) {
+            Ok(built) => {
+                agent_bin = Some(built.path);
+                Verdict::Passed
+            }
+            Err(e) => Verdict::Failed(e),
+        }
+    });
 
     stages.run_steps("hermetic tests", |steps| {
         if let Some(why) = avail.lacking(&[Tool::Nextest]) {
@@ -136,7 +156,14 @@ pub(crate) fn test(ctx: &Ctx) -> ExitCode {
     });
 
     stages.run_steps("docker engine tests", |steps| {
-        docker_engine_stage(ctx, steps, &mut fixtures, &avail, &mut counts)
+        docker_engine_stage(
+            ctx,
+            steps,
+            &mut fixtures,
+            &avail,
+            agent_bin.as_deref(),
+            &mut counts,
+        )
     });
 
     stages.run("egress", || {
@@ -149,7 +176,7 @@ pub(crate) fn test(ctx: &Ctx) -> ExitCode {
 /// `cargo xtask conformance <adapter>`: only what that adapter needs.
 pub(crate) fn conformance_one(ctx: &Ctx, adapter: &Adapter) -> ExitCode {
     let mut stages = Stages::new();
-    let mut fixtures = Fixtures::new(&ctx.target);
+    let mut fixtures = Fixtures::new(&ctx.root, &ctx.target);
     let mut avail = Availability::default();
     let mut counts = None;
 
@@ -220,27 +247,54 @@ fn finish(
     code
 }
 
-fn fixtures_stage(ctx: &Ctx, fixtures: &mut Fixtures, avail: &Availability) -> Verdict {
+fn fixtures_stage(
+    ctx: &Ctx,
+    steps: &mut Steps<'_>,
+    fixtures: &mut Fixtures,
+    avail: &Availability,
+) -> Verdict {
     if let Some(why) = avail.lacking(&[Tool::Docker, Tool::Busybox]) {
         return Verdict::NotRun(why);
     }
-    // Started even when no registered adapter needs them yet: the image and engine are part of
-    // the pipeline's contract, and a broken fixture should show up before the suites need it.
-    let result = fixtures
-        .ensure(conformance::Service::DockerEngine)
-        .and_then(|()| fixtures.ensure(conformance::Service::TestImage));
-    match result {
+    let judge = |result: Result<(), String>, what: &str| match result {
         Ok(()) => Verdict::Passed,
         Err(e) if ctx.ci => Verdict::Failed(e),
         Err(e) => Verdict::Warned(vec![format!(
-            "{e} (the suites that need Docker will not run; under CI=true this fails)"
+            "{e} (the suites that need {what} will not run; under CI=true this fails)"
         )]),
-    }
+    };
+    // Started even when no registered adapter needs them yet: the images and engine are part
+    // of the pipeline's contract, and a broken fixture should show up before the suites need
+    // it.
+    steps.run("engine and test image", || {
+        let result = fixtures
+            .ensure(conformance::Service::DockerEngine)
+            .and_then(|()| fixtures.ensure(conformance::Service::TestImage));
+        judge(result, "Docker")
+    });
+    // The image the SDKs expect of a sandbox; built once per recipe, then found by its tag.
+    steps.run("Debian sandbox image", || {
+        if let Some(why) = avail.lacking(&[Tool::Debootstrap]) {
+            return cannot_run(ctx, why);
+        }
+        judge(
+            fixtures.ensure(conformance::Service::DebianImage),
+            "the Debian image",
+        )
+    });
+    Verdict::Passed
 }
 
 fn cargo_step(ctx: &Ctx, args: &[&str], deadline: Duration) -> Verdict {
-    println!("    cargo {}", args.join(" "));
+    cargo_step_env(ctx, args, &[], deadline)
+}
+
+/// [`cargo_step`] with `env` set on that one command (and shown with it).
+fn cargo_step_env(ctx: &Ctx, args: &[&str], env: &[(&str, String)], deadline: Duration) -> Verdict {
+    let shown: String = env.iter().map(|(k, v)| format!("{k}={v} ")).collect();
+    println!("    {shown}cargo {}", args.join(" "));
     let mut cmd = ctx.cargo_cmd(args);
+    cmd.envs(env.iter().map(|(k, v)| (*k, v)));
     match process::run_with_deadline(&mut cmd, deadline, Output::Inherit) {
         Ok(o) if o.success() => Verdict::Passed,
         Ok(o) => Verdict::Failed(o.describe()),
@@ -367,11 +421,21 @@ fn hermetic_stage(ctx: &Ctx, steps: &mut Steps<'_>, counts: &mut Option<Counts>)
 
 /// One nextest run of the `ci` profile; its JUnit totals are printed and added to `counts`.
 fn counted_nextest(ctx: &Ctx, args: &[&str], counts: &mut Option<Counts>) -> Verdict {
+    counted_nextest_env(ctx, args, &[], counts)
+}
+
+/// [`counted_nextest`] with `env` set on the nextest command.
+fn counted_nextest_env(
+    ctx: &Ctx,
+    args: &[&str],
+    env: &[(&str, String)],
+    counts: &mut Option<Counts>,
+) -> Verdict {
     let junit = suite::junit_path(&ctx.target, CI_PROFILE);
     if let Err(e) = suite::remove_stale(&junit) {
         return Verdict::Failed(e);
     }
-    let nextest = cargo_step(ctx, args, NEXTEST_DEADLINE);
+    let nextest = cargo_step_env(ctx, args, env, NEXTEST_DEADLINE);
     match std::fs::read_to_string(&junit).map(|xml| junit::parse(&xml)) {
         Ok(Ok(cases)) => {
             let c = Counts::of(&cases);
@@ -399,6 +463,7 @@ fn docker_engine_stage(
     steps: &mut Steps<'_>,
     fixtures: &mut Fixtures,
     avail: &Availability,
+    agent_bin: Option<&std::path::Path>,
     counts: &mut Option<Counts>,
 ) -> Verdict {
     // The replica and failover tests start their own redis-server.
@@ -465,7 +530,13 @@ fn docker_engine_stage(
     ];
     // Each step runs even after an earlier one failed: they test different things, and the
     // order only keeps the `sandbox` binary from being rebuilt under running tests.
-    steps.run("engine tests", || counted_nextest(ctx, main, counts));
+    let agent_env: Vec<(&str, String)> = agent_bin
+        .map(|p| (xtask::agent_build::ENV_AGENT_BIN, p.display().to_string()))
+        .into_iter()
+        .collect();
+    steps.run("engine tests", || {
+        counted_nextest_env(ctx, main, &agent_env, counts)
+    });
     steps.run("failover (store failpoints)", || {
         counted_nextest(ctx, failover, counts)
     });

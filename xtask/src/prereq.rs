@@ -24,6 +24,12 @@ pub enum Tool {
     /// `redis-server` and `redis-cli`: the loopback Redis servers and cluster of the Redis store's
     /// tests.
     Redis,
+    /// Static glibc (`libc.a`), which the static link of `sandbox-agent` needs.
+    StaticLibc,
+    /// `debootstrap`: the root filesystem of the Debian sandbox image.
+    Debootstrap,
+    /// `python3` with its `venv` module: the venv of the official E2B Python SDK.
+    Python,
 }
 
 /// How to tell a prerequisite is present.
@@ -150,6 +156,28 @@ pub const PREREQUISITES: &[Prerequisite] = &[
         install: Install::Apt("redis-server"),
         reason: "xtask's readiness probes and `redis-cli --cluster create`",
     },
+    Prerequisite {
+        tool: Tool::StaticLibc,
+        what: "libc.a",
+        probe: Probe::File(crate::agent_build::STATIC_LIBC),
+        install: Install::Apt("libc6-dev"),
+        reason: "static glibc for the static link of sandbox-agent (+crt-static)",
+    },
+    Prerequisite {
+        tool: Tool::Debootstrap,
+        what: "debootstrap",
+        probe: Probe::Executable("debootstrap"),
+        install: Install::Apt("debootstrap"),
+        reason: "the root filesystem of the Debian sandbox image, from the machine's apt mirror",
+    },
+    Prerequisite {
+        tool: Tool::Python,
+        what: "python3",
+        probe: Probe::Executable("python3"),
+        // Debian's python3 has no `venv` without it; it depends on python3 itself.
+        install: Install::Apt("python3-venv"),
+        reason: "the venv that holds the official E2B Python SDK from its hashed lock",
+    },
 ];
 
 /// The prerequisites for `tools`.
@@ -218,6 +246,9 @@ mod tests {
             Tool::Registry,
             Tool::NetTools,
             Tool::Redis,
+            Tool::StaticLibc,
+            Tool::Debootstrap,
+            Tool::Python,
         ] {
             assert!(!for_tools(&[tool]).is_empty(), "{tool:?}");
         }

@@ -17,16 +17,28 @@ use crate::ui::Verdict;
 /// command is that act for a development machine.
 const ENABLE_DOCKER: (&str, &str) = ("SANDBOX_DOCKER_ENABLED", "true");
 
-pub(crate) fn serve(ctx: &Ctx) -> ExitCode {
+/// Which image sandboxes boot: the service's default unless the operator set one.
+const IMAGE_VAR: &str = "SANDBOX_DOCKER_IMAGE";
+
+pub(crate) fn serve(ctx: &Ctx, debian: bool) -> ExitCode {
     println!("xtask serve: preparing the local Docker engine and the default image");
-    let (_, verdict) = prereq_stage::ensure(ctx, &[Tool::Docker, Tool::Busybox], true);
+    let mut tools = vec![Tool::Docker, Tool::Busybox];
+    if debian {
+        tools.push(Tool::Debootstrap);
+    }
+    let (_, verdict) = prereq_stage::ensure(ctx, &tools, true);
     match verdict {
         Verdict::Failed(why) | Verdict::NotRun(why) => return fail(&why),
         Verdict::Warned(notes) => notes.iter().for_each(|n| println!("    note: {n}")),
         Verdict::Passed => {}
     }
-    let mut fixtures = Fixtures::kept(&ctx.target);
-    let ready = fixtures.ensure(Service::TestImage);
+    let mut fixtures = Fixtures::kept(&ctx.root, &ctx.target);
+    let mut ready = fixtures.ensure(Service::TestImage);
+    if debian && ready.is_ok() {
+        println!("xtask serve: the Debian sandbox image");
+        ready = fixtures.ensure(Service::DebianImage);
+    }
+    let debian_tag = fixtures.debian_image().map(str::to_owned);
     for problem in fixtures.cleanup() {
         println!("    warning: {problem}");
     }
@@ -51,6 +63,14 @@ pub(crate) fn serve(ctx: &Ctx) -> ExitCode {
     cmd.arg("serve").current_dir(&ctx.root);
     if std::env::var_os(ENABLE_DOCKER.0).is_none() {
         cmd.env(ENABLE_DOCKER.0, ENABLE_DOCKER.1);
+    }
+    if let Some(tag) = debian_tag {
+        if std::env::var_os(IMAGE_VAR).is_none() {
+            println!("xtask serve: sandboxes boot {tag} ({IMAGE_VAR})");
+            cmd.env(IMAGE_VAR, tag);
+        } else {
+            println!("xtask serve: {IMAGE_VAR} is set, so sandboxes do not boot {tag}");
+        }
     }
     println!("xtask serve: exec {} serve", binary.display());
     // Only returns on failure: from here on the process is the service, so Ctrl-C and SIGTERM

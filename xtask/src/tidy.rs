@@ -761,6 +761,7 @@ pub fn check_live(root: &Path) -> Result<Vec<Violation>, String> {
     violations.extend(crate::tidy_citations::check_tree(root)?);
     violations.extend(crate::tidy_tags::check_tree(root)?);
     violations.extend(crate::tidy_tests::check_workspace(root)?);
+    violations.extend(crate::tidy_unsafe::check_tree(root)?);
     Ok(violations)
 }
 

@@ -27,9 +27,10 @@ fn remove_namespace_containers(namespace: &str) {
     }
 }
 
-fn exec(sandbox: &Path, server: &str, token_file: &Path) -> Option<String> {
+fn exec(sandbox: &Path, server: &str, token_file: &Path, argv: &[&str]) -> Option<String> {
     let out = Command::new(sandbox)
-        .args(["exec", "probe", "--", "echo", "served"])
+        .args(["exec", "probe", "--"])
+        .args(argv)
         .env("SANDBOX_SERVER", server)
         .env("SANDBOX_TOKEN_FILE", token_file)
         .env_remove("SANDBOX_TOKEN")
@@ -44,6 +45,24 @@ fn exec(sandbox: &Path, server: &str, token_file: &Path) -> Option<String> {
 #[test]
 #[ignore = "needs a Docker engine: cargo xtask test runs it"]
 fn the_readme_run_command_serves_on_the_embedded_defaults() {
+    assert_eq!(serve_and_exec(&[], &["echo", "served"]), "served\n");
+}
+
+/// `--debian`: the sandboxes boot the Debian sandbox image (built by the fixtures stage, or
+/// here when missing), with the `user` account the SDKs expect.
+#[test]
+#[ignore = "needs a Docker engine and the Debian image: cargo xtask test runs it"]
+fn serve_debian_boots_the_debian_sandbox_image() {
+    let answer = serve_and_exec(
+        &["--debian"],
+        &["sh", "-c", "test -f /etc/debian_version && id -u user"],
+    );
+    assert_eq!(answer, "1000\n");
+}
+
+/// Runs `cargo xtask serve <args>` in a namespace of its own, execs `argv` in a sandbox through
+/// the `sandbox` CLI once it serves, SIGTERMs it (it must exit 0), and returns the output.
+fn serve_and_exec(args: &[&str], argv: &[&str]) -> String {
     let root = xtask::workspace::root();
     let target = xtask::workspace::target_dir(&root, &xtask::workspace::cargo());
     let sandbox = target.join("debug").join("sandbox");
@@ -60,6 +79,7 @@ fn the_readme_run_command_serves_on_the_embedded_defaults() {
     let log_file = std::fs::File::create(&log).unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_xtask"))
         .arg("serve")
+        .args(args)
         .current_dir(&root)
         .env("SANDBOX_LISTEN", format!("127.0.0.1:{port}"))
         .env("SANDBOX_DOCKER_NAMESPACE", &namespace)
@@ -82,7 +102,7 @@ fn the_readme_run_command_serves_on_the_embedded_defaults() {
             );
         }
         if token_file.exists()
-            && let Some(out) = exec(&sandbox, &server, &token_file)
+            && let Some(out) = exec(&sandbox, &server, &token_file, argv)
         {
             break out;
         }
@@ -95,7 +115,6 @@ fn the_readme_run_command_serves_on_the_embedded_defaults() {
         }
         std::thread::sleep(Duration::from_millis(250));
     };
-    assert_eq!(answer, "served\n");
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(text.contains("xtask serve: exec"), "{text}");
     assert!(text.contains("sandbox service listening"), "{text}");
@@ -120,6 +139,7 @@ fn the_readme_run_command_serves_on_the_embedded_defaults() {
     assert!(status.success(), "{status}");
     remove_namespace_containers(&namespace);
     let _ = std::fs::remove_dir_all(&dir);
+    answer
 }
 
 /// A random tag without a dependency (xtask keeps its dependencies to JSON).
