@@ -481,7 +481,8 @@ impl Inner {
                     ConnectError::new(Code::Internal, "the output ring refused its first reader")
                 })?;
                 let deadline = call.timeout.map(|t| began + t);
-                log::info!("process {pid} started: {command_line}");
+                // The program only: arguments may carry secrets.
+                log::info!("process {pid} started: {}", proc.config.cmd);
                 tokio::spawn(supervise(
                     Arc::clone(self),
                     proc,

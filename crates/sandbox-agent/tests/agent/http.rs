@@ -308,3 +308,19 @@ async fn unary_and_stream_framing_errors_are_connect_errors() {
         assert_eq!(messages.len(), 3, "{messages:?}");
     }
 }
+
+#[tokio::test]
+async fn request_heads_are_bounded_by_the_flag() {
+    let agent = TestAgent::with(|c| c.max_header_bytes = 16 * 1024).await;
+    let raw = raw_client(BOTH[0]);
+    let request = |size: usize| {
+        Request::get(format!("{}/health", agent.url()))
+            .header("x-padding", "p".repeat(size))
+            .body(Full::default())
+            .unwrap()
+    };
+    let small = raw.request(request(4 * 1024)).await.unwrap();
+    assert_eq!(small.status(), StatusCode::NO_CONTENT);
+    let large = raw.request(request(32 * 1024)).await.unwrap();
+    assert_eq!(large.status(), StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
+}
