@@ -60,6 +60,8 @@ pub struct Config {
     pub shutdown_grace: Duration,
     pub log_file: Option<PathBuf>,
     pub log_max_bytes: u64,
+    /// Where the agent logs (stderr, or `log_file` once the binary opened it).
+    pub log: crate::log::Log,
     /// Whether exited children the agent did not start (orphans it adopted) are reaped. Only
     /// a test turns this off, to show that zombies then remain.
     pub reap_orphans: bool,
@@ -107,6 +109,7 @@ impl Default for Config {
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             log_file: None,
             log_max_bytes: DEFAULT_LOG_MAX_BYTES,
+            log: crate::log::Log::stderr(),
             reap_orphans: true,
         }
     }

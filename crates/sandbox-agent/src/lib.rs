@@ -22,12 +22,13 @@ use crate::server::{Agent, Services};
 /// on `config.listen`, and on a stop signal forwards SIGTERM to every process group, waits up
 /// to the grace period, then returns.
 pub async fn run(config: Config, services: Services) -> std::io::Result<()> {
-    pid1::become_subreaper();
+    pid1::become_subreaper(&config.log);
     let children = pid1::Children::new(config.reap_orphans);
     let reaper = pid1::start_reaper(Arc::clone(&children))?;
     let listener = tokio::net::TcpListener::bind(config.listen).await?;
     let grace = config.shutdown_grace;
     log::info!(
+        config.log,
         "sandbox-agent {} listening on {} (default user {}, access token {})",
         env!("CARGO_PKG_VERSION"),
         listener.local_addr()?,
@@ -38,11 +39,13 @@ pub async fn run(config: Config, services: Services) -> std::io::Result<()> {
             "not required"
         }
     );
+    let log = config.log.clone();
     let agent = Agent::new(config, services, children);
     let stop = pid1::stop_requested();
     let server = tokio::spawn(server::serve(Arc::clone(&agent), listener));
     let signal = stop.await?;
     log::info!(
+        log,
         "{signal}: stopping; processes get {} ms to exit",
         grace.as_millis()
     );

@@ -9,7 +9,7 @@
 use std::fmt;
 use std::io::Write as _;
 use std::path::PathBuf;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 enum Sink {
@@ -55,15 +55,58 @@ impl FileSink {
     }
 }
 
-static SINK: OnceLock<Mutex<Sink>> = OnceLock::new();
+/// Where the agent logs; cheap to clone, every clone writes to the same sink.
+#[derive(Clone)]
+pub struct Log {
+    sink: Arc<Mutex<Sink>>,
+}
 
-/// Sends the log to `path` (bounded by `max_bytes`, see the module docs) from now on; without
-/// a call, lines go to stderr.
-pub fn to_file(path: PathBuf, max_bytes: u64) -> std::io::Result<()> {
-    let sink = Sink::File(FileSink::open(path, max_bytes)?);
-    match SINK.set(Mutex::new(sink)) {
-        Ok(()) => Ok(()),
-        Err(_) => Err(std::io::Error::other("the log sink is already set")),
+impl fmt::Debug for Log {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Log")
+    }
+}
+
+impl Default for Log {
+    fn default() -> Self {
+        Log::stderr()
+    }
+}
+
+impl Log {
+    /// Lines go to stderr.
+    pub fn stderr() -> Log {
+        Log {
+            sink: Arc::new(Mutex::new(Sink::Stderr)),
+        }
+    }
+
+    /// Lines go to `path`, bounded by `max_bytes` (see the module docs).
+    pub fn to_file(path: PathBuf, max_bytes: u64) -> std::io::Result<Log> {
+        Ok(Log {
+            sink: Arc::new(Mutex::new(Sink::File(FileSink::open(path, max_bytes)?))),
+        })
+    }
+
+    /// Writes one line: seconds since the epoch, the level, the message.
+    pub fn line(&self, level: &str, message: fmt::Arguments<'_>) {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        let text = format!(
+            "{}.{:03} {level} {message}\n",
+            now.as_secs(),
+            now.subsec_millis()
+        );
+        let Ok(mut sink) = self.sink.lock() else {
+            return;
+        };
+        match &mut *sink {
+            Sink::Stderr => {
+                let _ = std::io::stderr().write_all(text.as_bytes());
+            }
+            Sink::File(file) => file.write(&text),
+        }
     }
 }
 
@@ -74,35 +117,13 @@ fn open_append(path: &std::path::Path) -> std::io::Result<std::fs::File> {
         .open(path)
 }
 
-/// Writes one line: seconds since the epoch, the level, the message.
-pub fn line(level: &str, message: fmt::Arguments<'_>) {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    let text = format!(
-        "{}.{:03} {level} {message}\n",
-        now.as_secs(),
-        now.subsec_millis()
-    );
-    let sink = SINK.get_or_init(|| Mutex::new(Sink::Stderr));
-    let Ok(mut sink) = sink.lock() else {
-        return;
-    };
-    match &mut *sink {
-        Sink::Stderr => {
-            let _ = std::io::stderr().write_all(text.as_bytes());
-        }
-        Sink::File(file) => file.write(&text),
-    }
-}
-
 /// Logs at level `info`.
 macro_rules! info {
-    ($($arg:tt)*) => { $crate::log::line("info", format_args!($($arg)*)) };
+    ($log:expr, $($arg:tt)*) => { $log.line("info", format_args!($($arg)*)) };
 }
 /// Logs at level `warn`.
 macro_rules! warning {
-    ($($arg:tt)*) => { $crate::log::line("warn", format_args!($($arg)*)) };
+    ($log:expr, $($arg:tt)*) => { $log.line("warn", format_args!($($arg)*)) };
 }
 pub(crate) use {info, warning};
 

@@ -8,7 +8,7 @@ use sandbox_agent::server::Services;
 
 fn main() -> ExitCode {
     let command = config::parse(std::env::args_os().skip(1), |k| std::env::var_os(k));
-    let config = match command {
+    let mut config = match command {
         Ok(Command::Run(config)) => *config,
         Ok(Command::Help) => {
             let _ = std::io::stdout().write_all(config::usage().as_bytes());
@@ -32,18 +32,23 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if let Some(path) = &config.log_file
-        && let Err(e) = sandbox_agent::log::to_file(path.clone(), config.log_max_bytes)
-    {
-        let _ = writeln!(
-            std::io::stderr(),
-            "sandbox-agent: --log-file {}: {e}",
-            path.display()
-        );
-        return ExitCode::from(2);
+    if let Some(path) = &config.log_file {
+        match sandbox_agent::log::Log::to_file(path.clone(), config.log_max_bytes) {
+            Ok(log) => config.log = log,
+            Err(e) => {
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "sandbox-agent: --log-file {}: {e}",
+                    path.display()
+                );
+                return ExitCode::from(2);
+            }
+        }
     }
     if let Err(e) = sandbox_agent::sys::mark_inherited_close_on_exec() {
-        sandbox_agent::log::line("warn", format_args!("listing inherited descriptors: {e}"));
+        config
+            .log
+            .line("warn", format_args!("listing inherited descriptors: {e}"));
     }
     // One thread: the agent's work is waiting on sockets, pipes and timers.
     let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -59,10 +64,11 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let log = config.log.clone();
     match runtime.block_on(sandbox_agent::run(config, Services::default())) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            sandbox_agent::log::line("error", format_args!("{e}"));
+            log.line("error", format_args!("{e}"));
             ExitCode::FAILURE
         }
     }

@@ -156,9 +156,12 @@ pub fn start_reaper(children: Arc<Children>) -> io::Result<tokio::task::JoinHand
 }
 
 /// Makes the agent the adopter of its descendants' orphans even when it is not PID 1.
-pub fn become_subreaper() {
+pub fn become_subreaper(log: &crate::log::Log) {
     if let Err(e) = rustix::process::set_child_subreaper(Some(rustix::process::getpid())) {
-        log::warning!("PR_SET_CHILD_SUBREAPER failed: {e}; orphans go to the real init");
+        log::warning!(
+            log,
+            "PR_SET_CHILD_SUBREAPER failed: {e}; orphans go to the real init"
+        );
     }
 }
 

@@ -482,7 +482,11 @@ impl Inner {
                 })?;
                 let deadline = call.timeout.map(|t| began + t);
                 // The program only: arguments may carry secrets.
-                log::info!("process {pid} started: {}", proc.config.cmd);
+                log::info!(
+                    self.config.log,
+                    "process {pid} started: {}",
+                    proc.config.cmd
+                );
                 tokio::spawn(supervise(
                     Arc::clone(self),
                     proc,
@@ -762,7 +766,9 @@ async fn supervise(
         Some(at) => tokio::select! {
             status = &mut exit => status,
             () = tokio::time::sleep_until(at) => {
-                log::info!("process {}: its Start deadline passed, killing its process group", proc.pid);
+                log::info!(
+                    inner.config.log,
+                    "process {}: its Start deadline passed, killing its process group", proc.pid);
                 kill_group(proc.pid, Signal::KILL);
                 exit.await
             }
@@ -790,7 +796,12 @@ async fn supervise(
             error: Some("the agent stopped before the process's exit was seen".to_owned()),
         },
     };
-    log::info!("process {} ended: {}", proc.pid, end.status);
+    log::info!(
+        inner.config.log,
+        "process {} ended: {}",
+        proc.pid,
+        end.status
+    );
     proc.output.finish(end);
     proc.pty
         .lock()

@@ -75,7 +75,7 @@ pub async fn serve(agent: Arc<Agent>, listener: TcpListener) {
             Ok((stream, _)) => stream,
             Err(e) => {
                 // Out of file descriptors, most likely: wait instead of spinning.
-                log::warning!("accept failed: {e}");
+                log::warning!(agent.config.log, "accept failed: {e}");
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }

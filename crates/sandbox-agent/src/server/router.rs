@@ -136,7 +136,7 @@ fn resolve_user(agent: &Agent, headers: &HeaderMap) -> Result<User, ConnectError
         Ok(Some(user)) => Ok(user),
         Ok(None) => Err(refused()),
         Err(e) => {
-            log::warning!("looking up user '{name}': {e}");
+            log::warning!(agent.config.log, "looking up user '{name}': {e}");
             Err(refused())
         }
     }
