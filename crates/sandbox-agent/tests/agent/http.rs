@@ -17,14 +17,7 @@ async fn health_needs_no_token_and_everything_else_does() {
     let agent = TestAgent::start().await;
     for http in BOTH {
         let raw = raw_client(http);
-        let health = raw
-            .request(
-                Request::get(format!("{}/health", agent.url()))
-                    .body(Full::default())
-                    .unwrap(),
-            )
-            .await
-            .unwrap();
+        let health = crate::get(&raw, &agent.url(), "/health").await;
         assert_eq!(health.status(), StatusCode::NO_CONTENT);
         assert!(body_bytes(health).await.is_empty());
 
@@ -146,13 +139,7 @@ async fn users_come_from_basic_auth_and_unknown_ones_are_unauthenticated() {
         assert_eq!(e.kind(), ErrorKind::Authentication, "{e}");
         assert!(e.message().contains("invalid username: 'ghost'"), "{e}");
         // On a stream the same error travels in the end-of-stream message.
-        let e = match ghost
-            .start(&start_request("true", &[]), CallOptions::new())
-            .await
-        {
-            Ok(mut s) => s.message().await.unwrap_err(),
-            Err(e) => e,
-        };
+        let e = crate::start_error(&ghost, &start_request("true", &[])).await;
         assert_eq!(e.kind(), ErrorKind::Authentication, "{e}");
     }
     // A default user that does not exist is refused as such.
@@ -176,14 +163,7 @@ async fn services_not_built_yet_say_so() {
     assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
     assert!(e.message().contains("not built"), "{e}");
     let raw = raw_client(BOTH[0]);
-    let response = raw
-        .request(
-            Request::get(format!("{}/files?path=/etc/hostname", agent.url()))
-                .body(Full::default())
-                .unwrap(),
-        )
-        .await
-        .unwrap();
+    let response = crate::get(&raw, &agent.url(), "/files?path=/etc/hostname").await;
     assert_eq!(response.status(), StatusCode::NOT_IMPLEMENTED);
 }
 

@@ -297,3 +297,44 @@ pub(crate) async fn eventually(limit: Duration, what: &str, mut check: impl FnMu
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// The error a Start refused with (a stream's error travels in its end-of-stream message).
+pub(crate) async fn start_error(
+    client: &EnvdClient<GuardedConnector>,
+    request: &ps::StartRequest,
+) -> sandbox_core::Error {
+    match client
+        .start(request, sandbox_transport::envd::CallOptions::new())
+        .await
+    {
+        Ok(mut s) => s.message().await.unwrap_err(),
+        Err(e) => e,
+    }
+}
+
+/// SIGKILLs the process group of `pid`.
+pub(crate) async fn kill(client: &EnvdClient<GuardedConnector>, pid: u32) {
+    client
+        .send_signal(
+            ps::ProcessSelector::pid(pid),
+            ps::Signal::Sigkill,
+            sandbox_transport::envd::CallOptions::new(),
+        )
+        .await
+        .unwrap();
+}
+
+/// A plain `GET` of `path`.
+pub(crate) async fn get(
+    raw: &Client<GuardedConnector, Full<Bytes>>,
+    url: &str,
+    path: &str,
+) -> Response<Incoming> {
+    raw.request(
+        Request::get(format!("{url}{path}"))
+            .body(Full::default())
+            .unwrap(),
+    )
+    .await
+    .unwrap()
+}

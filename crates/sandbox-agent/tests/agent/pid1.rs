@@ -159,7 +159,11 @@ async fn orphans_are_reaped_and_stay_zombies_without_the_reaper() {
     // The same with the reaper limited to the agent's own children: the orphans stay zombies.
     let agent = AgentProcess::start(&["--no-reap-orphans"]);
     run_orphan_makers(&agent, 20).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Each orphan becomes a zombie as its `sleep 0.05` ends (later on a loaded machine).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while zombies_of(agent.pid()) < 20 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     assert_eq!(
         zombies_of(agent.pid()),
         20,
@@ -178,10 +182,25 @@ async fn sigterm_stops_every_process_group_within_the_grace() {
     let polite = pid_of(&mut polite).await;
     // This one ignores SIGTERM (and so does its child): only the SIGKILL after the grace ends it.
     let mut stubborn = client
-        .start(&sh("trap '' TERM; sleep 30; true"), CallOptions::new())
+        .start(
+            &sh("trap '' TERM; echo ready; sleep 30; true"),
+            CallOptions::new(),
+        )
         .await
         .unwrap();
-    let stubborn = pid_of(&mut stubborn).await;
+    let stubborn_pid = pid_of(&mut stubborn).await;
+    // The trap must be set before the agent is stopped.
+    let mut ready = Vec::new();
+    while !ready.ends_with(b"ready\n") {
+        if let sandbox_envd::process::process_event::Event::Data(d) =
+            crate::next_event(&mut stubborn).await
+            && let Some(sandbox_envd::process::process_event::data_event::Output::Stdout(b)) =
+                d.output
+        {
+            ready.extend(b);
+        }
+    }
+    let stubborn = stubborn_pid;
     let listed = client.list(CallOptions::new()).await.unwrap();
     assert_eq!(listed.len(), 2);
 

@@ -8,8 +8,8 @@ use sandbox_envd::process::{self as ps, ProcessInput, ProcessSelector};
 use sandbox_transport::envd::CallOptions;
 
 use crate::{
-    BOTH, TestAgent, drain, envelope, eventually, pid_of, raw_client, read_stream, rpc_request, sh,
-    start_request,
+    BOTH, TestAgent, drain, envelope, eventually, kill, pid_of, raw_client, read_stream,
+    rpc_request, sh, start_error, start_request,
 };
 
 #[tokio::test]
@@ -45,23 +45,14 @@ async fn start_streams_output_in_order_and_one_end() {
         // A cwd that does not exist, and a program that does not.
         let mut request = start_request("/bin/true", &[]);
         request.process.as_mut().unwrap().cwd = Some("/nonexistent/dir".into());
-        let e = match client.start(&request, CallOptions::new()).await {
-            Ok(mut s) => s.message().await.unwrap_err(),
-            Err(e) => e,
-        };
+        let e = start_error(&client, &request).await;
         assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{e}");
         assert!(
             e.message()
                 .contains("cwd '/nonexistent/dir' does not exist"),
             "{e}"
         );
-        let e = match client
-            .start(&start_request("/nonexistent/prog", &[]), CallOptions::new())
-            .await
-        {
-            Ok(mut s) => s.message().await.unwrap_err(),
-            Err(e) => e,
-        };
+        let e = start_error(&client, &start_request("/nonexistent/prog", &[])).await;
         assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{e}");
         assert!(
             e.message()
@@ -330,14 +321,7 @@ async fn unsupported_signals_are_unimplemented() {
         .await
         .unwrap();
     assert_eq!(response.status(), hyper::StatusCode::NOT_IMPLEMENTED);
-    client
-        .send_signal(
-            ProcessSelector::pid(pid),
-            ps::Signal::Sigkill,
-            CallOptions::new(),
-        )
-        .await
-        .unwrap();
+    kill(&client, pid).await;
     assert_eq!(
         drain(&mut stream).await.end.unwrap().status,
         "signal: killed"
@@ -491,14 +475,7 @@ async fn the_ring_is_bounded_and_replay_resumes_where_asked() {
     // Kill the process so the replay ends, then read what came.
     let reader = tokio::spawn(read_stream(response));
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let kill = agent.client(BOTH[0]);
-    kill.send_signal(
-        ProcessSelector::pid(pid),
-        ps::Signal::Sigkill,
-        CallOptions::new(),
-    )
-    .await
-    .unwrap();
+    kill(&agent.client(BOTH[0]), pid).await;
     let (messages, end) = reader.await.unwrap();
     assert_eq!(end, sandbox_envd::EndStreamMessage::ok());
     let replayed: Vec<u8> = messages
@@ -553,10 +530,7 @@ async fn limits_answer_resource_exhausted() {
         .await
         .unwrap();
     let pid = pid_of(&mut first).await;
-    let e = match client.start(&sh("true"), CallOptions::new()).await {
-        Ok(mut s) => s.message().await.unwrap_err(),
-        Err(e) => e,
-    };
+    let e = start_error(&client, &sh("true")).await;
     assert_eq!(e.kind(), ErrorKind::Capacity, "{e}");
     assert!(e.message().contains("--max-processes"), "{e}");
 
@@ -586,14 +560,7 @@ async fn limits_answer_resource_exhausted() {
     assert!(e.message().contains("--stdin-buffer-bytes"), "{e}");
     // The pipe (64 KiB on Linux) plus the 4 KiB buffer, give or take a chunk.
     assert!(sent < 200, "{sent} KiB accepted");
-    client
-        .send_signal(
-            ProcessSelector::pid(pid),
-            ps::Signal::Sigkill,
-            CallOptions::new(),
-        )
-        .await
-        .unwrap();
+    kill(&client, pid).await;
     drain(&mut first).await;
     // Once it is gone, a new process may start.
     eventually(Duration::from_secs(5), "the slot to free", || {
@@ -675,14 +642,7 @@ async fn pty_processes_take_pty_input_and_resize() {
             .await
             .unwrap_err();
         assert!(e.message().contains("tty not assigned"), "{e}");
-        client
-            .send_signal(
-                ProcessSelector::pid(pid),
-                ps::Signal::Sigkill,
-                CallOptions::new(),
-            )
-            .await
-            .unwrap();
+        kill(&client, pid).await;
         drain(&mut plain).await;
     }
 }
