@@ -8,7 +8,6 @@
 mod http;
 mod pid1;
 mod process;
-mod robustness;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -3,6 +3,11 @@
 //! cut mid-stream. No panic; every answer is a well-formed Connect (or envd HTTP) success or
 //! error; and after all the cases the runtime's tasks and the process's descriptors are back
 //! to where they were.
+//!
+//! A test binary of its own: descriptors are counted for the whole process, so no other test
+//! may run beside it.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,7 +23,7 @@ use sandbox_agent::pid1::Children;
 use sandbox_agent::server::{Agent, Services};
 use sandbox_envd::{DecoderConfig, EnvelopeDecoder, all_methods};
 
-use crate::Accounts;
+use sandbox_agent::users::AccountFiles;
 
 const CASES: u32 = 10_000;
 const MAX_MESSAGE: usize = 1024;
@@ -242,12 +247,20 @@ fn arbitrary_requests_get_valid_answers_and_leak_nothing() {
         .enable_all()
         .build()
         .unwrap();
-    let accounts = Accounts::new();
+    // The test's own uid as `user`, so Basic `user:` resolves (nothing is started here).
+    let dir = tempfile::tempdir().unwrap();
+    let accounts = AccountFiles {
+        passwd: dir.path().join("passwd"),
+        group: dir.path().join("group"),
+    };
+    let uid = rustix::process::getuid().as_raw();
+    std::fs::write(&accounts.passwd, format!("user:x:{uid}:{uid}::/:/bin/sh\n")).unwrap();
+    std::fs::write(&accounts.group, "user:x:0:\n").unwrap();
     let agent = runtime.block_on(async {
         let config = Config {
             default_user: "user".into(),
             access_token: Some("t".into()),
-            accounts: accounts.files.clone(),
+            accounts,
             max_message_bytes: MAX_MESSAGE,
             reap_orphans: false,
             ..Config::default()
