@@ -267,3 +267,74 @@ async fn processes_do_not_share_the_agents_stdout_or_stderr() {
         "signal: killed"
     );
 }
+
+/// The agent's resident memory, from `/proc/<pid>/status`.
+fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kb * 1024
+}
+
+#[tokio::test]
+async fn floods_and_stalled_readers_cannot_grow_the_agents_memory() {
+    const MIB: u64 = 1024 * 1024;
+    let agent = AgentProcess::start(&[
+        "--output-ring-bytes",
+        "1048576",
+        "--stdin-buffer-bytes",
+        "1048576",
+    ]);
+    let client = agent.client();
+    // Warm up (the first requests allocate the runtime's and hyper's buffers).
+    for _ in 0..3 {
+        let mut s = client
+            .start(&sh("echo warm"), CallOptions::new())
+            .await
+            .unwrap();
+        pid_of(&mut s).await;
+        drain(&mut s).await;
+    }
+    let baseline = rss_bytes(agent.pid());
+
+    // 1. A process writing 500 MB to a client that never reads its stream.
+    let mut stalled = client
+        .start(&sh("head -c 500000000 /dev/zero"), CallOptions::new())
+        .await
+        .unwrap();
+    let producer = pid_of(&mut stalled).await;
+    // 2. Input flooding a process that never reads it, until the agent refuses more.
+    let mut deaf = client
+        .start(&sh("sleep 60"), CallOptions::new())
+        .await
+        .unwrap();
+    let deaf_pid = pid_of(&mut deaf).await;
+    let chunk = vec![b'x'; 64 * 1024];
+    let mut refused = false;
+    for _ in 0..200 {
+        let sent = client
+            .send_input(
+                ProcessSelector::pid(deaf_pid),
+                sandbox_envd::process::ProcessInput::stdin(chunk.clone()),
+                CallOptions::new(),
+            )
+            .await;
+        if let Err(e) = sent {
+            assert_eq!(e.kind(), sandbox_core::ErrorKind::Capacity, "{e}");
+            refused = true;
+            break;
+        }
+    }
+    assert!(refused, "12.5 MiB of input were all accepted");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let grown = rss_bytes(agent.pid()).saturating_sub(baseline);
+    // The ring (1 MiB), the input buffer (1 MiB), a few stream messages and socket buffers.
+    assert!(grown < 16 * MIB, "the agent grew by {} MiB", grown / MIB);
+    // The producer is held by back-pressure, not finished: most of its output is unread.
+    assert!(processes().iter().any(|(p, _, _)| *p == producer));
+    drop(stalled);
+    drop(deaf);
+}
