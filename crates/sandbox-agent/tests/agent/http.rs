@@ -304,3 +304,29 @@ async fn request_heads_are_bounded_by_the_flag() {
     let large = raw.request(request(32 * 1024)).await.unwrap();
     assert_eq!(large.status(), StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
 }
+
+#[tokio::test]
+async fn h2_streams_per_connection_are_bounded_by_the_flag() {
+    let agent = TestAgent::with(|c| c.h2_max_streams = 1).await;
+    // One HTTP/2 connection: while a Start stream is open, the next call waits for it.
+    let client = agent.client(sandbox_transport::envd::HttpVersion::Http2);
+    let mut stream = client
+        .start(&crate::sh("sleep 1"), CallOptions::new())
+        .await
+        .unwrap();
+    crate::pid_of(&mut stream).await;
+    let waiting = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            let began = std::time::Instant::now();
+            client.list(CallOptions::new()).await.unwrap();
+            began.elapsed()
+        })
+    };
+    crate::drain(&mut stream).await;
+    let waited = waiting.await.unwrap();
+    assert!(
+        waited >= std::time::Duration::from_millis(700),
+        "the second stream did not wait: {waited:?}"
+    );
+}
