@@ -1,7 +1,59 @@
 //! `sandbox-agent`: the in-sandbox daemon that speaks envd (see the README for its status).
 //!
-//! The library holds everything the binary runs, so tests can drive the agent in-process.
+//! The library holds everything the binary runs, so tests can drive the agent in-process:
+//! [`server::Agent`] answers requests, [`server::serve`] accepts connections, [`run`] is the
+//! whole binary (PID 1 duties included).
 
+pub mod config;
+pub mod connect;
 pub mod files;
 pub mod fs;
+pub mod log;
+pub mod mounted;
+pub mod pid1;
+pub mod process;
+pub mod server;
+pub mod sys;
 pub mod users;
+
+use std::sync::Arc;
+
+use crate::config::Config;
+use crate::server::{Agent, Services};
+
+/// Runs the agent until SIGTERM or SIGINT: becomes the subreaper, starts the reaper, serves
+/// on `config.listen`, and on a stop signal forwards SIGTERM to every process group, waits up
+/// to the grace period, then returns.
+pub async fn run(config: Config, services: Services) -> std::io::Result<()> {
+    pid1::become_subreaper(&config.log);
+    let children = pid1::Children::new(config.reap_orphans);
+    let reaper = pid1::start_reaper(Arc::clone(&children))?;
+    let listener = tokio::net::TcpListener::bind(config.listen).await?;
+    let grace = config.shutdown_grace;
+    log::info!(
+        config.log,
+        "sandbox-agent {} listening on {} (default user {}, access token {})",
+        env!("CARGO_PKG_VERSION"),
+        listener.local_addr()?,
+        config.default_user,
+        if config.access_token.is_some() {
+            "required"
+        } else {
+            "not required"
+        }
+    );
+    let log = config.log.clone();
+    let agent = Agent::new(config, services, children);
+    let stop = pid1::stop_requested();
+    let server = tokio::spawn(server::serve(Arc::clone(&agent), listener));
+    let signal = stop.await?;
+    log::info!(
+        log,
+        "{signal}: stopping; processes get {} ms to exit",
+        grace.as_millis()
+    );
+    server.abort();
+    agent.process().shutdown(grace).await;
+    reaper.abort();
+    Ok(())
+}

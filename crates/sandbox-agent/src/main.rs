@@ -1,13 +1,75 @@
-//! Placeholder binary `sandbox-agent`: this crate is not built yet (see its README).
-//!
-//! It exits with status 2 and says so, rather than pretending to work: a script or an operator
-//! that runs it gets a clear answer instead of a silent success.
+//! The `sandbox-agent` binary: parses its flags and runs the agent (see the crate README).
 
 use std::io::Write as _;
 use std::process::ExitCode;
 
+use sandbox_agent::config::{self, Command};
+
 fn main() -> ExitCode {
-    // Nothing useful can be done if stderr is closed; the exit status still tells the truth.
-    let _ = writeln!(std::io::stderr(), "sandbox-agent: not built yet");
-    ExitCode::from(2)
+    let command = config::parse(std::env::args_os().skip(1), |k| std::env::var_os(k));
+    let mut config = match command {
+        Ok(Command::Run(config)) => *config,
+        Ok(Command::Help) => {
+            let _ = std::io::stdout().write_all(config::usage().as_bytes());
+            return ExitCode::SUCCESS;
+        }
+        Ok(Command::Version) => {
+            let _ = writeln!(
+                std::io::stdout(),
+                "sandbox-agent {}",
+                env!("CARGO_PKG_VERSION")
+            );
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            // Nothing useful can be done if stderr is closed; the exit status still tells.
+            let _ = writeln!(
+                std::io::stderr(),
+                "sandbox-agent: {e}\n\n{}",
+                config::usage()
+            );
+            return ExitCode::from(2);
+        }
+    };
+    if let Some(path) = &config.log_file {
+        match sandbox_agent::log::Log::to_file(path.clone(), config.log_max_bytes) {
+            Ok(log) => config.log = log,
+            Err(e) => {
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "sandbox-agent: --log-file {}: {e}",
+                    path.display()
+                );
+                return ExitCode::from(2);
+            }
+        }
+    }
+    if let Err(e) = sandbox_agent::sys::mark_inherited_close_on_exec() {
+        config
+            .log
+            .line("warn", format_args!("listing inherited descriptors: {e}"));
+    }
+    // One thread: the agent's work is waiting on sockets, pipes and timers.
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            let _ = writeln!(
+                std::io::stderr(),
+                "sandbox-agent: starting the runtime: {e}"
+            );
+            return ExitCode::FAILURE;
+        }
+    };
+    let log = config.log.clone();
+    let services = sandbox_agent::mounted::builtin(&config);
+    match runtime.block_on(sandbox_agent::run(config, services)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            log.line("error", format_args!("{e}"));
+            ExitCode::FAILURE
+        }
+    }
 }
