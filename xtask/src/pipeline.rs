@@ -34,7 +34,7 @@ const HERMETIC_FILTER: &str = "not binary(conformance) and not (package(sandbox-
 /// The tests that need the Docker engine beyond conformance, run by the docker stage: the
 /// adapter's engine, registry and `tcp://` TLS modules (egress runs in a stage of its own), the
 /// session manager over the real adapter and the service's engine tests.
-const DOCKER_ENGINE_FILTER: &str = "(package(sandbox-provider-docker) and binary(it) and not test(/^egress::/) and not test(/^tcp_guard::/)) | (package(sandbox-session) and binary(it)) | (package(sandbox-app) and binary(it))";
+const DOCKER_ENGINE_FILTER: &str = "(package(sandbox-provider-docker) and binary(it) and not test(/^egress::/) and not test(/^tcp_guard::/)) | (package(sandbox-session) and binary(it)) | (package(sandbox-app) and binary(it)) | (package(sandbox-agent) and binary(it) and test(/^pid1_docker::/))";
 
 /// The tests that need the Redis fixtures beyond conformance, run by the redis stage: the Redis
 /// store's `it` binary and xtask's own check of the fixtures.
@@ -45,6 +45,9 @@ const EGRESS_FILTER: &str = "package(sandbox-provider-docker) and binary(it) and
 
 /// xtask's check of the README's run command, last in the docker stage.
 const SERVE_FILTER: &str = "package(xtask) and binary(it) and test(/^serve_docker::/)";
+
+/// The official E2B Python SDK's scenario against the agent, run by the e2b sdk stage.
+const SDK_FILTER: &str = "package(sandbox-agent) and binary(it) and test(/^sdk::/)";
 
 /// The failover test, run alone with the store's failpoints compiled in.
 const FAILOVER_FILTER: &str = "package(sandbox-app) and binary(failover_docker)";
@@ -70,6 +73,7 @@ const ALL_TOOLS: &[Tool] = &[
     Tool::Redis,
     Tool::StaticLibc,
     Tool::Debootstrap,
+    Tool::Python,
 ];
 
 pub(crate) fn test(ctx: &Ctx) -> ExitCode {
@@ -168,6 +172,10 @@ pub(crate) fn test(ctx: &Ctx) -> ExitCode {
 
     stages.run("egress", || {
         egress_stage(ctx, &mut fixtures, &avail, &mut counts)
+    });
+
+    stages.run("e2b sdk", || {
+        sdk_stage(ctx, &mut fixtures, &avail, &mut counts)
     });
 
     finish(ctx, stages, fixtures, counts)
@@ -544,6 +552,37 @@ fn docker_engine_stage(
     Verdict::Passed
 }
 
+/// The official E2B Python SDK (PyPI `e2b`, from the hashed lock's venv) as a real client of the
+/// agent: its scenario runs against the agent started on the host by the test.
+fn sdk_stage(
+    ctx: &Ctx,
+    fixtures: &mut Fixtures,
+    avail: &Availability,
+    counts: &mut Option<Counts>,
+) -> Verdict {
+    if let Some(why) = avail.lacking(&[Tool::Nextest, Tool::Python]) {
+        return cannot_run(ctx, why);
+    }
+    if let Err(e) = fixtures.ensure(conformance::Service::SdkVenv) {
+        return cannot_run(ctx, e);
+    }
+    let env = fixtures.test_env(&[conformance::Service::SdkVenv]);
+    let args: &[&str] = &[
+        "nextest",
+        "run",
+        "--workspace",
+        "--profile",
+        CI_PROFILE,
+        "--run-ignored",
+        "only",
+        "--no-tests",
+        "fail",
+        "-E",
+        SDK_FILTER,
+    ];
+    counted_nextest_env(ctx, args, &env, counts)
+}
+
 /// The tests that need real Redis servers beyond conformance: the Redis store's `redis_*` binaries
 /// and xtask's own fixture test, given the standalone server and the cluster through
 /// `SANDBOX_TEST_REDIS_URL` and `SANDBOX_TEST_REDIS_CLUSTER_NODES`. The servers are the ones the
@@ -778,7 +817,11 @@ mod tests {
             .collect();
         assert_eq!(
             with_defaults,
-            vec![root.join("crates/sandbox-app/Cargo.toml").display().to_string()],
+            vec![
+                root.join("crates/sandbox-app/Cargo.toml")
+                    .display()
+                    .to_string()
+            ],
             "a member with default features is also switched by the feature-set runs"
         );
     }
@@ -799,6 +842,12 @@ mod tests {
             (HERMETIC_FILTER, docker, "tcp_guard"),
             (SERVE_FILTER, "xtask/tests/it", "serve_docker"),
             (REDIS_FILTER, "xtask/tests/it", "redis_fixture"),
+            (SDK_FILTER, "crates/sandbox-agent/tests/it", "sdk"),
+            (
+                DOCKER_ENGINE_FILTER,
+                "crates/sandbox-agent/tests/it",
+                "pid1_docker",
+            ),
         ] {
             assert!(
                 filter.contains(&format!("test(/^{module}::/)")),
