@@ -219,6 +219,8 @@ impl ServiceConfig {
                 let table: toml::Table = toml::from_str(&text)
                     .map_err(|e| ConfigError(format!("config {}: {e}", path.display())))?;
                 // The file alone first, so its own mistakes are reported as the file's.
+                refuse_compiled_out(&table, &[])
+                    .map_err(|e| ConfigError(format!("config {}: {e}", path.display())))?;
                 deserialize(table.clone())
                     .map_err(|e| ConfigError(format!("config {}: {e}", path.display())))?;
                 table
@@ -226,6 +228,7 @@ impl ServiceConfig {
             None => toml::Table::new(),
         };
         let applied = overlay(&mut table, env)?;
+        refuse_compiled_out(&table, &applied).map_err(ConfigError)?;
         let config = deserialize(table).map_err(|e| ConfigError(blame(&applied, &e)))?;
         config.validate()?;
         Ok(config)
@@ -296,6 +299,40 @@ impl ServiceConfig {
 
 /// The most connections `server.max_connections` may name.
 pub const MAX_CONNECTIONS: usize = 1_000_000;
+
+/// The config sections that exist only when their cargo feature is built in. Without the
+/// feature serde would say "unknown field `docker`", which reads like a typo; the operator
+/// needs to hear that this build lacks the backend or store, and which feature adds it.
+const FEATURE_SECTIONS: &[(&str, &str, bool)] = &[
+    ("docker", "docker", cfg!(feature = "docker")),
+    ("redis", "redis", cfg!(feature = "redis")),
+];
+
+/// Refuses a section of `table` whose feature this build lacks, naming the feature and, when
+/// the environment put it there, the variables that did.
+fn refuse_compiled_out(table: &toml::Table, applied: &[&EnvVar]) -> Result<(), String> {
+    for (section, feature, built) in FEATURE_SECTIONS {
+        if *built || !table.contains_key(*section) {
+            continue;
+        }
+        let prefix = format!("{section}.");
+        let from_env: Vec<&str> = applied
+            .iter()
+            .filter(|row| row.key.starts_with(&prefix))
+            .map(|row| row.name)
+            .collect();
+        let source = if from_env.is_empty() {
+            format!("the section [{section}]")
+        } else {
+            from_env.join(", ")
+        };
+        return Err(format!(
+            "{source} configures {section}, but this build has no {section} support; \
+             rebuild with the cargo feature `{feature}` (the `sandbox` binary has it by default)"
+        ));
+    }
+    Ok(())
+}
 
 /// `table` as the service config; the error on one line, ending with the key at fault.
 fn deserialize(table: toml::Table) -> Result<ServiceConfig, String> {
@@ -795,6 +832,70 @@ pub fn env_table_markdown() -> String {
         ));
     }
     out
+}
+
+// Built in every feature set: it checks what a build without a section says.
+#[cfg(test)]
+mod feature_section_tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    /// A section whose feature is not built is refused naming the feature, from a file and from
+    /// the environment alike; a built one passes. Runs in both the default build and the
+    /// `--no-default-features` hermetic step, so each side of the check is exercised.
+    #[test]
+    fn a_section_of_a_feature_not_built_names_the_feature() {
+        for (section, variable, built) in [
+            ("docker", "SANDBOX_DOCKER_ENABLED", cfg!(feature = "docker")),
+            ("redis", "SANDBOX_REDIS_URL", cfg!(feature = "redis")),
+        ] {
+            let value = if section == "docker" {
+                "true"
+            } else {
+                "redis://127.0.0.1:6379"
+            };
+            let from_env = ServiceConfig::load(None, &env(&[(variable, value)]));
+            let dir = std::env::temp_dir().join(format!(
+                "sandbox-config-feature-{section}-{}",
+                std::process::id()
+            ));
+            std::fs::create_dir_all(&dir).unwrap();
+            let file = dir.join("config.toml");
+            std::fs::write(&file, format!("[{section}]\n")).unwrap();
+            let from_file = ServiceConfig::load(Some(&file), &BTreeMap::new());
+            std::fs::remove_dir_all(&dir).unwrap();
+            if built {
+                assert!(from_env.is_ok(), "{section}: {:?}", from_env.err());
+                assert!(
+                    from_file
+                        .as_ref()
+                        .map_err(|e| e.0.clone())
+                        .err()
+                        .is_none_or(|e| !e.contains("cargo feature")),
+                    "{section}: a built feature's section is never refused as missing"
+                );
+                continue;
+            }
+            let e = from_env.err().map(|e| e.0).unwrap_or_default();
+            assert!(
+                e.contains(variable) && e.contains(&format!("cargo feature `{section}`")),
+                "{section} from the environment: {e}"
+            );
+            assert!(!e.contains("unknown field"), "{e}");
+            let e = from_file.err().map(|e| e.0).unwrap_or_default();
+            assert!(
+                e.contains(&format!("[{section}]"))
+                    && e.contains(&format!("cargo feature `{section}`")),
+                "{section} from the file: {e}"
+            );
+        }
+    }
 }
 
 // The tests read the Docker and Redis sections, which exist with the default features.
