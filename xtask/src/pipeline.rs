@@ -112,6 +112,10 @@ pub(crate) fn test(ctx: &Ctx) -> ExitCode {
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
             steps.run(name, || cargo_step(ctx, &args, CLIPPY_DEADLINE));
         }
+        let (args, env) = doc_run();
+        steps.run("rustdoc, workspace", || {
+            cargo_step_env(ctx, &args, &env, CLIPPY_DEADLINE)
+        });
         Verdict::Passed
     });
 
@@ -354,6 +358,23 @@ fn clippy_runs() -> Vec<(&'static str, Vec<String>)> {
         runs.push((name, run(&scope)));
     }
     runs
+}
+
+/// The rustdoc run of the clippy stage: every member's own docs with every feature, warnings
+/// denied, so a broken or private intra-doc link fails the run instead of piling up. It reuses
+/// the dependencies' metadata the clippy runs just built (`--no-deps`), so it costs the
+/// members' doc generation only.
+fn doc_run() -> (Vec<&'static str>, Vec<(&'static str, String)>) {
+    (
+        vec![
+            "doc",
+            "--locked",
+            "--no-deps",
+            "--workspace",
+            "--all-features",
+        ],
+        vec![("RUSTDOCFLAGS", "-D warnings".to_owned())],
+    )
 }
 
 /// `sandbox-app`'s feature sets, each checked alone by clippy: none, each feature alone, and
@@ -750,6 +771,16 @@ fn conformance_verdict(results: &[AdapterResult]) -> Verdict {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rustdoc_denies_warnings_on_every_member_without_rebuilding_dependencies() {
+        let (args, env) = doc_run();
+        assert_eq!(args[0], "doc");
+        for flag in ["--no-deps", "--workspace", "--all-features", "--locked"] {
+            assert!(args.contains(&flag), "{flag} missing from {args:?}");
+        }
+        assert_eq!(env, [("RUSTDOCFLAGS", "-D warnings".to_owned())]);
+    }
 
     #[test]
     fn clippy_checks_the_workspace_then_each_feature_set_of_the_app() {

@@ -10,8 +10,8 @@
 //! Output takes one of three shapes. A buffered exec keeps each stream up to a cap
 //! ([`DEFAULT_MAX_OUTPUT`]; the rest is dropped and the result says `truncated`): large output
 //! belongs to the streamed forms. An exec with an `on_output` hook hands every frame to the hook
-//! and keeps nothing. And [`start`] gives the adapter's own readers (file streams, tree
-//! listings) a [`Running`] exec whose frames are read from the engine's connection only when
+//! and keeps nothing. And `start` gives the adapter's own readers (file streams, tree
+//! listings) a `Running` exec whose frames are read from the engine's connection only when
 //! the reader asks for the next one, so a slow consumer slows the command instead of filling
 //! the service's memory. Stdin is written from the caller's bytes as they are, concurrently with
 //! reading output in the same task: nothing is copied for a writer task or for a retry.

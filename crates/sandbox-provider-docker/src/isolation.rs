@@ -68,7 +68,7 @@ pub fn storage_support(driver: &str, backing_fs: Option<&str>) -> StorageLimit {
 
 /// Whether a refused create was refused for its size limit. The engines' words for it:
 /// "--storage-opt is supported only for overlay over xfs with 'pquota' mount option",
-/// "--storage-opt is not supported for <driver>", quota errors of the drivers that have them,
+/// "--storage-opt is not supported for `<driver>`", quota errors of the drivers that have them,
 /// devicemapper's "base device size cannot be smaller".
 pub fn is_storage_refusal(message: &str) -> bool {
     let m = message.to_ascii_lowercase();

@@ -5,16 +5,16 @@
 //! - Keys of one session share one hash tag ([`keys`]), so every script runs on one slot.
 //! - Bindings are the `sandbox-core` JSON, byte for byte. Conditional writes (compare-and-delete,
 //!   the token patch, the stale mark) read the stored bytes, decide in Rust, and swap only if
-//!   the bytes are still exactly those ([`scripts::Scripts::cas`]); a concurrent writer makes
+//!   the bytes are still exactly those (`scripts::Scripts::cas`); a concurrent writer makes
 //!   the swap miss and the operation re-reads. So a token patch never erases a concurrent stale
 //!   mark, and no Lua JSON re-encoding can corrupt a field (cjson turns integers into floats).
 //! - The lifecycle lock is a random token under `SET NX PX`, renewed at a third of its lease;
-//!   a failed or refused renewal trips the lock's [`OwnershipToken`]. Release is compare-and-
+//!   a failed or refused renewal trips the lock's [`sandbox_core::OwnershipToken`]. Release is compare-and-
 //!   delete.
 //! - **Fail closed**: every Redis error is returned (kind `unavailable`/`timeout`, origin
 //!   [`Origin::Store`]); nothing reads as "unbound" and no lock is granted without Redis.
 //! - Every error this crate returns is the store's (`[errors.origin]`): each one is made
-//!   through [`stored`], core's binding validation included, so the service answers
+//!   through `stored`, core's binding validation included, so the service answers
 //!   `store_unavailable` for an outage whatever the operation is called.
 
 pub mod config;

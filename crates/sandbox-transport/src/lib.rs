@@ -12,7 +12,7 @@
 //!
 //! Errors: everything this crate builds has origin [`Origin::Transport`] (a refused endpoint
 //! with `unsafe_outbound_url`, a failed dial, TLS, a cut connection), made through
-//! [`transported`]. The transport carries a provider's traffic without knowing whose it is,
+//! `transported`. The transport carries a provider's traffic without knowing whose it is,
 //! so a provider adapter claims what it passes on with `Error::with_provider` at its boundary
 //! (the Docker adapter does so for its `tcp://` daemon). The envd client claims its own errors
 //! for the provider its config names ([`envd`]).

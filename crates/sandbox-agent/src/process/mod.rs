@@ -8,7 +8,7 @@
 //! kills the process. What the agent adds:
 //!
 //! - **Re-attach that keeps working.** Every process keeps its recent output in a bounded
-//!   ring ([`output`]); `Connect` works for the process's whole life and for 30 s after its
+//!   ring (the `output` module); `Connect` works for the process's whole life and for 30 s after its
 //!   exit, and the request header [`HEADER_REPLAY_OFFSET`] replays output from a byte offset
 //!   (our extension; clients that do not send it see envd's behaviour).
 //! - **Limits**, each a start flag: live processes, output ring and pending input per

@@ -209,7 +209,7 @@ pub async fn read_json_bytes(
     .await
 }
 
-/// Discards up to `max` more bytes of `stream`, for at most [`DRAIN_DEADLINE`].
+/// Discards up to `max` more bytes of `stream`, for at most `DRAIN_DEADLINE`.
 pub async fn drain(stream: &mut axum::body::BodyDataStream, max: u64) {
     let discard = async {
         let mut seen = 0u64;

@@ -71,7 +71,7 @@ pub(crate) fn from_store(err: &Error) -> bool {
 }
 
 /// The status and code of a core error. Specific codes first, then the kind; the origin tells
-/// a store failure from a provider failure ([`from_store`]).
+/// a store failure from a provider failure (`from_store`).
 pub fn classify(err: &Error) -> (StatusCode, &'static str) {
     if let Some(code) = err.code() {
         let status = match code {

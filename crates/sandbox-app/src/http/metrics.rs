@@ -197,7 +197,7 @@ impl Metrics {
 
     /// Records an error a port returned, as a store error when its origin is the binding
     /// store, else as a provider error (the same split as the `store_*`/`provider_*` codes,
-    /// [`super::error::from_store`]).
+    /// `super::error::from_store`).
     pub fn observe_error(&self, error: &sandbox_core::Error) {
         let family = if super::error::from_store(error) {
             &self.store_errors

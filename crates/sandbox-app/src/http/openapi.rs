@@ -1,5 +1,5 @@
 //! The OpenAPI 3.1 document (`GET /v1/openapi.json`), generated from the same declaration the
-//! router is built from ([`super::declared`]): each handler's `#[utoipa::path]`, the API types
+//! router is built from (`super::declared`): each handler's `#[utoipa::path]`, the API types
 //! of `crate::api` and the error lists of `crate::api::errors`. Which routes require a bearer
 //! token is read from the router they sit in (the one behind the authentication layer), so the
 //! document cannot claim a route is public that the router authenticates, or the reverse.

@@ -62,7 +62,7 @@ pub struct ValidationError {
     pub kind: ValidationErrorKind,
     /// The rule that fired, e.g. "rm -rf /" or "curl | sh" (a short stable label, not the input).
     pub pattern: String,
-    /// Where it fired: "script", "arg[2]", "stdin".
+    /// Where it fired: `"script"`, `"arg[2]"`, `"stdin"`.
     pub context: String,
     /// One line, human readable, no trailing period.
     pub message: String,

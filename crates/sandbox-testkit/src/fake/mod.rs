@@ -1,7 +1,7 @@
 //! The in-memory fake provider: a faithful state machine of sandboxes, metadata, states, files
 //! and processes, with failure injection, for fast hermetic tests.
 //!
-//! It runs the portable argv vocabulary of [`exec`] natively and interprets no shell, so cases
+//! It runs the portable argv vocabulary of `exec` (the `fake::exec` module) natively and interprets no shell, so cases
 //! that need a real POSIX userland sit behind capabilities it does not declare (`posix_shell`,
 //! `pty`). It is a test double: it never stands in for a real backend in an acceptance test.
 //!

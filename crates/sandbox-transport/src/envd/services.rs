@@ -194,7 +194,7 @@ where
             .await
     }
 
-    /// Starts a polled watcher of a directory (the alternative to [`watch_dir`]
+    /// Starts a polled watcher of a directory (the alternative to [`Self::watch_dir`]
     /// (Self::watch_dir) for callers that cannot hold a stream open); returns its id.
     pub async fn create_watcher(
         &self,
