@@ -39,6 +39,8 @@ pub struct Agent {
     process: ProcessService,
     services: Services,
     token: Option<Arc<str>>,
+    metrics: crate::metrics::CpuSampler,
+    tunnels: crate::tunnel::Tunnels,
 }
 
 impl Agent {
@@ -49,6 +51,8 @@ impl Agent {
         Arc::new(Agent {
             process: ProcessService::new(Arc::clone(&config), children),
             token: config.access_token.as_deref().map(Arc::from),
+            metrics: crate::metrics::CpuSampler::new(),
+            tunnels: crate::tunnel::Tunnels::new(config.max_tunnels),
             config,
             services,
         })
@@ -60,6 +64,11 @@ impl Agent {
 
     pub fn process(&self) -> &ProcessService {
         &self.process
+    }
+
+    /// The open tunnels (`/sandbox-agent/tunnel/`).
+    pub fn tunnels(&self) -> &crate::tunnel::Tunnels {
+        &self.tunnels
     }
 
     /// Answers one request (what the server calls for each; tests call it directly).
@@ -108,9 +117,10 @@ pub async fn serve(agent: Arc<Agent>, listener: TcpListener) {
                 .timer(TokioTimer::new())
                 .max_concurrent_streams(config.h2_max_streams)
                 .max_header_list_size(u32::try_from(config.max_header_bytes).unwrap_or(u32::MAX));
-            // A cut connection is the client's business: nothing to log per request.
+            // A cut connection is the client's business: nothing to log per request. Upgrades
+            // are on for the HTTP/1.1 tunnel extension.
             let _ = builder
-                .serve_connection(TokioIo::new(stream), service)
+                .serve_connection_with_upgrades(TokioIo::new(stream), service)
                 .await;
         });
     }
