@@ -172,15 +172,18 @@ async fn an_h2_tunnel_is_full_duplex() {
         assert!(echoed == chunk, "a chunk came back different");
     }
     assert_eq!(agent.agent.tunnels().open(), 1);
-    // Ending the request body half-closes toward the port; the echo server then closes, which
-    // ends the answer.
+    // A last chunk, and at once the end of the request body (a half-close toward the port):
+    // its echo still comes back, then the echo server closes, which ends the answer.
+    let last = pattern(100_000);
+    sender.send_data(Bytes::from(last.clone())).await.unwrap();
     drop(sender);
     let rest = tokio::time::timeout(WAIT, answer.collect())
         .await
         .expect("the answer ends after the half-close")
         .unwrap()
         .to_bytes();
-    assert!(rest.is_empty(), "{} stray bytes", rest.len());
+    assert_eq!(rest.len(), last.len());
+    assert!(rest == last, "the last chunk came back different");
     eventually(WAIT, "the tunnel to close", || {
         agent.agent.tunnels().open() == 0
     })
