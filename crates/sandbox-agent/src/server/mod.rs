@@ -4,9 +4,10 @@
 //! Routing and authentication, in the order applied (envd's, `docs/envd.md`):
 //! 1. With an access token configured, every request except `GET /health`, `GET /files` and
 //!    `POST /files` needs `X-Access-Token`, else a plain JSON 401 (envd's middleware answer).
-//! 2. `GET /health` is 204. `/files` goes to the files service. A Connect path of
-//!    `sandbox_envd::service` must be `POST`; anything else on a known path is 405, an unknown
-//!    path a Connect-style 404.
+//! 2. `GET /health` is 204, `GET /metrics` envd's figures (`crate::metrics`), paths under
+//!    `/sandbox-agent/` our extensions (`crate::extension`). `/files` goes to the files
+//!    service. A Connect path of `sandbox_envd::service` must be `POST`; anything else on a
+//!    known path is 405, an unknown path a Connect-style 404.
 //! 3. A Connect call's user comes from `Authorization: Basic base64("<user>:")` (else the
 //!    default user); an unknown user is `unauthenticated`. All of this happens before any
 //!    body is read, and every body is then read bounded.
