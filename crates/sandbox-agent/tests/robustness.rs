@@ -111,26 +111,28 @@ fn headers() -> impl Strategy<Value = Vec<(&'static str, String)>> {
             header_value()
         ]),
     )
-        .prop_map(|(ct, token, auth, timeout, encoding, keepalive, replay, upgrade)| {
-            let mut h = Vec::new();
-            let mut push = |name: &'static str, v: Option<String>| {
-                if let Some(v) = v {
-                    h.push((name, v));
-                }
-            };
-            push("content-type", ct);
-            push("x-access-token", token);
-            push("authorization", auth);
-            push("connect-timeout-ms", timeout);
-            push("connect-content-encoding", encoding.clone());
-            push("content-encoding", encoding);
-            push("keepalive-ping-interval", keepalive);
-            push("sandbox-replay-offset", replay);
-            // The tunnel's HTTP/1.1 upgrade asks with both headers.
-            push("connection", upgrade.as_ref().map(|_| "Upgrade".to_owned()));
-            push("upgrade", upgrade);
-            h
-        })
+        .prop_map(
+            |(ct, token, auth, timeout, encoding, keepalive, replay, upgrade)| {
+                let mut h = Vec::new();
+                let mut push = |name: &'static str, v: Option<String>| {
+                    if let Some(v) = v {
+                        h.push((name, v));
+                    }
+                };
+                push("content-type", ct);
+                push("x-access-token", token);
+                push("authorization", auth);
+                push("connect-timeout-ms", timeout);
+                push("connect-content-encoding", encoding.clone());
+                push("content-encoding", encoding);
+                push("keepalive-ping-interval", keepalive);
+                push("sandbox-replay-offset", replay);
+                // The tunnel's HTTP/1.1 upgrade asks with both headers.
+                push("connection", upgrade.as_ref().map(|_| "Upgrade".to_owned()));
+                push("upgrade", upgrade);
+                h
+            },
+        )
 }
 
 fn bodies() -> impl Strategy<Value = BodyKind> {
