@@ -49,7 +49,12 @@ async fn every_gate_up_to_the_reported_version_holds() {
     assert_eq!(claimed.to_string(), ENVD_VERSION);
     let agent = Arc::new(agent().await);
     let mut checked = 0;
-    for gate in GATES.iter().filter(|g| g.version <= claimed) {
+    for gate in GATES {
+        if !gate.implemented {
+            // Not built: it must lie above what the agent claims, and has nothing to prove.
+            assert!(gate.version > claimed, "{gate:?} is claimed but not built");
+            continue;
+        }
         let agent = Arc::clone(&agent);
         let gate: Gate = *gate;
         // Each check in a task of its own, so a failure names its gate.
@@ -62,7 +67,9 @@ async fn every_gate_up_to_the_reported_version_holds() {
         }
         checked += 1;
     }
-    assert_eq!(checked, GATES.len(), "every gate is at or below the claim");
+    // Everything up to the claim was among the checks.
+    let claimed_rows = GATES.iter().filter(|g| g.version <= claimed).count();
+    assert!(checked >= claimed_rows && claimed_rows > 0);
 }
 
 #[tokio::test]
