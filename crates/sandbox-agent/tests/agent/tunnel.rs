@@ -307,3 +307,75 @@ async fn bad_ports_closed_ports_and_missing_tokens_are_refused() {
     );
     assert_eq!(agent.agent.tunnels().open(), 0, "refusals hold no tunnel");
 }
+
+/// A loopback server that writes as fast as it is let to, counting the bytes it got rid of.
+async fn flood_server() -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let sent = std::sync::Arc::new(AtomicUsize::new(0));
+    let counter = std::sync::Arc::clone(&sent);
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let counter = std::sync::Arc::clone(&counter);
+            tokio::spawn(async move {
+                let chunk = vec![7u8; 64 * 1024];
+                while stream.write_all(&chunk).await.is_ok() {
+                    counter.fetch_add(chunk.len(), Ordering::Relaxed);
+                }
+            });
+        }
+    });
+    (port, sent)
+}
+
+/// Far below what an unbounded queue would take in on loopback within the wait, far above
+/// what the socket buffers, the HTTP/2 windows and the tunnel's own chunks hold.
+const HELD_BOUND: usize = 48 << 20;
+
+#[tokio::test]
+async fn a_client_that_never_reads_holds_the_port_back_and_leaving_ends_the_tunnel() {
+    use std::sync::atomic::Ordering;
+    let agent = TestAgent::start().await;
+
+    // HTTP/2: the answer is never read.
+    let (port, sent) = flood_server().await;
+    let raw = raw_client(HttpVersion::Http2);
+    let response = raw
+        .request(post(&agent, &port.to_string(), Some(TOKEN)))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let held = sent.load(Ordering::Relaxed);
+    assert!(held > 0 && held < HELD_BOUND, "{held} bytes left the port");
+    // Reading lets it flow again.
+    let mut body = response.into_body();
+    let mut read = 0;
+    while read < 2 * held {
+        let frame = tokio::time::timeout(WAIT, body.frame())
+            .await
+            .unwrap()
+            .unwrap();
+        read += frame.unwrap().into_data().map_or(0, |d| d.len());
+    }
+    // Leaving (dropping the answer) ends the tunnel, though the port never stops.
+    drop(body);
+    eventually(WAIT, "the h2 tunnel to close", || {
+        agent.agent.tunnels().open() == 0
+    })
+    .await;
+
+    // HTTP/1.1 upgrade: the connection is never read.
+    let (port, sent) = flood_server().await;
+    let (status, head, stream) = upgrade(agent.addr, &port.to_string(), Some(TOKEN)).await;
+    assert_eq!(status, 101, "{head}");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let held = sent.load(Ordering::Relaxed);
+    assert!(held > 0 && held < HELD_BOUND, "{held} bytes left the port");
+    drop(stream);
+    eventually(WAIT, "the upgraded tunnel to close", || {
+        agent.agent.tunnels().open() == 0
+    })
+    .await;
+}
