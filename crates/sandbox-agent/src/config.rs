@@ -35,6 +35,8 @@ pub const MIN_HEADER_BYTES: usize = 8 * 1024;
 pub const DEFAULT_H2_MAX_STREAMS: u32 = 256;
 /// The largest Connect message (unary body or one envelope), as our envd client's limit.
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = sandbox_envd::envelope::DEFAULT_MAX_MESSAGE_SIZE;
+/// Open tunnels (`/sandbox-agent/tunnel/`) at once; one more is 429 `resource_exhausted`.
+pub const DEFAULT_MAX_TUNNELS: usize = 64;
 /// How long SIGTERM'd process groups get before SIGKILL when the agent itself is stopped.
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// The agent's log file is rotated (once, to `<file>.1`) past this size.
@@ -57,6 +59,7 @@ pub struct Config {
     pub max_header_bytes: usize,
     pub h2_max_streams: u32,
     pub max_message_bytes: usize,
+    pub max_tunnels: usize,
     pub shutdown_grace: Duration,
     pub log_file: Option<PathBuf>,
     pub log_max_bytes: u64,
@@ -83,6 +86,7 @@ impl fmt::Debug for Config {
             .field("max_header_bytes", &self.max_header_bytes)
             .field("h2_max_streams", &self.h2_max_streams)
             .field("max_message_bytes", &self.max_message_bytes)
+            .field("max_tunnels", &self.max_tunnels)
             .field("shutdown_grace", &self.shutdown_grace)
             .field("log_file", &self.log_file)
             .field("log_max_bytes", &self.log_max_bytes)
@@ -106,6 +110,7 @@ impl Default for Config {
             max_header_bytes: DEFAULT_MAX_HEADER_BYTES,
             h2_max_streams: DEFAULT_H2_MAX_STREAMS,
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+            max_tunnels: DEFAULT_MAX_TUNNELS,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             log_file: None,
             log_max_bytes: DEFAULT_LOG_MAX_BYTES,
@@ -157,6 +162,7 @@ pub fn usage() -> String {
          \x20 --max-header-bytes N        largest request head (default {DEFAULT_MAX_HEADER_BYTES})\n\
          \x20 --h2-max-streams N          concurrent HTTP/2 streams per connection (default {DEFAULT_H2_MAX_STREAMS})\n\
          \x20 --max-message-bytes N       largest Connect message (default {DEFAULT_MAX_MESSAGE_BYTES})\n\
+         \x20 --max-tunnels N             open tunnels to sandbox ports at once (default {DEFAULT_MAX_TUNNELS})\n\
          \x20 --shutdown-grace-ms N       SIGTERM to SIGKILL on shutdown (default {})\n\
          \x20 --log-file PATH             log there (rotated once past --log-max-bytes) instead of stderr\n\
          \x20 --log-max-bytes N           (default {DEFAULT_LOG_MAX_BYTES})\n\
@@ -253,6 +259,7 @@ pub fn parse(
             "--max-message-bytes" => {
                 config.max_message_bytes = number(&name, &value()?, 1024)?;
             }
+            "--max-tunnels" => config.max_tunnels = number(&name, &value()?, 1)?,
             "--shutdown-grace-ms" => {
                 let ms: usize = number(&name, &value()?, 0)?;
                 config.shutdown_grace = Duration::from_millis(ms as u64);
@@ -332,6 +339,9 @@ mod tests {
         assert_eq!(c.max_processes, DEFAULT_MAX_PROCESSES);
         assert_eq!(c.output_ring_bytes, DEFAULT_OUTPUT_RING_BYTES);
         assert_eq!(c.max_message_bytes, 4 * 1024 * 1024);
+        assert_eq!(c.max_tunnels, DEFAULT_MAX_TUNNELS);
+        assert_eq!(run(&["--max-tunnels=3"]).unwrap().max_tunnels, 3);
+        assert!(run(&["--max-tunnels", "0"]).is_err());
         assert!(c.reap_orphans);
     }
 

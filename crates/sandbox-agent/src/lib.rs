@@ -6,15 +6,19 @@
 
 pub mod config;
 pub mod connect;
+pub mod extension;
 pub mod files;
 pub mod fs;
 pub mod log;
+pub mod metrics;
 pub mod mounted;
 pub mod pid1;
 pub mod process;
 pub mod server;
 pub mod sys;
+pub mod tunnel;
 pub mod users;
+pub mod version;
 
 use std::sync::Arc;
 

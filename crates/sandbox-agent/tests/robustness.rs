@@ -1,8 +1,8 @@
 //! The agent's HTTP service in-process against arbitrary requests: any method, path and
 //! headers, Connect envelopes that are truncated, oversized or carry wrong flags, and bodies
-//! cut mid-stream. No panic; every answer is a well-formed Connect (or envd HTTP) success or
-//! error; and after all the cases the runtime's tasks and the process's descriptors are back
-//! to where they were.
+//! cut mid-stream, on envd's paths and the agent's own (`/metrics`, `/sandbox-agent/`). No
+//! panic; every answer is a well-formed Connect (or envd HTTP) success or error; and after all
+//! the cases the runtime's tasks and the process's descriptors are back to where they were.
 //!
 //! A test binary of its own: descriptors are counted for the whole process, so no other test
 //! may run beside it.
@@ -55,6 +55,21 @@ fn paths() -> impl Strategy<Value = String> {
     let known: Vec<String> = all_methods()
         .map(|m| m.path.to_owned())
         .chain(["/health", "/files", "/", "/process.Process/"].map(str::to_owned))
+        .chain(
+            [
+                "/metrics",
+                "/sandbox-agent/",
+                "/sandbox-agent/version",
+                "/sandbox-agent/tunnel/",
+                "/sandbox-agent/tunnel/0",
+                "/sandbox-agent/tunnel/49983",
+                "/sandbox-agent/tunnel/99999",
+                // Port 1 is privileged and unused: the cases reach the dial and its refusal
+                // (502), never a live stream.
+                "/sandbox-agent/tunnel/1",
+            ]
+            .map(str::to_owned),
+        )
         .collect();
     prop_oneof![
         3 => proptest::sample::select(known),
@@ -91,24 +106,33 @@ fn headers() -> impl Strategy<Value = Vec<(&'static str, String)>> {
         ]),
         proptest::option::of(header_value()),
         proptest::option::of(header_value()),
+        proptest::option::of(prop_oneof![
+            Just("sandbox-tunnel".to_owned()),
+            header_value()
+        ]),
     )
-        .prop_map(|(ct, token, auth, timeout, encoding, keepalive, replay)| {
-            let mut h = Vec::new();
-            let mut push = |name: &'static str, v: Option<String>| {
-                if let Some(v) = v {
-                    h.push((name, v));
-                }
-            };
-            push("content-type", ct);
-            push("x-access-token", token);
-            push("authorization", auth);
-            push("connect-timeout-ms", timeout);
-            push("connect-content-encoding", encoding.clone());
-            push("content-encoding", encoding);
-            push("keepalive-ping-interval", keepalive);
-            push("sandbox-replay-offset", replay);
-            h
-        })
+        .prop_map(
+            |(ct, token, auth, timeout, encoding, keepalive, replay, upgrade)| {
+                let mut h = Vec::new();
+                let mut push = |name: &'static str, v: Option<String>| {
+                    if let Some(v) = v {
+                        h.push((name, v));
+                    }
+                };
+                push("content-type", ct);
+                push("x-access-token", token);
+                push("authorization", auth);
+                push("connect-timeout-ms", timeout);
+                push("connect-content-encoding", encoding.clone());
+                push("content-encoding", encoding);
+                push("keepalive-ping-interval", keepalive);
+                push("sandbox-replay-offset", replay);
+                // The tunnel's HTTP/1.1 upgrade asks with both headers.
+                push("connection", upgrade.as_ref().map(|_| "Upgrade".to_owned()));
+                push("upgrade", upgrade);
+                h
+            },
+        )
 }
 
 fn bodies() -> impl Strategy<Value = BodyKind> {

@@ -4,9 +4,10 @@
 //! Routing and authentication, in the order applied (envd's, `docs/envd.md`):
 //! 1. With an access token configured, every request except `GET /health`, `GET /files` and
 //!    `POST /files` needs `X-Access-Token`, else a plain JSON 401 (envd's middleware answer).
-//! 2. `GET /health` is 204. `/files` goes to the files service. A Connect path of
-//!    `sandbox_envd::service` must be `POST`; anything else on a known path is 405, an unknown
-//!    path a Connect-style 404.
+//! 2. `GET /health` is 204, `GET /metrics` envd's figures (`crate::metrics`), paths under
+//!    `/sandbox-agent/` our extensions (`crate::extension`). `/files` goes to the files
+//!    service. A Connect path of `sandbox_envd::service` must be `POST`; anything else on a
+//!    known path is 405, an unknown path a Connect-style 404.
 //! 3. A Connect call's user comes from `Authorization: Basic base64("<user>:")` (else the
 //!    default user); an unknown user is `unauthenticated`. All of this happens before any
 //!    body is read, and every body is then read bounded.
@@ -39,6 +40,8 @@ pub struct Agent {
     process: ProcessService,
     services: Services,
     token: Option<Arc<str>>,
+    metrics: crate::metrics::CpuSampler,
+    tunnels: crate::tunnel::Tunnels,
 }
 
 impl Agent {
@@ -49,6 +52,8 @@ impl Agent {
         Arc::new(Agent {
             process: ProcessService::new(Arc::clone(&config), children),
             token: config.access_token.as_deref().map(Arc::from),
+            metrics: crate::metrics::CpuSampler::new(),
+            tunnels: crate::tunnel::Tunnels::new(config.max_tunnels),
             config,
             services,
         })
@@ -60,6 +65,11 @@ impl Agent {
 
     pub fn process(&self) -> &ProcessService {
         &self.process
+    }
+
+    /// The open tunnels (`/sandbox-agent/tunnel/`).
+    pub fn tunnels(&self) -> &crate::tunnel::Tunnels {
+        &self.tunnels
     }
 
     /// Answers one request (what the server calls for each; tests call it directly).
@@ -108,9 +118,10 @@ pub async fn serve(agent: Arc<Agent>, listener: TcpListener) {
                 .timer(TokioTimer::new())
                 .max_concurrent_streams(config.h2_max_streams)
                 .max_header_list_size(u32::try_from(config.max_header_bytes).unwrap_or(u32::MAX));
-            // A cut connection is the client's business: nothing to log per request.
+            // A cut connection is the client's business: nothing to log per request. Upgrades
+            // are on for the HTTP/1.1 tunnel extension.
             let _ = builder
-                .serve_connection(TokioIo::new(stream), service)
+                .serve_connection_with_upgrades(TokioIo::new(stream), service)
                 .await;
         });
     }

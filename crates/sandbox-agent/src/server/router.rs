@@ -56,6 +56,15 @@ pub(super) async fn route(agent: Arc<Agent>, request: Request<Body>) -> Response
                 ),
             }
         }
+        "/metrics" => {
+            if method != HttpMethod::GET {
+                return not_allowed(&method, &path, "GET");
+            }
+            crate::metrics::answer(&agent.metrics)
+        }
+        _ if path.starts_with(crate::extension::PREFIX) => {
+            crate::extension::route(agent, request).await
+        }
         _ => match method_by_path(&path) {
             Some(rpc) if method == HttpMethod::POST => call(agent, rpc, request).await,
             Some(_) => not_allowed(&method, &path, "POST"),

@@ -5,9 +5,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod gates;
 mod http;
 mod pid1;
 mod process;
+mod tunnel;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -92,6 +94,15 @@ impl TestAgent {
     }
 
     pub(crate) async fn with(configure: impl FnOnce(&mut Config)) -> TestAgent {
+        TestAgent::launch(configure, false).await
+    }
+
+    /// An agent with everything the binary mounts (the filesystem service and `/files`).
+    pub(crate) async fn with_builtin(configure: impl FnOnce(&mut Config)) -> TestAgent {
+        TestAgent::launch(configure, true).await
+    }
+
+    async fn launch(configure: impl FnOnce(&mut Config), builtin: bool) -> TestAgent {
         // What the binary does at start (cargo hands its test processes a jobserver pipe).
         // Other test threads run, but they open descriptors close-on-exec, as Rust does.
         static MARKED: std::sync::Once = std::sync::Once::new();
@@ -109,7 +120,12 @@ impl TestAgent {
         let reaper = sandbox_agent::pid1::start_reaper(Arc::clone(&children)).unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let agent = Agent::new(config, Services::default(), children);
+        let services = if builtin {
+            sandbox_agent::mounted::builtin(&config)
+        } else {
+            Services::default()
+        };
+        let agent = Agent::new(config, services, children);
         let server = tokio::spawn(sandbox_agent::server::serve(Arc::clone(&agent), listener));
         TestAgent {
             addr,
