@@ -254,9 +254,7 @@ impl RawAgent {
         );
         let mut request = head.into_bytes();
         request.extend_from_slice(&body);
-        self.writer
-            .write_all(&request)
-            .map_err(|e| e.to_string())?;
+        self.writer.write_all(&request).map_err(|e| e.to_string())?;
         let answer = read_answer(&mut self.reader, false)?;
         if answer.status != 200 {
             return Err(format!(
@@ -276,9 +274,7 @@ fn end_of_start(mut body: &[u8]) -> Res<i64> {
     while body.len() >= 5 {
         let flags = body[0];
         let len = u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize;
-        let message = body
-            .get(5..5 + len)
-            .ok_or("a truncated Connect envelope")?;
+        let message = body.get(5..5 + len).ok_or("a truncated Connect envelope")?;
         let v: Value =
             serde_json::from_slice(message).map_err(|e| format!("an envelope's JSON: {e}"))?;
         if flags & 0x02 != 0 {
@@ -299,8 +295,7 @@ fn end_of_start(mut body: &[u8]) -> Res<i64> {
 
 /// One HTTP/1.1 call to the Docker engine on a fresh unix connection.
 fn engine(method: &str, path: &str, body: Option<&Value>, to_eof: bool) -> Res<Answer> {
-    let stream =
-        UnixStream::connect(DOCKER_SOCKET).map_err(|e| format!("{DOCKER_SOCKET}: {e}"))?;
+    let stream = UnixStream::connect(DOCKER_SOCKET).map_err(|e| format!("{DOCKER_SOCKET}: {e}"))?;
     stream
         .set_read_timeout(Some(IO_TIMEOUT))
         .map_err(|e| e.to_string())?;
@@ -318,7 +313,8 @@ fn engine(method: &str, path: &str, body: Option<&Value>, to_eof: bool) -> Res<A
 
 /// Raw exec create + start (attached, read to its end) + inspect of `/bin/true`.
 fn raw_exec_true(container: &str) -> Res<()> {
-    let spec = serde_json::json!({"Cmd": ["/bin/true"], "AttachStdout": true, "AttachStderr": true});
+    let spec =
+        serde_json::json!({"Cmd": ["/bin/true"], "AttachStdout": true, "AttachStderr": true});
     let created = engine(
         "POST",
         &format!("/containers/{container}/exec"),
@@ -352,8 +348,8 @@ fn raw_exec_true(container: &str) -> Res<()> {
 
 /// The SDK scenario's first two steps, then `runs` timed `commands.run("true")`.
 fn sdk_round_trips(python: &str, url: &str, runs: usize) -> Res<Vec<f64>> {
-    let scenario = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../crates/sandbox-agent/tests/sdk/scenario.py");
+    let scenario =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../crates/sandbox-agent/tests/sdk/scenario.py");
     let out = Command::new(python)
         .arg(&scenario)
         .env("E2B_DEBUG", "true")
@@ -361,7 +357,10 @@ fn sdk_round_trips(python: &str, url: &str, runs: usize) -> Res<Vec<f64>> {
         .env("SANDBOX_SCENARIO_DIR", "/home/user")
         .env("SANDBOX_SCENARIO_USER", "user")
         .env("SANDBOX_SCENARIO_HOME", "/home/user")
-        .env("SANDBOX_SCENARIO_STEPS", "run_as_the_default_user,run_output")
+        .env(
+            "SANDBOX_SCENARIO_STEPS",
+            "run_as_the_default_user,run_output",
+        )
         .env("SANDBOX_SCENARIO_ROUND_TRIPS", runs.to_string())
         .env_remove("E2B_API_KEY")
         .env_remove("E2B_ACCESS_TOKEN")
@@ -437,7 +436,9 @@ fn run(smoke: bool) -> Res<()> {
         match RawAgent::connect(container.ip).and_then(|mut a| a.health().map(|s| (a, s))) {
             Ok((a, 204)) => break a,
             Ok((_, s)) if Instant::now() > deadline => return Err(format!("/health answered {s}")),
-            Err(e) if Instant::now() > deadline => return Err(format!("the agent never answered: {e}")),
+            Err(e) if Instant::now() > deadline => {
+                return Err(format!("the agent never answered: {e}"));
+            }
             _ => std::thread::sleep(Duration::from_millis(50)),
         }
     };
@@ -453,7 +454,8 @@ fn run(smoke: bool) -> Res<()> {
         raw.start("/bin/true", &[]).and_then(check)
     })?;
     let raw_bash = timed("raw bash -l -c true", warmup, runs, || {
-        raw.start("/bin/bash", &["-l", "-c", "true"]).and_then(check)
+        raw.start("/bin/bash", &["-l", "-c", "true"])
+            .and_then(check)
     })?;
     let exec_true = timed("docker exec /bin/true", warmup, runs, || {
         raw_exec_true(&container.id)
@@ -490,8 +492,8 @@ fn run(smoke: bool) -> Res<()> {
 }
 
 fn main() -> ExitCode {
-    let smoke = std::env::args().any(|a| a == "--smoke")
-        || std::env::var("CI").is_ok_and(|v| v == "true");
+    let smoke =
+        std::env::args().any(|a| a == "--smoke") || std::env::var("CI").is_ok_and(|v| v == "true");
     match run(smoke) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

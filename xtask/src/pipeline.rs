@@ -181,10 +181,18 @@ pub(crate) fn test(ctx: &Ctx) -> ExitCode {
     });
 
     stages.run("e2b sdk", || {
-        sdk_stage(ctx, &mut fixtures, &avail, agent_bin.as_deref(), &mut counts)
+        sdk_stage(
+            ctx,
+            &mut fixtures,
+            &avail,
+            agent_bin.as_deref(),
+            &mut counts,
+        )
     });
 
-    stages.run("agent filesystems", || agent_fs_stage(ctx, &avail, &mut counts));
+    stages.run("agent filesystems", || {
+        agent_fs_stage(ctx, &avail, &mut counts)
+    });
 
     finish(ctx, stages, fixtures, counts)
 }
@@ -571,12 +579,9 @@ fn sdk_stage(
     agent_bin: Option<&std::path::Path>,
     counts: &mut Option<Counts>,
 ) -> Verdict {
-    if let Some(why) = avail.lacking(&[
-        Tool::Nextest,
-        Tool::Python,
-        Tool::Docker,
-        Tool::Debootstrap,
-    ]) {
+    if let Some(why) =
+        avail.lacking(&[Tool::Nextest, Tool::Python, Tool::Docker, Tool::Debootstrap])
+    {
         return cannot_run(ctx, why);
     }
     let Some(agent_bin) = agent_bin else {

@@ -72,7 +72,15 @@ shift
 exec "$@""#;
         let log = std::fs::File::create(home.path().join("agent.log")).unwrap();
         let child = Command::new("unshare")
-            .args(["--mount", "--propagation", "private", "sh", "-c", script, "sh"])
+            .args([
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                script,
+                "sh",
+            ])
             .arg(home.path())
             .arg(env!("CARGO_BIN_EXE_sandbox-agent"))
             .arg("--listen")
@@ -99,7 +107,10 @@ exec "$@""#;
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
-                panic!("the agent (or its mounts) failed ({status}):\n{}", self.log());
+                panic!(
+                    "the agent (or its mounts) failed ({status}):\n{}",
+                    self.log()
+                );
             }
             if self
                 .request("GET", "/health", &[], &[])
@@ -198,9 +209,10 @@ fn parse_answer(raw: &[u8]) -> Answer {
         .nth(1)
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| panic!("no status in {head:?}"));
-    let chunked = head
-        .lines()
-        .any(|l| l.to_ascii_lowercase().starts_with("transfer-encoding: chunked"));
+    let chunked = head.lines().any(|l| {
+        l.to_ascii_lowercase()
+            .starts_with("transfer-encoding: chunked")
+    });
     let body = if chunked {
         let mut out = String::new();
         let mut rest = body;

@@ -61,12 +61,19 @@ impl Drop for DebianAgent {
 impl DebianAgent {
     /// Creates the container, copies the agent in, starts it and finds its bridge address.
     pub(crate) fn start() -> DebianAgent {
-        let image = env_path(ENV_IMAGE, "`cargo xtask debian-image` builds the image and prints its tag");
+        let image = env_path(
+            ENV_IMAGE,
+            "`cargo xtask debian-image` builds the image and prints its tag",
+        );
         let bin = PathBuf::from(env_path(
             ENV_AGENT_BIN,
             "`cargo xtask agent` builds the static agent and prints its path",
         ));
-        assert!(bin.is_file(), "{ENV_AGENT_BIN}={} is not a file", bin.display());
+        assert!(
+            bin.is_file(),
+            "{ENV_AGENT_BIN}={} is not a file",
+            bin.display()
+        );
         let listen = format!("0.0.0.0:{PORT}");
         let id = docker(&[
             "create",
@@ -115,7 +122,12 @@ impl DebianAgent {
             })
             .unwrap_or_else(|e| format!("docker logs: {e}"));
         let state = Command::new("docker")
-            .args(["inspect", "-f", "{{.State.Status}} exit {{.State.ExitCode}}", &self.id])
+            .args([
+                "inspect",
+                "-f",
+                "{{.State.Status}} exit {{.State.ExitCode}}",
+                &self.id,
+            ])
             .output()
             .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
             .unwrap_or_else(|e| format!("docker inspect: {e}"));
