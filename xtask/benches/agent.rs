@@ -42,6 +42,8 @@ const DOCKER_SOCKET: &str = "/var/run/docker.sock";
 /// The engine API version the docker bench negotiates on this machine's engine (20.10).
 const DOCKER_API: &str = "v1.41";
 const IO_TIMEOUT: Duration = Duration::from_secs(30);
+/// SDK round trips per python process.
+const SDK_BLOCK: usize = 10;
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
@@ -388,17 +390,11 @@ fn sdk_round_trips(python: &str, url: &str, runs: usize) -> Res<Vec<f64>> {
         .collect()
 }
 
-fn timed<F: FnMut() -> Res<()>>(what: &str, warmup: usize, runs: usize, mut f: F) -> Res<Vec<f64>> {
-    for _ in 0..warmup {
-        f().map_err(|e| format!("{what} (warm-up): {e}"))?;
-    }
-    let mut out = Vec::with_capacity(runs);
-    for _ in 0..runs {
-        let start = Instant::now();
-        f().map_err(|e| format!("{what}: {e}"))?;
-        out.push(ms(start.elapsed()));
-    }
-    Ok(out)
+/// One timed call, in milliseconds.
+fn time_one<F: FnMut() -> Res<()>>(what: &str, mut f: F) -> Res<f64> {
+    let start = Instant::now();
+    f().map_err(|e| format!("{what}: {e}"))?;
+    Ok(ms(start.elapsed()))
 }
 
 fn show(key: &str, samples: &[f64]) {
@@ -423,7 +419,9 @@ fn run(smoke: bool) -> Res<()> {
     let (warmup, runs) = if smoke { (1, 3) } else { (5, 100) };
     println!("mode: {}", if smoke { "smoke" } else { "full" });
     println!("agent {} ({bytes} bytes), image {image}", bin.display());
-    println!("samples per figure: {runs} (after {warmup} warm-up)");
+    println!(
+        "samples per figure: {runs} (after {warmup} warm-up), interleaved in blocks of {SDK_BLOCK}"
+    );
 
     let container = Container::start(&image, &bin)?;
     println!(
@@ -450,19 +448,31 @@ fn run(smoke: bool) -> Res<()> {
             Err(format!("exit {code}"))
         }
     };
-    let raw_true = timed("raw /bin/true", warmup, runs, || {
-        raw.start("/bin/true", &[]).and_then(check)
-    })?;
-    let raw_bash = timed("raw bash -l -c true", warmup, runs, || {
-        raw.start("/bin/bash", &["-l", "-c", "true"])
-            .and_then(check)
-    })?;
-    let exec_true = timed("docker exec /bin/true", warmup, runs, || {
-        raw_exec_true(&container.id)
-    })?;
-    // The scenario's own warm-up is its `run_output` step.
     let url = format!("http://{}:{PORT}", container.ip);
-    let sdk = sdk_round_trips(&python, &url, runs)?;
+    let mut raw_sample = |cmd: &str, args: &[&str]| {
+        time_one(&format!("raw {cmd} {args:?}"), || {
+            raw.start(cmd, args).and_then(check)
+        })
+    };
+    for _ in 0..warmup {
+        raw_sample("/bin/true", &[])?;
+        raw_sample("/bin/bash", &["-l", "-c", "true"])?;
+        time_one("exec /bin/true (warm-up)", || raw_exec_true(&container.id))?;
+    }
+    // Interleaved, so a change in the machine's load (it is shared) affects every figure
+    // alike: blocks of SDK round trips (one python process each, whose scenario steps warm it
+    // up), each followed by as many rounds of raw true, raw bash and exec.
+    let (mut sdk, mut raw_true, mut raw_bash, mut exec_true) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    while sdk.len() < runs {
+        let block = SDK_BLOCK.min(runs - sdk.len());
+        sdk.extend(sdk_round_trips(&python, &url, block)?);
+        for _ in 0..block {
+            raw_true.push(raw_sample("/bin/true", &[])?);
+            raw_bash.push(raw_sample("/bin/bash", &["-l", "-c", "true"])?);
+            exec_true.push(time_one("exec /bin/true", || raw_exec_true(&container.id))?);
+        }
+    }
     drop(container);
 
     println!("all figures in ms; p50/p90 nearest rank");
