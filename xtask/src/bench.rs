@@ -68,6 +68,15 @@ pub const SUITES: &[Suite] = &[
         package: "sandbox-transport",
         bench: "transport",
     },
+    // The static agent as PID 1 of the Debian sandbox image: its size, `commands.run("true")`
+    // through the official SDK and through a raw HTTP/1.1 client, against raw Docker exec.
+    // `cargo xtask bench agent` first builds the agent, the image and the SDK venv and names
+    // them to the bench binary (`bench_cmd.rs`); the engine must be running.
+    Suite {
+        name: "agent",
+        package: "xtask",
+        bench: "agent",
+    },
 ];
 
 pub fn find(name: &str) -> Option<&'static Suite> {

@@ -8,6 +8,7 @@ use xtask::bench::{self, Suite};
 use xtask::process::{self, Output, Stream};
 
 use crate::Ctx;
+use crate::ui::Verdict;
 
 const FULL_DEADLINE: Duration = Duration::from_secs(3600);
 const SMOKE_DEADLINE: Duration = Duration::from_secs(1200);
@@ -21,10 +22,19 @@ pub(crate) fn run(ctx: &Ctx, suite: &Suite, smoke_flag: bool) -> ExitCode {
         return ExitCode::FAILURE;
     }
 
+    let env = match suite_env(ctx, suite) {
+        Ok(env) => env,
+        Err(e) => {
+            eprintln!("error: bench {}: {e}", suite.name);
+            return ExitCode::FAILURE;
+        }
+    };
     let args = bench::cargo_args(suite, smoke);
-    let command = format!("cargo {}", args.join(" "));
+    let shown: String = env.iter().map(|(k, v)| format!("{k}={v} ")).collect();
+    let command = format!("{shown}cargo {}", args.join(" "));
     println!("==> {command}");
     let mut cmd = ctx.cargo_cmd(&args);
+    cmd.envs(env);
     let mut echo = |stream: Stream, line: &str| match stream {
         Stream::Stdout => println!("{line}"),
         Stream::Stderr => eprintln!("{line}"),
@@ -73,6 +83,30 @@ pub(crate) fn run(ctx: &Ctx, suite: &Suite, smoke_flag: bool) -> ExitCode {
         println!("{line}");
     }
     ExitCode::SUCCESS
+}
+
+/// What a suite's bench binary needs made first, named in its environment. The agent suite
+/// runs the static agent in the Debian image and drives it with the SDK: the same build,
+/// image and venv the pipeline makes (each reused when up to date).
+fn suite_env(ctx: &Ctx, suite: &Suite) -> Result<Vec<(&'static str, String)>, String> {
+    if suite.name != "agent" {
+        return Ok(Vec::new());
+    }
+    let (_, verdict) = crate::prereq_stage::ensure(ctx, crate::agent::TOOLS, true);
+    if let Verdict::Failed(why) | Verdict::NotRun(why) = verdict {
+        return Err(why);
+    }
+    let built = crate::agent::build(ctx)?;
+    let image = crate::debian::ensure(&ctx.target.join("xtask"))?;
+    let python = crate::sdk_venv::ensure(&ctx.root, &ctx.target)?;
+    Ok(vec![
+        (
+            xtask::agent_build::ENV_AGENT_BIN,
+            built.path.display().to_string(),
+        ),
+        (xtask::debian_image::ENV_IMAGE, image),
+        (xtask::e2b_sdk::ENV_PYTHON, python.display().to_string()),
+    ])
 }
 
 /// A clear error when the suite's package or bench target does not exist (yet).

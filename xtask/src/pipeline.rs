@@ -46,8 +46,14 @@ const EGRESS_FILTER: &str = "package(sandbox-provider-docker) and binary(it) and
 /// xtask's check of the README's run command, last in the docker stage.
 const SERVE_FILTER: &str = "package(xtask) and binary(it) and test(/^serve_docker::/)";
 
-/// The official E2B Python SDK's scenario against the agent, run by the e2b sdk stage.
-const SDK_FILTER: &str = "package(sandbox-agent) and binary(it) and test(/^sdk::/)";
+/// The official E2B Python SDK's scenario against the agent, on the host and as PID 1 of a
+/// container of the Debian image, run by the e2b sdk stage.
+const SDK_FILTER: &str =
+    "package(sandbox-agent) and binary(it) and (test(/^sdk::/) | test(/^sdk_debian::/))";
+
+/// The agent's `/files` on real filesystems it mounts in a namespace of its own (root only),
+/// run by the agent filesystems stage.
+const AGENT_FS_FILTER: &str = "package(sandbox-agent) and binary(it) and test(/^fs_edges::/)";
 
 /// The failover test, run alone with the store's failpoints compiled in.
 const FAILOVER_FILTER: &str = "package(sandbox-app) and binary(failover_docker)";
@@ -179,7 +185,17 @@ pub(crate) fn test(ctx: &Ctx) -> ExitCode {
     });
 
     stages.run("e2b sdk", || {
-        sdk_stage(ctx, &mut fixtures, &avail, &mut counts)
+        sdk_stage(
+            ctx,
+            &mut fixtures,
+            &avail,
+            agent_bin.as_deref(),
+            &mut counts,
+        )
+    });
+
+    stages.run("agent filesystems", || {
+        agent_fs_stage(ctx, &avail, &mut counts)
     });
 
     finish(ctx, stages, fixtures, counts)
@@ -574,20 +590,40 @@ fn docker_engine_stage(
 }
 
 /// The official E2B Python SDK (PyPI `e2b`, from the hashed lock's venv) as a real client of the
-/// agent: its scenario runs against the agent started on the host by the test.
+/// agent: its scenario runs against the agent started on the host by the test, and against the
+/// static agent (from the agent stage) as PID 1 of a container of the Debian image (from the
+/// fixtures stage).
 fn sdk_stage(
     ctx: &Ctx,
     fixtures: &mut Fixtures,
     avail: &Availability,
+    agent_bin: Option<&std::path::Path>,
     counts: &mut Option<Counts>,
 ) -> Verdict {
-    if let Some(why) = avail.lacking(&[Tool::Nextest, Tool::Python]) {
+    if let Some(why) =
+        avail.lacking(&[Tool::Nextest, Tool::Python, Tool::Docker, Tool::Debootstrap])
+    {
         return cannot_run(ctx, why);
     }
-    if let Err(e) = fixtures.ensure(conformance::Service::SdkVenv) {
-        return cannot_run(ctx, e);
+    let Some(agent_bin) = agent_bin else {
+        return cannot_run(ctx, "the static agent was not built (agent stage)".into());
+    };
+    for service in [
+        conformance::Service::SdkVenv,
+        conformance::Service::DebianImage,
+    ] {
+        if let Err(e) = fixtures.ensure(service) {
+            return cannot_run(ctx, e);
+        }
     }
-    let env = fixtures.test_env(&[conformance::Service::SdkVenv]);
+    let mut env = fixtures.test_env(&[
+        conformance::Service::SdkVenv,
+        conformance::Service::DebianImage,
+    ]);
+    env.push((
+        xtask::agent_build::ENV_AGENT_BIN,
+        agent_bin.display().to_string(),
+    ));
     let args: &[&str] = &[
         "nextest",
         "run",
@@ -602,6 +638,29 @@ fn sdk_stage(
         SDK_FILTER,
     ];
     counted_nextest_env(ctx, args, &env, counts)
+}
+
+/// The agent's `/files` against a `ramfs` (no user xattrs) and a full `tmpfs`, which the test
+/// mounts in a mount namespace of its own: root only. Not root is not a reason to skip: the
+/// test itself fails saying it needs root.
+fn agent_fs_stage(ctx: &Ctx, avail: &Availability, counts: &mut Option<Counts>) -> Verdict {
+    if let Some(why) = avail.lacking(&[Tool::Nextest]) {
+        return cannot_run(ctx, why);
+    }
+    let args: &[&str] = &[
+        "nextest",
+        "run",
+        "--workspace",
+        "--profile",
+        CI_PROFILE,
+        "--run-ignored",
+        "only",
+        "--no-tests",
+        "fail",
+        "-E",
+        AGENT_FS_FILTER,
+    ];
+    counted_nextest_env(ctx, args, &[], counts)
 }
 
 /// The tests that need real Redis servers beyond conformance: the Redis store's `redis_*` binaries
@@ -874,6 +933,8 @@ mod tests {
             (SERVE_FILTER, "xtask/tests/it", "serve_docker"),
             (REDIS_FILTER, "xtask/tests/it", "redis_fixture"),
             (SDK_FILTER, "crates/sandbox-agent/tests/it", "sdk"),
+            (SDK_FILTER, "crates/sandbox-agent/tests/it", "sdk_debian"),
+            (AGENT_FS_FILTER, "crates/sandbox-agent/tests/it", "fs_edges"),
             (
                 DOCKER_ENGINE_FILTER,
                 "crates/sandbox-agent/tests/it",

@@ -103,9 +103,8 @@ fn wait_deadline(child: &mut Child, deadline: Duration) -> Option<ExitStatus> {
     }
 }
 
-#[test]
-#[ignore = "needs the E2B SDK venv (SANDBOX_TEST_E2B_PYTHON, from `cargo xtask sdk-venv`)"]
-fn the_official_python_sdk_passes_its_scenario() {
+/// The venv's python from [`ENV_PYTHON`], checked; a clear panic when it is missing.
+pub(crate) fn venv_python() -> PathBuf {
     let python = PathBuf::from(std::env::var_os(ENV_PYTHON).unwrap_or_else(|| {
         panic!("{ENV_PYTHON} is not set: run `cargo xtask sdk-venv`, which makes the venv and prints it")
     }));
@@ -114,7 +113,84 @@ fn the_official_python_sdk_passes_its_scenario() {
         "{ENV_PYTHON}={}: not an absolute path to a file (`cargo xtask sdk-venv` prints the venv's)",
         python.display()
     );
+    python
+}
+
+/// Who the scenario must find its commands running as: the agent's default user and,
+/// when known, that user's home.
+pub(crate) struct Expected<'a> {
+    pub(crate) user: &'a str,
+    pub(crate) home: Option<&'a str>,
+}
+
+/// Runs the scenario with the venv's python against the agent at `url`, with `work` (a path
+/// inside the sandbox, existing and empty) as its directory. `context` tells where the agent
+/// is when something fails (its log, its container). Panics unless the scenario ran to its
+/// summary line with nothing failed; its stdout otherwise.
+pub(crate) fn run_scenario(
+    url: &str,
+    work: &Path,
+    expected: &Expected<'_>,
+    context: &dyn Fn() -> String,
+) -> String {
+    let python = venv_python();
     let scenario = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/scenario.py");
+    let mut run = Command::new(&python);
+    run.arg(&scenario)
+        .env("E2B_DEBUG", "true")
+        .env("E2B_SANDBOX_URL", url)
+        .env("SANDBOX_SCENARIO_DIR", work)
+        .env("SANDBOX_SCENARIO_USER", expected.user)
+        .env_remove("SANDBOX_SCENARIO_HOME")
+        .env_remove("E2B_API_KEY")
+        .env_remove("E2B_ACCESS_TOKEN")
+        .env_remove("SANDBOX_SCENARIO_STEPS")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if let Some(home) = expected.home {
+        run.env("SANDBOX_SCENARIO_HOME", home);
+    }
+    let mut child = run.spawn().unwrap();
+    // Read both pipes on threads, so a chatty scenario cannot fill one and stall.
+    let mut stdout = child.stdout.take().unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let out_reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stdout.read_to_string(&mut s);
+        s
+    });
+    let err_reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stderr.read_to_string(&mut s);
+        s
+    });
+    let status = wait_deadline(&mut child, SCENARIO_DEADLINE);
+    let stdout = out_reader.join().unwrap();
+    let stderr = err_reader.join().unwrap();
+    let report = format!(
+        "scenario status: {status:?}\n--- scenario stdout\n{stdout}\n--- scenario stderr\n{stderr}\n{}",
+        context()
+    );
+    let Some(status) = status else {
+        panic!(
+            "the scenario did not finish within {}s\n{report}",
+            SCENARIO_DEADLINE.as_secs()
+        );
+    };
+    assert!(status.success(), "the scenario failed\n{report}");
+    let last = stdout.lines().last().unwrap_or("");
+    assert!(
+        last.starts_with("scenario: ") && last.ends_with(" passed, 0 failed"),
+        "the scenario did not end on its summary line\n{report}"
+    );
+    stdout
+}
+
+#[test]
+#[ignore = "needs the E2B SDK venv (SANDBOX_TEST_E2B_PYTHON, from `cargo xtask sdk-venv`)"]
+fn the_official_python_sdk_passes_its_scenario() {
+    venv_python();
     let home = temp_home();
     let work = home.join("scenario");
     let port = free_port();
@@ -139,57 +215,27 @@ fn the_official_python_sdk_passes_its_scenario() {
             agent.log_tail()
         );
     }
-
-    let mut run = Command::new(&python);
-    run.arg(&scenario)
-        .env("E2B_DEBUG", "true")
-        .env("E2B_SANDBOX_URL", &url)
-        .env("SANDBOX_SCENARIO_DIR", &work)
-        .env_remove("E2B_API_KEY")
-        .env_remove("E2B_ACCESS_TOKEN")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = run.spawn().unwrap();
-    // Read both pipes on threads, so a chatty scenario cannot fill one and stall.
-    let mut stdout = child.stdout.take().unwrap();
-    let mut stderr = child.stderr.take().unwrap();
-    let out_reader = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = stdout.read_to_string(&mut s);
-        s
-    });
-    let err_reader = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = stderr.read_to_string(&mut s);
-        s
-    });
-    let status = wait_deadline(&mut child, SCENARIO_DEADLINE);
-    let stdout = out_reader.join().unwrap();
-    let stderr = err_reader.join().unwrap();
-    let agent_exit = agent.child.try_wait().unwrap();
-    let report = format!(
-        "scenario status: {status:?}\nagent: {}\n--- scenario stdout\n{stdout}\n--- scenario stderr\n{stderr}\n--- agent log (last lines)\n{}",
-        agent_exit.map_or_else(
-            || "still running".to_owned(),
-            |s| format!("exited early ({s})")
-        ),
-        agent.log_tail()
-    );
-    drop(agent);
-
-    let Some(status) = status else {
-        panic!(
-            "the scenario did not finish within {}s\n{report}",
-            SCENARIO_DEADLINE.as_secs()
-        );
+    let agent = std::sync::Mutex::new(agent);
+    let user = current_user();
+    let expected = Expected {
+        user: &user,
+        home: None,
     };
-    assert!(status.success(), "the scenario failed\n{report}");
-    let last = stdout.lines().last().unwrap_or("");
-    assert!(
-        last.starts_with("scenario: ") && last.ends_with(" passed, 0 failed"),
-        "the scenario did not end on its summary line\n{report}"
-    );
+    let stdout = run_scenario(&url, &work, &expected, &|| {
+        let Ok(mut agent) = agent.lock() else {
+            return "agent: unknown (lock poisoned)".to_owned();
+        };
+        let exit = agent.child.try_wait().ok().flatten();
+        format!(
+            "agent: {}\n--- agent log (last lines)\n{}",
+            exit.map_or_else(
+                || "still running".to_owned(),
+                |s| format!("exited early ({s})")
+            ),
+            agent.log_tail()
+        )
+    });
+    drop(agent);
     // Shown with --nocapture: the closing note's SDK round trip.
     println!("{stdout}");
 }

@@ -7,8 +7,15 @@ Run by the Rust driver (tests/it/sdk.rs) with the venv made from requirements.lo
   E2B_SANDBOX_URL           the agent's loopback URL, used as the envd base URL as it is (plain
                             http, so the SDK's transport speaks HTTP/1.1);
   SANDBOX_SCENARIO_DIR      an empty directory the scenario may use (absolute);
-  SANDBOX_SCENARIO_STEPS    optional, for debugging by hand: a comma-separated list of the
-                            steps to run (the driver never sets it: it runs them all).
+  SANDBOX_SCENARIO_USER     the user commands must run as when no user is given (the agent's
+                            default user);
+  SANDBOX_SCENARIO_HOME     optional: that user's home, which commands must see as $HOME;
+  SANDBOX_SCENARIO_STEPS    optional, for debugging by hand and for `cargo xtask bench agent`:
+                            a comma-separated list of the steps to run (the test drivers never
+                            set it: they run them all);
+  SANDBOX_SCENARIO_ROUND_TRIPS
+                            optional: how many times the closing `commands.run("true")` round
+                            trip is timed (default 20); its samples are printed too.
 
 Each step asserts what the SDK returned; the first failed assertion ends the run with a non-zero
 status and its step's name. The last line is "scenario: N passed, 0 failed".
@@ -27,6 +34,7 @@ from e2b.sandbox.commands.command_handle import PtySize
 from e2b.sandbox.filesystem.watch_handle import FilesystemEventType
 
 WORK = os.environ["SANDBOX_SCENARIO_DIR"]
+assert os.environ.get("SANDBOX_SCENARIO_USER"), "SANDBOX_SCENARIO_USER names the default user"
 BIG = 50 * 1024 * 1024
 STEPS = []
 
@@ -58,6 +66,16 @@ def run_output(sbx):
     assert r.exit_code == 0, r
     assert r.stdout == "hello\n", repr(r.stdout)
     assert r.stderr == "oops\n", repr(r.stderr)
+
+
+@step
+def run_as_the_default_user(sbx):
+    r = sbx.commands.run('printf "%s|%s" "$(id -un)" "$HOME"')
+    user, home = r.stdout.split("|")
+    assert user == os.environ["SANDBOX_SCENARIO_USER"], repr(r.stdout)
+    expected_home = os.environ.get("SANDBOX_SCENARIO_HOME")
+    if expected_home:
+        assert home == expected_home, repr(r.stdout)
 
 
 @step
@@ -242,15 +260,15 @@ def upload_and_download_urls(sbx):
     assert r.content == payload
 
 
-def round_trip(sbx, n=20):
-    """The median time of `commands.run("true")`, in milliseconds."""
+def round_trip(sbx, n):
+    """The times of `n` runs of `commands.run("true")`, in milliseconds, in run order."""
     times = []
     for _ in range(n):
         start = time.perf_counter()
-        sbx.commands.run("true")
+        r = sbx.commands.run("true")
         times.append((time.perf_counter() - start) * 1000)
-    times.sort()
-    return times[len(times) // 2]
+        assert r.exit_code == 0, r
+    return times
 
 
 def wait_for_health(url, seconds=20.0):
@@ -291,7 +309,12 @@ def main():
             return 1
         passed += 1
         print(f"ok   {fn.__name__} ({(time.perf_counter() - start) * 1000:.0f} ms)", flush=True)
-    print(f"round trip: commands.run(\"true\") median {round_trip(sbx):.1f} ms over 20 runs", flush=True)
+    n = int(os.environ.get("SANDBOX_SCENARIO_ROUND_TRIPS", "20"))
+    assert n > 0, "SANDBOX_SCENARIO_ROUND_TRIPS must be positive"
+    times = round_trip(sbx, n)
+    median = sorted(times)[len(times) // 2]
+    print(f"round trip: commands.run(\"true\") median {median:.1f} ms over {n} runs", flush=True)
+    print("round trip samples ms: " + " ".join(f"{t:.3f}" for t in times), flush=True)
     print(f"scenario: {passed} passed, 0 failed", flush=True)
     return 0
 
