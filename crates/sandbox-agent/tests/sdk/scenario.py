@@ -246,6 +246,35 @@ def watch_dir_sees_a_created_file(sbx):
 
 
 @step
+def gated_upload_options(sbx):
+    # The options the SDK gates on envd versions: octet-stream (0.5.7) with gzip, and metadata
+    # stored as extended attributes (0.6.2), read back through get_info.
+    path = f"{WORK}/gated/options.bin"
+    payload = bytes(range(256)) * 64
+    info = sbx.files.write(path, payload, gzip=True, use_octet_stream=True, metadata={"Purpose": "scenario"})
+    assert info.path == path, info
+    assert sbx.files.read(path, format="bytes", gzip=True) == payload
+    got = sbx.files.get_info(path).metadata
+    assert got == {"purpose": "scenario"}, got
+
+
+@step
+def recursive_watch_with_entries(sbx):
+    # Recursive watching (0.1.4) and the entry in each event (0.6.3).
+    root = f"{WORK}/deep-watch"
+    sbx.files.make_dir(f"{root}/a/b")
+    w = sbx.files.watch_dir(root, recursive=True, include_entry=True)
+    sbx.files.write(f"{root}/a/b/nested.txt", "deep")
+
+    def nested():
+        return [e for e in w.get_new_events() if e.name.endswith("nested.txt") and e.entry is not None]
+
+    events = eventually("an event with its entry for a file two levels down", nested)
+    assert events[0].entry.name == "nested.txt", events[0].entry
+    w.stop()
+
+
+@step
 def upload_and_download_urls(sbx):
     # Without an access token (debug mode has none) the URLs are unsigned; with one the SDK
     # would sign them, which needs the agent's access-token mode.
