@@ -37,6 +37,7 @@ pub(super) async fn route(agent: Arc<Agent>, request: Request<Body>) -> Response
             *response.status_mut() = StatusCode::NO_CONTENT;
             response
         }
+        super::version::VERSION_PATH => super::version::answer(&method),
         "/files" => {
             if method != HttpMethod::GET && method != HttpMethod::POST {
                 return not_allowed(&method, &path, "GET, POST");
