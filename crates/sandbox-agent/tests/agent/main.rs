@@ -8,6 +8,7 @@
 mod http;
 mod pid1;
 mod process;
+mod relay;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -477,6 +477,13 @@ async fn bench_true_round_trip_channel_vs_exec() {
     for _ in 0..10 {
         assert_eq!(run(&lease, "true", &[]).await.1, 0);
     }
+    let mut health = Vec::new();
+    for _ in 0..200 {
+        let started = Instant::now();
+        let lease = channel.lease().await.unwrap();
+        lease.client().health(CallOptions::new()).await.unwrap();
+        health.push(started.elapsed());
+    }
     let mut over_channel = Vec::new();
     for _ in 0..200 {
         let started = Instant::now();
@@ -514,6 +521,7 @@ async fn bench_true_round_trip_channel_vs_exec() {
         p50(over_channel)
     );
     println!("BENCH docker raw_exec_true_p50_ms {:.3}", p50(raw));
+    println!("BENCH docker channel_health_p50_ms {:.3}", p50(health));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -545,4 +553,71 @@ async fn the_agent_touches_the_activity_marker_it_serves_through() {
     let again = mtime(lease).await;
     assert!(first > 946_684_800, "{first}");
     assert!(again > 946_684_800 + 3600, "the request did not touch the marker: {again}");
+}
+
+/// How many relays run in the container (read through a separate exec, not the channel).
+fn relays_running(container: &str) -> usize {
+    let script = "for d in /proc/[0-9]*; do \
+         if tr '\\000' ' ' < \"$d/cmdline\" 2>/dev/null | grep -q '^/.sandbox/sandbox-agent relay'; then \
+         echo \"${d#/proc/}\"; fi; done";
+    let out = std::process::Command::new("docker")
+        .args(["exec", container, "sh", "-c", script])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stdout).lines().count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the Docker engine and SANDBOX_AGENT_BIN (the docker engine stage)"]
+async fn an_idle_channel_closes_its_exec_unless_leased_and_reopens_on_use() {
+    let engine = engine().await;
+    let container = AgentContainer::start(&engine).await;
+    let mut config = ChannelConfig::default();
+    config.idle_timeout = Duration::from_millis(300);
+    let channel = Channel::new(engine, &container.id, config);
+    let lease = first_lease(&channel).await;
+    assert_eq!(relays_running(&container.id), 1);
+    let opened = channel.execs_opened();
+
+    // A held lease (a long call) keeps the channel open past the idle timeout.
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert!(channel.is_open().await, "a leased channel was closed as idle");
+    assert_eq!(run(&lease, "true", &[]).await.1, 0);
+    drop(lease);
+
+    // Without a lease it closes, and the relay in the container ends with it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while channel.is_open().await || relays_running(&container.id) > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the idle channel stayed open ({} relays)",
+            relays_running(&container.id)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let lease = channel.lease().await.unwrap();
+    assert_eq!(run(&lease, "echo", &["again"]).await.0, "again\n");
+    assert_eq!(channel.execs_opened(), opened + 1);
+}
+
+/// Two replicas of the service reach one sandbox, each through its own exec: their calls
+/// interleave without either seeing the other's bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the Docker engine and SANDBOX_AGENT_BIN (the docker engine stage)"]
+async fn two_replicas_channels_to_one_sandbox_do_not_mix() {
+    let engine = engine().await;
+    let container = AgentContainer::start(&engine).await;
+    let one = Channel::new(engine.clone(), &container.id, ChannelConfig::default());
+    let two = Channel::new(engine, &container.id, ChannelConfig::default());
+    first_lease(&one).await;
+    first_lease(&two).await;
+    assert_eq!(relays_running(&container.id), 2);
+    for i in 0..50 {
+        for (name, channel) in [("one", &one), ("two", &two)] {
+            let lease = channel.lease().await.unwrap();
+            let want = format!("{name}-{i}");
+            assert_eq!(run(&lease, "echo", &[&want]).await, (format!("{want}\n"), 0));
+        }
+    }
 }
