@@ -31,10 +31,10 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, UnixListener};
 
 pub use self::router::UNAUTHORIZED_MESSAGE;
-pub use self::version::VERSION_PATH;
 pub use self::services::{
     BoxFuture, CallContext, FilesContext, FilesService, FilesystemService, Services,
 };
+pub use self::version::VERSION_PATH;
 use crate::config::Config;
 use crate::connect::{Body, BoxError};
 use crate::log;
@@ -219,7 +219,10 @@ mod tests {
             .await
             .unwrap();
         let status = response.status().as_u16();
-        (status, response.into_body().collect().await.unwrap().to_bytes())
+        (
+            status,
+            response.into_body().collect().await.unwrap().to_bytes(),
+        )
     }
 
     #[tokio::test]
@@ -280,7 +283,9 @@ mod tests {
             ..Config::default()
         };
         let agent = Agent::new(config, Services::default(), Children::new(false));
-        let request = Request::get("/health").body(crate::connect::empty()).unwrap();
+        let request = Request::get("/health")
+            .body(crate::connect::empty())
+            .unwrap();
         assert_eq!(agent.handle(request).await.status().as_u16(), 204);
         let mut moved = false;
         for _ in 0..100 {

@@ -29,7 +29,10 @@ fn agent_on(socket: &Path) -> Agent {
     let agent = Agent(child);
     let deadline = Instant::now() + Duration::from_secs(10);
     while std::os::unix::net::UnixStream::connect(socket).is_err() {
-        assert!(Instant::now() < deadline, "the agent never bound its socket");
+        assert!(
+            Instant::now() < deadline,
+            "the agent never bound its socket"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     agent

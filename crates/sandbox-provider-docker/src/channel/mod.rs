@@ -43,9 +43,9 @@ use sandbox_transport::envd::{CallOptions, EnvdClient, EnvdConfig, HttpVersion};
 use sandbox_transport::relay::RelayConnector;
 
 pub use self::map::Channels;
-pub use self::stream::STDERR_TAIL_BYTES;
-pub use self::stream::ExecStream;
 use self::stream::ExecState;
+pub use self::stream::ExecStream;
+pub use self::stream::STDERR_TAIL_BYTES;
 use crate::errors::{self, provider_error};
 
 /// Where the agent binary lives inside a container.
@@ -377,7 +377,9 @@ impl Channel {
                     }
                     return;
                 }
-                wait = idle.saturating_sub(idle_for).max(Duration::from_millis(100));
+                wait = idle
+                    .saturating_sub(idle_for)
+                    .max(Duration::from_millis(100));
             }
         });
     }
@@ -458,7 +460,12 @@ mod tests {
         let e = check_version("c1", "0.0.1", "1.2.3").unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Unavailable);
         assert_eq!(e.provider(), Some(Provider::Docker));
-        for needle in ["0.0.1", "1.2.3", "cargo xtask agent", "recreate the sandbox"] {
+        for needle in [
+            "0.0.1",
+            "1.2.3",
+            "cargo xtask agent",
+            "recreate the sandbox",
+        ] {
             assert!(e.message().contains(needle), "{needle}: {}", e.message());
         }
         // A hostile agent's long version is cut, not echoed whole.

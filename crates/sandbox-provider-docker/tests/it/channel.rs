@@ -41,7 +41,11 @@ fn agent_binary() -> PathBuf {
     let path = std::env::var_os("SANDBOX_AGENT_BIN").map(PathBuf::from).expect(
         "SANDBOX_AGENT_BIN must name a static build of sandbox-agent (`cargo xtask agent` prints it)",
     );
-    assert!(path.is_file(), "SANDBOX_AGENT_BIN={} is not a file", path.display());
+    assert!(
+        path.is_file(),
+        "SANDBOX_AGENT_BIN={} is not a file",
+        path.display()
+    );
     path
 }
 
@@ -237,10 +241,7 @@ impl AgentContainer {
             )
             .await
             .unwrap();
-        docker
-            .start_container(&container.id, None)
-            .await
-            .unwrap();
+        docker.start_container(&container.id, None).await.unwrap();
         container
     }
 }
@@ -343,7 +344,11 @@ async fn commands_run_through_one_exec_sequentially_and_concurrently() {
     for (i, answer) in answers.into_iter().enumerate() {
         assert_eq!(answer.unwrap(), (format!("{i}\n"), 0));
     }
-    assert_eq!(proxy.exec_creates(), before, "concurrent calls created execs");
+    assert_eq!(
+        proxy.exec_creates(),
+        before,
+        "concurrent calls created execs"
+    );
     assert_eq!(channel.execs_opened(), opened, "the channel reopened");
     // 50 commands of 0.2 s each, one at a time, would take 10 s: they ran side by side.
     assert!(
@@ -452,7 +457,10 @@ async fn an_agent_of_another_version_is_refused_with_the_fix_named() {
     ] {
         assert!(text.contains(needle), "{needle} missing from: {text}");
     }
-    assert!(!channel.is_open().await, "a refused agent's channel stays closed");
+    assert!(
+        !channel.is_open().await,
+        "a refused agent's channel stays closed"
+    );
     // The right version opens on the same container.
     let ok = Channel::new(engine, &container.id, ChannelConfig::default());
     let lease = first_lease(&ok).await;
@@ -541,7 +549,14 @@ async fn the_agent_touches_the_activity_marker_it_serves_through() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     let first = mtime(lease.clone()).await;
     let out = std::process::Command::new("docker")
-        .args(["exec", &container.id, "touch", "-d", "2000-01-01 00:00:00", "/.sandbox/activity"])
+        .args([
+            "exec",
+            &container.id,
+            "touch",
+            "-d",
+            "2000-01-01 00:00:00",
+            "/.sandbox/activity",
+        ])
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}");
@@ -552,7 +567,10 @@ async fn the_agent_touches_the_activity_marker_it_serves_through() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     let again = mtime(lease).await;
     assert!(first > 946_684_800, "{first}");
-    assert!(again > 946_684_800 + 3600, "the request did not touch the marker: {again}");
+    assert!(
+        again > 946_684_800 + 3600,
+        "the request did not touch the marker: {again}"
+    );
 }
 
 /// How many relays run in the container (read through a separate exec, not the channel).
@@ -582,7 +600,10 @@ async fn an_idle_channel_closes_its_exec_unless_leased_and_reopens_on_use() {
 
     // A held lease (a long call) keeps the channel open past the idle timeout.
     tokio::time::sleep(Duration::from_millis(900)).await;
-    assert!(channel.is_open().await, "a leased channel was closed as idle");
+    assert!(
+        channel.is_open().await,
+        "a leased channel was closed as idle"
+    );
     assert_eq!(run(&lease, "true", &[]).await.1, 0);
     drop(lease);
 
@@ -617,7 +638,10 @@ async fn two_replicas_channels_to_one_sandbox_do_not_mix() {
         for (name, channel) in [("one", &one), ("two", &two)] {
             let lease = channel.lease().await.unwrap();
             let want = format!("{name}-{i}");
-            assert_eq!(run(&lease, "echo", &[&want]).await, (format!("{want}\n"), 0));
+            assert_eq!(
+                run(&lease, "echo", &[&want]).await,
+                (format!("{want}\n"), 0)
+            );
         }
     }
 }
