@@ -77,6 +77,8 @@ impl Channels {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
     use super::*;
 
     fn docker() -> Docker {

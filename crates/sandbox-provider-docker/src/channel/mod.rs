@@ -452,6 +452,8 @@ fn one_exec_client(container: &str, stream: ExecStream) -> Result<ChannelClient,
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
     use super::*;
 
     #[test]

@@ -6,6 +6,8 @@
 //! front of the engine's), so the tests see every `POST /containers/{id}/exec`: a command
 //! through the channel must not make one.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // Test module: a failed unwrap is a failed test.
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
