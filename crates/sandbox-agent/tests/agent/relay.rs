@@ -92,21 +92,28 @@ fn the_end_of_stdin_half_closes_and_the_relay_exits_0() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    // A keep-alive request, then the end of stdin: the agent answers, sees the end of the
-    // connection, closes it, and the relay ends.
+    // A keep-alive request and its answer; then the end of stdin: the agent sees the end of
+    // the connection, closes it, and the relay ends.
     let mut stdin = relay.stdin.take().unwrap();
     stdin
         .write_all(b"GET /health HTTP/1.1\r\nHost: agent\r\n\r\n")
         .unwrap();
+    let mut stdout = relay.stdout.take().unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        assert_eq!(
+            stdout.read(&mut byte).unwrap(),
+            1,
+            "the answer was cut: {head:?}"
+        );
+        head.push(byte[0]);
+    }
+    assert!(head.starts_with(b"HTTP/1.1 204"), "{head:?}");
     drop(stdin);
-    let mut answer = String::new();
-    relay
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut answer)
-        .unwrap();
-    assert!(answer.starts_with("HTTP/1.1 204"), "{answer}");
+    let mut rest = Vec::new();
+    stdout.read_to_end(&mut rest).unwrap();
+    assert!(rest.is_empty(), "{rest:?}");
     assert!(relay.wait().unwrap().success());
 }
 
