@@ -81,10 +81,12 @@ mod tests {
 
     use super::*;
 
-    fn docker() -> Docker {
-        // Never dialled: channels are made, not opened, here.
-        Docker::connect_with_unix("/nonexistent/docker.sock", 5, bollard::API_DEFAULT_VERSION)
-            .unwrap()
+    /// A client of a socket path that exists but is never dialled: channels are made, not
+    /// opened, here.
+    fn docker(dir: &tempfile::TempDir) -> Docker {
+        let path = dir.path().join("docker.sock");
+        std::fs::write(&path, b"").unwrap();
+        Docker::connect_with_unix(path.to_str().unwrap(), 5, bollard::API_DEFAULT_VERSION).unwrap()
     }
 
     #[test]
@@ -93,7 +95,8 @@ mod tests {
             max_channels: 3,
             ..ChannelConfig::default()
         };
-        let channels = Channels::new(docker(), config);
+        let dir = tempfile::tempdir().unwrap();
+        let channels = Channels::new(docker(&dir), config);
         let a = channels.get("a");
         channels.get("b");
         channels.get("c");
