@@ -17,6 +17,12 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 pub const STDERR_TAIL_BYTES: usize = 4 * 1024;
 /// The most of one stderr frame written to the service's log.
 const STDERR_LOG_BYTES: usize = 512;
+/// The most stderr frames of one exec written to the service's log: a relay replaced by hostile
+/// code in the container must not flood the service's log (the tail is still kept).
+const STDERR_LOG_FRAMES: u32 = 16;
+/// Frames read in one poll without producing a byte (stderr, stdin echoes) before yielding, so
+/// a flood of them cannot hold the runtime's thread.
+const FRAMES_PER_POLL: u32 = 32;
 
 type Frames = Pin<Box<dyn Stream<Item = Result<LogOutput, bollard::errors::Error>> + Send>>;
 
@@ -26,6 +32,7 @@ type Frames = Pin<Box<dyn Stream<Item = Result<LogOutput, bollard::errors::Error
 pub(crate) struct ExecState {
     ended: AtomicBool,
     stderr: Mutex<Vec<u8>>,
+    stderr_frames: std::sync::atomic::AtomicU32,
 }
 
 impl ExecState {
@@ -45,12 +52,20 @@ impl ExecState {
     }
 
     fn record_stderr(&self, container: &str, message: &[u8]) {
-        let shown = &message[..message.len().min(STDERR_LOG_BYTES)];
-        tracing::warn!(
-            container,
-            stderr = %String::from_utf8_lossy(shown).trim(),
-            "the agent channel's relay wrote to stderr"
-        );
+        let frame = self.stderr_frames.fetch_add(1, Ordering::Relaxed);
+        if frame < STDERR_LOG_FRAMES {
+            let shown = &message[..message.len().min(STDERR_LOG_BYTES)];
+            tracing::warn!(
+                container,
+                stderr = %String::from_utf8_lossy(shown).trim(),
+                "the agent channel's relay wrote to stderr"
+            );
+        } else if frame == STDERR_LOG_FRAMES {
+            tracing::warn!(
+                container,
+                "the agent channel's relay keeps writing to stderr; no more of it is logged"
+            );
+        }
         if let Ok(mut kept) = self.stderr.lock() {
             kept.extend_from_slice(message);
             let over = kept.len().saturating_sub(STDERR_TAIL_BYTES);
@@ -108,7 +123,13 @@ impl AsyncRead for ExecStream {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = &mut *self;
+        let mut frames = 0u32;
         loop {
+            frames += 1;
+            if frames > FRAMES_PER_POLL {
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
             if !this.pending.is_empty() {
                 let n = this.pending.len().min(buf.remaining());
                 buf.put_slice(&this.pending[..n]);
@@ -206,6 +227,24 @@ mod tests {
         let mut two = [0u8; 2];
         far.read_exact(&mut two).await.unwrap();
         assert_eq!(&two, b"in");
+    }
+
+    #[tokio::test]
+    async fn a_flood_of_stderr_frames_is_bounded_and_the_bytes_still_arrive() {
+        let mut frames: Vec<LogOutput> = (0..10_000)
+            .map(|_| LogOutput::StdErr {
+                message: Bytes::from_static(b"spam spam spam "),
+            })
+            .collect();
+        frames.push(LogOutput::StdOut {
+            message: Bytes::from_static(b"ok"),
+        });
+        let (mut stream, state, _far) = stream_of(frames);
+        let mut got = Vec::new();
+        stream.read_to_end(&mut got).await.unwrap();
+        assert_eq!(got, b"ok");
+        assert!(state.stderr_tail().len() <= STDERR_TAIL_BYTES);
+        assert_eq!(state.stderr_frames.load(Ordering::Relaxed), 10_000);
     }
 
     #[tokio::test]

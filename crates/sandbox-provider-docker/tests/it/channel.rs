@@ -190,27 +190,29 @@ fn agent_tar(agent: &Path) -> Vec<u8> {
 impl AgentContainer {
     /// Created through `docker` (the engine's own socket: setup is not what is counted).
     async fn start(docker: &Docker) -> AgentContainer {
+        let agent = [
+            AGENT_PATH,
+            "--listen-unix",
+            AGENT_SOCKET,
+            "--activity-marker",
+            "/.sandbox/activity",
+            "--passwd",
+            "/.sandbox/passwd",
+            "--group",
+            "/.sandbox/group",
+            "--default-workdir",
+            "/",
+        ];
+        AgentContainer::start_with(docker, &agent).await
+    }
+
+    /// The agent's files are in place, but `entrypoint` runs instead of it.
+    async fn start_with(docker: &Docker, entrypoint: &[&str]) -> AgentContainer {
         let name = format!("sbx-channel-test-{:08x}", fastrand::u32(..));
         let body = ContainerCreateBody {
             image: Some(IMAGE.to_owned()),
             user: Some("0".to_owned()),
-            entrypoint: Some(
-                [
-                    AGENT_PATH,
-                    "--listen-unix",
-                    AGENT_SOCKET,
-                    "--activity-marker",
-                    "/.sandbox/activity",
-                    "--passwd",
-                    "/.sandbox/passwd",
-                    "--group",
-                    "/.sandbox/group",
-                    "--default-workdir",
-                    "/",
-                ]
-                .map(str::to_owned)
-                .to_vec(),
-            ),
+            entrypoint: Some(entrypoint.iter().map(|s| (*s).to_owned()).collect()),
             cmd: Some(Vec::new()),
             labels: Some([("sandbox.test".to_owned(), "1".to_owned())].into()),
             host_config: Some(HostConfig {
@@ -646,4 +648,23 @@ async fn two_replicas_channels_to_one_sandbox_do_not_mix() {
             );
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the Docker engine and SANDBOX_AGENT_BIN (the docker engine stage)"]
+async fn a_container_without_a_listening_agent_fails_with_the_relays_words() {
+    let engine = engine().await;
+    // The agent binary is there (the relay runs), but nothing listens on its socket.
+    let container = AgentContainer::start_with(&engine, &["sleep", "3600"]).await;
+    let channel = Channel::new(engine, &container.id, ChannelConfig::default());
+    let started = Instant::now();
+    let e = channel.lease().await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    assert!(
+        e.message().contains("cannot connect to the agent's socket"),
+        "{e}"
+    );
+    assert!(e.message().contains(AGENT_SOCKET), "{e}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert!(!channel.is_open().await);
 }
