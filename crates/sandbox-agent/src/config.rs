@@ -41,11 +41,21 @@ pub const DEFAULT_MAX_TUNNELS: usize = 64;
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// The agent's log file is rotated (once, to `<file>.1`) past this size.
 pub const DEFAULT_LOG_MAX_BYTES: u64 = 8 * 1024 * 1024;
+/// The activity marker is touched at most this often, however many requests arrive.
+pub const ACTIVITY_TOUCH_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Everything the agent is started with.
 #[derive(Clone)]
 pub struct Config {
     pub listen: SocketAddr,
+    /// Whether the TCP listener runs. Off when `--listen-unix` is given without `--listen`:
+    /// a sandbox reached only through its socket (a container in network `none`) needs none.
+    pub listen_tcp: bool,
+    /// A unix socket to serve on too (created mode 0600; a stale socket file is replaced).
+    pub listen_unix: Option<PathBuf>,
+    /// A file whose mtime the agent sets on every request it serves (at most once per
+    /// [`ACTIVITY_TOUCH_INTERVAL`]), so an idle sweep reading it sees the agent's use.
+    pub activity_marker: Option<PathBuf>,
     pub default_user: String,
     /// Where processes start when a request names no `cwd` (default: the user's home).
     pub default_workdir: Option<PathBuf>,
@@ -75,6 +85,9 @@ impl fmt::Debug for Config {
         // The token is a secret: say only whether there is one.
         f.debug_struct("Config")
             .field("listen", &self.listen)
+            .field("listen_tcp", &self.listen_tcp)
+            .field("listen_unix", &self.listen_unix)
+            .field("activity_marker", &self.activity_marker)
             .field("default_user", &self.default_user)
             .field("default_workdir", &self.default_workdir)
             .field("access_token", &self.access_token.as_ref().map(|_| "<set>"))
@@ -99,6 +112,9 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             listen: SocketAddr::from(([0, 0, 0, 0], 49983)),
+            listen_tcp: true,
+            listen_unix: None,
+            activity_marker: None,
             default_user: DEFAULT_USER.to_owned(),
             default_workdir: None,
             access_token: None,
@@ -124,6 +140,9 @@ impl Default for Config {
 #[derive(Debug)]
 pub enum Command {
     Run(Box<Config>),
+    /// `sandbox-agent relay <socket>`: copy stdin to the socket and the socket to stdout
+    /// (see [`crate::relay`]).
+    Relay(PathBuf),
     Help,
     Version,
 }
@@ -144,11 +163,15 @@ impl std::error::Error for ConfigError {}
 pub fn usage() -> String {
     format!(
         "usage: sandbox-agent [flags]\n\
+         \x20      sandbox-agent relay SOCKET   (copy stdin to a unix socket, the socket to stdout)\n\
          \n\
          Serves envd's HTTP endpoints and Connect services (process, filesystem) inside a sandbox.\n\
          \n\
          flags (a value may follow as the next argument or after '='):\n\
          \x20 --listen ADDR               address to listen on (default {DEFAULT_LISTEN})\n\
+         \x20 --listen-unix PATH          serve on a unix socket too (mode 0600); without --listen,\n\
+         \x20                             only there\n\
+         \x20 --activity-marker PATH      touch PATH's mtime on every request served (at most once a second)\n\
          \x20 --default-user NAME         user for requests that name none (default {DEFAULT_USER})\n\
          \x20 --default-workdir PATH      cwd for processes that name none (default: the user's home)\n\
          \x20 --access-token TOKEN        require X-Access-Token (visible in ps: prefer the two below)\n\
@@ -181,7 +204,20 @@ pub fn parse(
     let mut config = Config::default();
     let mut token_flag: Option<String> = None;
     let mut token_file: Option<PathBuf> = None;
-    let mut args = args.into_iter();
+    let mut tcp_named = false;
+    let mut args = args.into_iter().peekable();
+    if args.peek().is_some_and(|a| a == "relay") {
+        args.next();
+        let socket = args
+            .next()
+            .ok_or_else(|| ConfigError("relay needs the socket's path".into()))?;
+        if let Some(extra) = args.next() {
+            return Err(ConfigError(format!(
+                "relay takes one argument, the socket's path; {extra:?} is one too many"
+            )));
+        }
+        return Ok(Command::Relay(PathBuf::from(socket)));
+    }
     while let Some(arg) = args.next() {
         let arg = arg
             .into_string()
@@ -203,6 +239,7 @@ pub fn parse(
             "--help" | "-h" => return Ok(Command::Help),
             "--version" | "-V" => return Ok(Command::Version),
             "--listen" => {
+                tcp_named = true;
                 let v = value()?;
                 // An IP address and a port only: the agent never resolves names.
                 config.listen = v.parse().map_err(|_| {
@@ -210,6 +247,23 @@ pub fn parse(
                         "--listen {v:?}: expected IP:PORT, e.g. {DEFAULT_LISTEN}"
                     ))
                 })?;
+            }
+            "--listen-unix" => {
+                let v = PathBuf::from(value()?);
+                if v.as_os_str().is_empty() {
+                    return Err(ConfigError("--listen-unix needs a path".into()));
+                }
+                config.listen_unix = Some(v);
+            }
+            "--activity-marker" => {
+                let v = PathBuf::from(value()?);
+                if !v.is_absolute() {
+                    return Err(ConfigError(format!(
+                        "--activity-marker {}: must be absolute",
+                        v.display()
+                    )));
+                }
+                config.activity_marker = Some(v);
             }
             "--default-user" => {
                 let v = value()?;
@@ -291,6 +345,7 @@ pub fn parse(
             })
             .transpose()?,
     };
+    config.listen_tcp = tcp_named || config.listen_unix.is_none();
     // An empty token would accept an empty header: treat it as no token, as envd does.
     config.access_token = config.access_token.filter(|t| !t.is_empty());
     Ok(Command::Run(Box::new(config)))
@@ -398,6 +453,37 @@ mod tests {
         );
         assert!(!format!("{c:?}").contains("t3"));
         assert!(run(&["--access-token=a", "--access-token-file=/x"]).is_err());
+    }
+
+    #[test]
+    fn a_unix_socket_replaces_tcp_unless_tcp_is_named() {
+        let c = run(&[]).unwrap();
+        assert!(c.listen_tcp);
+        assert_eq!(c.listen_unix, None);
+        let c = run(&["--listen-unix", "/.sandbox/agent.sock"]).unwrap();
+        assert!(!c.listen_tcp);
+        assert_eq!(c.listen_unix, Some(PathBuf::from("/.sandbox/agent.sock")));
+        let c = run(&["--listen-unix=/s", "--listen", "127.0.0.1:1"]).unwrap();
+        assert!(c.listen_tcp);
+        let c = run(&["--activity-marker", "/var/lib/sandbox-activity"]).unwrap();
+        assert_eq!(
+            c.activity_marker,
+            Some(PathBuf::from("/var/lib/sandbox-activity"))
+        );
+        assert!(run(&["--activity-marker", "rel"]).is_err());
+    }
+
+    #[test]
+    fn relay_takes_exactly_the_socket() {
+        let parse_args = |args: &[&str]| parse(args.iter().map(OsString::from), |_| None);
+        assert!(matches!(
+            parse_args(&["relay", "/.sandbox/agent.sock"]),
+            Ok(Command::Relay(p)) if p == std::path::Path::new("/.sandbox/agent.sock")
+        ));
+        let e = parse_args(&["relay"]).unwrap_err().to_string();
+        assert!(e.contains("socket"), "{e}");
+        let e = parse_args(&["relay", "/a", "/b"]).unwrap_err().to_string();
+        assert!(e.contains("one too many"), "{e}");
     }
 
     #[test]

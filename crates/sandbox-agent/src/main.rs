@@ -9,6 +9,7 @@ fn main() -> ExitCode {
     let command = config::parse(std::env::args_os().skip(1), |k| std::env::var_os(k));
     let mut config = match command {
         Ok(Command::Run(config)) => *config,
+        Ok(Command::Relay(socket)) => return relay(&socket),
         Ok(Command::Help) => {
             let _ = std::io::stdout().write_all(config::usage().as_bytes());
             return ExitCode::SUCCESS;
@@ -69,6 +70,31 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             log.line("error", format_args!("{e}"));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `sandbox-agent relay <socket>` (see `sandbox_agent::relay`): status 0 when the socket
+/// closed, 1 with one line on stderr when the relay failed.
+fn relay(socket: &std::path::Path) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            let _ = writeln!(
+                std::io::stderr(),
+                "sandbox-agent relay: starting the runtime: {e}"
+            );
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(sandbox_agent::relay::run(socket)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            let _ = writeln!(std::io::stderr(), "sandbox-agent relay: {e}");
             ExitCode::FAILURE
         }
     }

@@ -153,6 +153,11 @@ pub fn is_not_running(err: &Error) -> bool {
             .contains("is not running")
 }
 
+/// Whether an engine answer says the container is paused (exec refused until it is unpaused).
+pub fn is_paused(err: &Error) -> bool {
+    err.http_status() == Some(409) && err.message().to_ascii_lowercase().contains("is paused")
+}
+
 /// A `not_found` for a sandbox this adapter does not own or cannot find. Foreign containers are
 /// reported exactly like missing ones, so IDs of the host's other containers leak nothing.
 pub fn no_such_sandbox(op: Operation, id: &str) -> Error {

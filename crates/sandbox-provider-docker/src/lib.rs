@@ -14,10 +14,12 @@
 //! Map: `config.rs` (settings, opt-in gate), `engine.rs` (endpoint, `tcp://` over mutual TLS
 //! through `sandbox-transport`'s guarded connector, API negotiation),
 //! `provider.rs` (the provider: lifecycle), `errors.rs` (engine errors → core taxonomy),
-//! `labels.rs` (ownership and metadata labels), `isolation.rs` (what the engine enforces: the
+//! `labels.rs` (ownership and metadata labels), `channel/` (the kept exec channel to the
+//! in-container agent, h2c with the envd client on top; its `mod.rs` says how it lives), `isolation.rs` (what the engine enforces: the
 //! writable layer's size limit, user namespaces, the runtime), `egress/` (the protected bridge;
 //! its `mod.rs` says which file holds what).
 
+pub mod channel;
 pub mod config;
 pub mod egress;
 pub mod engine;

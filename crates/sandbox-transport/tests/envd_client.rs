@@ -1153,3 +1153,38 @@ async fn the_pools_envd_connector_dials_the_gateway_with_the_sandbox_host_kept()
         assert_eq!(e.code(), Some(ErrorCode::UnsafeOutboundUrl), "{base}: {e}");
     }
 }
+
+#[tokio::test]
+async fn get_json_reads_a_bounded_typed_answer() {
+    #[derive(Debug, serde::Deserialize)]
+    struct Version {
+        agent: String,
+    }
+    let op = sandbox_core::Operation::new("version");
+    let server = Server::start().await;
+    for http in BOTH {
+        let client = client(&server, http);
+        let v: Version = client
+            .get_json(op, "/extension/version", 4096, CallOptions::new())
+            .await
+            .unwrap();
+        assert_eq!(v.agent, "1.2.3");
+        // Past the caller's limit: refused, not read whole.
+        let e = client
+            .get_json::<Version>(op, "/extension/big", 4096, CallOptions::new())
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Internal, "{e}");
+        assert!(e.message().contains("larger than 4096"), "{e}");
+        let e = client
+            .get_json::<Version>(op, "/extension/html", 4096, CallOptions::new())
+            .await
+            .unwrap_err();
+        assert!(e.message().contains("content type"), "{e}");
+        let e = client
+            .get_json::<Version>(op, "relative", 4096, CallOptions::new())
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidRequest);
+    }
+}

@@ -9,6 +9,7 @@ mod gates;
 mod http;
 mod pid1;
 mod process;
+mod relay;
 mod tunnel;
 
 use std::net::SocketAddr;

@@ -31,6 +31,7 @@
 mod call;
 mod config;
 mod files;
+mod get;
 mod services;
 mod stream;
 

@@ -245,6 +245,25 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
             "unauthorized access, please provide a valid access token or method signing if supported",
         );
     }
+    // Plain JSON beside the protocol (what `EnvdClient::get_json` reads): a small answer, one
+    // past any small limit, and one that is not JSON.
+    match path.as_str() {
+        "/extension/version" => {
+            return full(
+                StatusCode::OK,
+                "application/json",
+                Bytes::from_static(br#"{"agent":"1.2.3","envd":"0.5.7"}"#),
+            );
+        }
+        "/extension/big" => {
+            let body = format!("{{\"agent\":\"{}\"}}", "9".repeat(64 * 1024));
+            return full(StatusCode::OK, "application/json", Bytes::from(body));
+        }
+        "/extension/html" => {
+            return full(StatusCode::OK, "text/html", Bytes::from_static(b"<html>"));
+        }
+        _ => {}
+    }
     if path == "/files" {
         return files(state, req).await;
     }
