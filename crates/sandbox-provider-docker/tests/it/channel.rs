@@ -532,11 +532,11 @@ async fn bench_true_round_trip_channel_vs_exec() {
     }
     assert_eq!(channel.execs_opened(), 1);
     println!(
-        "BENCH docker channel_exec_true_p50_ms {:.3}",
+        "BENCH docker channel_exec_true_p50_ms={:.3}",
         p50(over_channel)
     );
-    println!("BENCH docker raw_exec_true_p50_ms {:.3}", p50(raw));
-    println!("BENCH docker channel_health_p50_ms {:.3}", p50(health));
+    println!("BENCH docker raw_exec_true_p50_ms={:.3}", p50(raw));
+    println!("BENCH docker channel_health_p50_ms={:.3}", p50(health));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
