@@ -16,8 +16,11 @@
 //! `provider.rs` (the provider: lifecycle), `errors.rs` (engine errors → core taxonomy),
 //! `labels.rs` (ownership and metadata labels), `isolation.rs` (what the engine enforces: the
 //! writable layer's size limit, user namespaces, the runtime), `egress/` (the protected bridge;
-//! its `mod.rs` says which file holds what).
+//! its `mod.rs` says which file holds what), `agent/` (agent mode: the agent binary checked at
+//! start and copied into every container as its PID 1; its `mod.rs` says what is not routed
+//! through it yet).
 
+pub mod agent;
 pub mod config;
 pub mod egress;
 pub mod engine;
@@ -32,6 +35,6 @@ pub mod snapshots;
 pub mod sweeper;
 pub mod terminal;
 
-pub use config::{DockerConfig, NetworkMode, PullPolicy};
+pub use config::{DataPlane, DockerConfig, NetworkMode, PullPolicy};
 pub use isolation::{IsolationReport, StorageLimit};
 pub use provider::{DockerProvider, docker_capabilities, docker_network_fields};
