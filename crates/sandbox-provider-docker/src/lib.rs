@@ -3,7 +3,8 @@
 //!
 //! A Docker socket is root on its host, so the backend is off until an operator enables it
 //! ([`config::ensure_enabled`]). Sandboxes are long-lived containers with every capability
-//! dropped but a minimal set, `no-new-privileges`, an init process, memory/CPU/PID limits and
+//! dropped but a minimal set, `no-new-privileges`, an init process (or, in agent mode, the agent
+//! as PID 1: [`agent`]), memory/CPU/PID limits and
 //! either no network or the adapter's own egress-protected bridge ([`egress`]) — never
 //! `docker0`. Commands run through exec with the timeout enforced inside the container
 //! ([`exec`]); files go through exec as an explicit user ([`files`]); terminals are TTY execs
