@@ -344,6 +344,19 @@ impl DockerProvider {
                     .map_err(|e| errors::map(op, e))?;
             }
             _ => {
+                // A stopped agent-mode container boots the agent file it holds: the current one
+                // is copied in first, so code that replaced or removed it while the container
+                // ran cannot decide what PID 1 is after a restart. A container created in exec
+                // mode keeps its entrypoint, and gets nothing.
+                let runs_agent = inspect
+                    .config
+                    .as_ref()
+                    .and_then(|c| c.entrypoint.as_ref())
+                    .and_then(|e| e.first())
+                    .is_some_and(|first| first == agent::AGENT_PATH);
+                if let (Some(binary), true) = (&self.inner.agent, runs_agent) {
+                    agent::install::install(self.docker_ref(), op, id, binary).await?;
+                }
                 self.docker_ref()
                     .start_container(id, None::<StartContainerOptions>)
                     .await

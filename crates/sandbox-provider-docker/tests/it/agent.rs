@@ -204,3 +204,38 @@ async fn agent_mode_refuses_to_start_without_a_usable_agent() {
     assert_eq!(p.agent().unwrap().version(), agent::VERSION);
     assert_eq!(p.agent().unwrap().path(), real.as_path());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Docker engine, the sandbox-busybox:test image and SANDBOX_AGENT_BIN: cargo xtask test runs it"]
+async fn a_stopped_sandbox_restarts_with_the_current_agent() {
+    let ns = namespace("ags");
+    let p = provider(&ns).await;
+    let size = p.agent().unwrap().bytes().len();
+    let h = p
+        .create(CreateRequest::new(TemplateId::new(IMAGE).unwrap()))
+        .await
+        .unwrap();
+    // Without the fresh copy, the restart would exec this file as PID 1 and the container
+    // would exit at once.
+    sh(
+        &p,
+        &h,
+        "rm -f /.sandbox/sandbox-agent && echo planted > /.sandbox/sandbox-agent && \
+         chmod 755 /.sandbox/sandbox-agent",
+    )
+    .await;
+    p.docker()
+        .stop_container(
+            h.id().as_str(),
+            None::<bollard::query_parameters::StopContainerOptions>,
+        )
+        .await
+        .unwrap();
+    // The next exec finds the container stopped and starts it again.
+    assert_eq!(sh(&p, &h, "readlink /proc/1/exe").await, agent::AGENT_PATH);
+    assert_eq!(
+        sh(&p, &h, "stat -c %s /.sandbox/sandbox-agent").await,
+        size.to_string()
+    );
+    cleanup(&p).await;
+}
