@@ -223,9 +223,7 @@ async fn data_plane(section: &sandbox_provider_docker::DockerConfig) -> (Check, 
             ),
             Err(e) => {
                 let message = e.message();
-                let detail = message
-                    .strip_suffix(&format!("; {FIX}"))
-                    .unwrap_or(message);
+                let detail = message.strip_suffix(&format!("; {FIX}")).unwrap_or(message);
                 (Check::fail(NAME, detail, FIX), false)
             }
         },
@@ -428,21 +426,27 @@ mod tests {
         }
 
         fn agent_mode(path: &str) -> sandbox_provider_docker::DockerConfig {
-            let mut section = sandbox_provider_docker::DockerConfig::default();
-            section.enabled = true;
-            section.data_plane = sandbox_provider_docker::DataPlane::Agent;
-            section.agent_path = Some(path.into());
-            section
+            sandbox_provider_docker::DockerConfig {
+                enabled: true,
+                data_plane: sandbox_provider_docker::DataPlane::Agent,
+                agent_path: Some(path.into()),
+                ..Default::default()
+            }
         }
 
         #[tokio::test]
         async fn the_data_plane_is_reported_and_an_unusable_agent_fails_with_the_fix() {
             let (check, ok) = data_plane(&sandbox_provider_docker::DockerConfig::default()).await;
-            assert!(ok && check.ok && check.detail.starts_with("exec:"), "{check:?}");
+            assert!(
+                ok && check.ok && check.detail.starts_with("exec:"),
+                "{check:?}"
+            );
             let (check, ok) = data_plane(&agent_mode("/nonexistent/sandbox-agent")).await;
             assert!(!ok && !check.ok, "{check:?}");
             assert!(
-                check.detail.contains("there is no agent at /nonexistent/sandbox-agent"),
+                check
+                    .detail
+                    .contains("there is no agent at /nonexistent/sandbox-agent"),
                 "{check:?}"
             );
             assert!(!check.detail.contains("cargo xtask agent"), "{check:?}");
@@ -452,7 +456,10 @@ mod tests {
             );
             // The host's /bin/true is dynamic.
             let (check, ok) = data_plane(&agent_mode("/bin/true")).await;
-            assert!(!ok && check.detail.contains("dynamically linked"), "{check:?}");
+            assert!(
+                !ok && check.detail.contains("dynamically linked"),
+                "{check:?}"
+            );
         }
 
         #[test]

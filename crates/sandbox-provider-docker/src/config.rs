@@ -300,9 +300,7 @@ fn non_blank<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<String
 }
 
 /// An optional path where a blank value means unset.
-fn non_blank_path<'de, D: Deserializer<'de>>(
-    deserializer: D,
-) -> Result<Option<PathBuf>, D::Error> {
+fn non_blank_path<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<PathBuf>, D::Error> {
     Ok(non_blank(deserializer)?.map(PathBuf::from))
 }
 

@@ -1033,7 +1033,10 @@ async fn a_streamed_upload_sends_64_mib_holding_a_few_chunks_never_the_file() {
         let mut at = 0u64;
         while let Some(chunk) = download.chunk().await.unwrap() {
             let expected: Vec<u8> = (at..at + chunk.len() as u64).map(pattern_byte).collect();
-            assert!(chunk[..] == expected[..], "{http:?}: bytes from {at} differ");
+            assert!(
+                chunk[..] == expected[..],
+                "{http:?}: bytes from {at} differ"
+            );
             at += chunk.len() as u64;
         }
         assert_eq!(at, TOTAL);
@@ -1046,8 +1049,8 @@ async fn a_streamed_upload_past_its_limit_or_with_a_failing_source_is_refused() 
     let server = Server::start().await;
     for http in BOTH {
         let client = client(&server, http);
-        let three_kib = futures_util::stream::iter(0..3)
-            .map(|_| Ok(bytes::Bytes::from(vec![b'x'; 1024])));
+        let three_kib =
+            futures_util::stream::iter(0..3).map(|_| Ok(bytes::Bytes::from(vec![b'x'; 1024])));
         let e = client
             .upload_stream("/up/over.bin", three_kib, 2048, CallOptions::new())
             .await

@@ -164,7 +164,10 @@ fn doctor_reports_the_agent_data_plane_and_fails_an_agent_that_is_not_this_one()
     std::fs::remove_dir_all(&dir).unwrap();
     assert_ne!(code, 0, "{out}");
     let plane = line(&out, "docker data plane");
-    assert!(plane.starts_with("[FAIL]") && plane.contains("--version"), "{out}");
+    assert!(
+        plane.starts_with("[FAIL]") && plane.contains("--version"),
+        "{out}"
+    );
     assert!(out.contains("fix: run `cargo xtask agent`"), "{out}");
     // The engine is still checked, so one run shows every problem.
     assert!(line(&out, "docker engine").starts_with("[ ok ]"), "{out}");

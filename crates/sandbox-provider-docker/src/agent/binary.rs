@@ -251,7 +251,10 @@ mod tests {
     #[test]
     fn the_version_line_is_the_agents_and_nothing_else() {
         assert_eq!(parse_version("sandbox-agent 0.1.0\n"), Some("0.1.0"));
-        assert_eq!(parse_version("sandbox-agent 1.2.3-rc.1"), Some("1.2.3-rc.1"));
+        assert_eq!(
+            parse_version("sandbox-agent 1.2.3-rc.1"),
+            Some("1.2.3-rc.1")
+        );
         for bad in [
             "",
             "sandbox-agent \n",
@@ -271,7 +274,10 @@ mod tests {
             .unwrap_err();
         assert_eq!(err.code(), Some(ErrorCode::ConfigIncomplete));
         let text = err.to_string();
-        assert!(text.contains("there is no agent at /nonexistent/sandbox-agent"), "{text}");
+        assert!(
+            text.contains("there is no agent at /nonexistent/sandbox-agent"),
+            "{text}"
+        );
         assert!(text.contains("cargo xtask agent"), "{text}");
         assert!(text.contains("docker.agent_path"), "{text}");
     }

@@ -100,7 +100,11 @@ async fn the_agent_is_pid_1_of_a_sandbox_without_network() {
         .await
         .unwrap();
     let host = inspect.host_config.unwrap();
-    assert_eq!(host.init, Some(false), "the agent is PID 1, not the engine's init");
+    assert_eq!(
+        host.init,
+        Some(false),
+        "the agent is PID 1, not the engine's init"
+    );
     assert_eq!(host.network_mode.as_deref(), Some("none"));
     let logs = host.log_config.unwrap();
     assert_eq!(logs.typ.as_deref(), Some("json-file"));
@@ -159,7 +163,11 @@ async fn agent_mode_refuses_to_start_without_a_usable_agent() {
     let ns = namespace("agf");
     let refused = |what: &str, err: sandbox_core::Error| {
         assert_eq!(err.kind(), ErrorKind::Unsupported, "{what}: {err}");
-        assert_eq!(err.code(), Some(ErrorCode::ConfigIncomplete), "{what}: {err}");
+        assert_eq!(
+            err.code(),
+            Some(ErrorCode::ConfigIncomplete),
+            "{what}: {err}"
+        );
         let text = err.to_string();
         assert!(
             text.contains("cargo xtask agent") && text.contains("docker.agent_path"),

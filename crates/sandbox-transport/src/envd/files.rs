@@ -263,9 +263,10 @@ where
                     format!("envd answered the upload with malformed JSON: {e}"),
                 ))
             })?;
-            written.into_iter().next().ok_or_else(|| {
-                transported(Error::internal(op, "envd reported no file written"))
-            })
+            written
+                .into_iter()
+                .next()
+                .ok_or_else(|| transported(Error::internal(op, "envd reported no file written")))
         };
         deadline.bound(op, call).await.map_err(|e| self.tag(e))
     }
