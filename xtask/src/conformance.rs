@@ -19,6 +19,9 @@ pub const ENV_DESCRIBE: &str = "SANDBOX_CONFORMANCE_DESCRIBE";
 /// Which topology the `redis` adapter's binary connects to: `standalone` (through
 /// `SANDBOX_TEST_REDIS_URL`) or `cluster` (through `SANDBOX_TEST_REDIS_CLUSTER_NODES`).
 pub const ENV_REDIS_TOPOLOGY: &str = "SANDBOX_REDIS_TOPOLOGY";
+/// The Docker adapter's data plane in its conformance run (`exec` or `agent`), as the service's
+/// environment names it; the agent run finds the agent through `SANDBOX_AGENT_BIN`.
+pub const ENV_DOCKER_DATA_PLANE: &str = "SANDBOX_DOCKER_DATA_PLANE";
 
 /// The nextest profile conformance runs use (see `.config/nextest.toml`).
 pub const NEXTEST_PROFILE: &str = "conformance";
@@ -39,6 +42,9 @@ pub enum Service {
     DebianImage,
     /// The venv holding the official E2B Python SDK from its hashed lock (see `e2b_sdk`).
     SdkVenv,
+    /// The static `sandbox-agent` (`agent_build`), built and checked; Docker's agent-mode run
+    /// installs it in every container.
+    Agent,
 }
 
 impl Service {
@@ -50,6 +56,7 @@ impl Service {
             Self::RedisCluster => "Redis Cluster",
             Self::DebianImage => "Debian sandbox image",
             Self::SdkVenv => "E2B Python SDK venv",
+            Self::Agent => "static sandbox-agent",
         }
     }
 
@@ -65,13 +72,16 @@ impl Service {
             // The tag is a hash of the recipe, the venv's place the target directory's.
             Self::DebianImage => Some(crate::debian_image::ENV_IMAGE),
             Self::SdkVenv => Some(crate::e2b_sdk::ENV_PYTHON),
+            Self::Agent => Some(crate::agent_build::ENV_AGENT_BIN),
         }
     }
 
     /// Services that must be up before this one.
     pub fn depends_on(self) -> &'static [Service] {
         match self {
-            Self::DockerEngine | Self::Redis | Self::RedisCluster | Self::SdkVenv => &[],
+            Self::DockerEngine | Self::Redis | Self::RedisCluster | Self::SdkVenv | Self::Agent => {
+                &[]
+            }
             Self::TestImage | Self::DebianImage => &[Service::DockerEngine],
         }
     }
@@ -84,6 +94,7 @@ impl Service {
             Self::Redis | Self::RedisCluster => &[Tool::Redis],
             Self::DebianImage => &[Tool::Docker, Tool::Debootstrap],
             Self::SdkVenv => &[Tool::Python],
+            Self::Agent => &[Tool::StaticLibc],
         }
     }
 }
@@ -159,12 +170,23 @@ pub const ADAPTERS: &[Adapter] = &[
         services: &[],
         variants: &[],
     },
+    // Both data planes (`docker.data_plane`): commands through `docker exec` under the engine's
+    // init, and the agent installed as every container's PID 1.
     Adapter {
         name: "docker",
         package: "sandbox-provider-docker",
         test_target: "conformance",
-        services: &[Service::DockerEngine, Service::TestImage],
-        variants: &[],
+        services: &[Service::DockerEngine, Service::TestImage, Service::Agent],
+        variants: &[
+            Variant {
+                label: "exec",
+                env: &[(ENV_DOCKER_DATA_PLANE, "exec")],
+            },
+            Variant {
+                label: "agent",
+                env: &[(ENV_DOCKER_DATA_PLANE, "agent")],
+            },
+        ],
     },
     Adapter {
         name: "memory",
@@ -542,8 +564,23 @@ mod tests {
     }
 
     #[test]
+    fn docker_runs_in_both_data_planes_with_the_agent_built() {
+        let docker = find("docker").unwrap();
+        let runs = docker.runs();
+        let titles: Vec<String> = runs.iter().map(|r| r.title("docker")).collect();
+        assert_eq!(titles, ["docker (exec)", "docker (agent)"]);
+        assert_eq!(runs[0].env, [(ENV_DOCKER_DATA_PLANE, "exec")]);
+        assert_eq!(runs[1].env, [(ENV_DOCKER_DATA_PLANE, "agent")]);
+        assert!(docker.services.contains(&Service::Agent));
+        assert_eq!(
+            Service::Agent.env_var(),
+            Some(crate::agent_build::ENV_AGENT_BIN)
+        );
+    }
+
+    #[test]
     fn adapters_without_variants_run_once_under_their_name() {
-        for name in ["fake", "docker", "memory"] {
+        for name in ["fake", "memory"] {
             let a = find(name).unwrap();
             let runs = a.runs();
             assert_eq!(runs.len(), 1, "{name}");

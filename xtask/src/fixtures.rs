@@ -47,6 +47,9 @@ pub(crate) struct Fixtures {
     debian: Option<Result<String, String>>,
     /// The SDK venv's python (kept in the target directory, reused while the lock matches).
     sdk_venv: Option<Result<PathBuf, String>>,
+    /// The static agent's path (built in the target directory; cargo rebuilds only what
+    /// changed, so after the pipeline's agent stage this is a check).
+    agent: Option<Result<PathBuf, String>>,
     /// The workspace root, where the SDK's lock is.
     root: PathBuf,
     /// Where the Debian root filesystem is made.
@@ -79,6 +82,7 @@ impl Fixtures {
             logs_dir: target.join("xtask").join("logs"),
             debian: None,
             sdk_venv: None,
+            agent: None,
             root: root.to_path_buf(),
             work_dir: target.join("xtask"),
             target: target.to_path_buf(),
@@ -157,6 +161,15 @@ impl Fixtures {
                     _ => Ok(()),
                 }
             }
+            Service::Agent => {
+                if self.agent.is_none() {
+                    self.agent = Some(build_agent(&self.root, &self.target));
+                }
+                match &self.agent {
+                    Some(Err(e)) => Err(e.clone()),
+                    _ => Ok(()),
+                }
+            }
         }
     }
 
@@ -174,6 +187,7 @@ impl Fixtures {
             || matches!(self.redis_cluster, Some(Err(_)))
             || matches!(self.debian, Some(Err(_)))
             || matches!(self.sdk_venv, Some(Err(_)))
+            || matches!(self.agent, Some(Err(_)))
     }
 
     /// The environment telling test processes where `services` are (see
@@ -200,6 +214,11 @@ impl Fixtures {
                 Service::DebianImage => self.debian_image().map(str::to_owned),
                 Service::SdkVenv => self
                     .sdk_venv
+                    .as_ref()
+                    .and_then(|r| r.as_ref().ok())
+                    .map(|p| p.display().to_string()),
+                Service::Agent => self
+                    .agent
                     .as_ref()
                     .and_then(|r| r.as_ref().ok())
                     .map(|p| p.display().to_string()),
@@ -531,4 +550,24 @@ fn run_quiet(mut cmd: Command, deadline: Duration) -> Result<String, String> {
     let out = process::run_with_deadline(&mut cmd, deadline, Output::Capture)?;
     out.check()?;
     Ok(out.stdout)
+}
+
+/// The static agent, built with the one command `cargo xtask agent` runs and checked.
+fn build_agent(root: &Path, target: &Path) -> Result<PathBuf, String> {
+    use xtask::agent_build::{self, BUILD_ARGS};
+    const BUILD_DEADLINE: Duration = Duration::from_secs(1800);
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut cmd = process::command(cargo, BUILD_ARGS);
+    cmd.current_dir(root).env_remove("DOCKER_HOST");
+    agent_build::scope_rustflags(&mut cmd);
+    let outcome = process::run_with_deadline(&mut cmd, BUILD_DEADLINE, Output::Inherit)?;
+    if !outcome.success() {
+        return Err(format!(
+            "building the static agent: {} (`cargo xtask agent` shows the whole build)",
+            outcome.describe()
+        ));
+    }
+    let path = agent_build::binary_path(target);
+    agent_build::check_binary(&path)?;
+    Ok(path)
 }

@@ -7,7 +7,8 @@ pub mod bench;
 pub mod conformance;
 pub mod debian_image;
 pub mod e2b_sdk;
-pub mod elf;
+/// The ELF linking reader, shared with the Docker adapter (crate `sandbox-elf`).
+pub use sandbox_elf as elf;
 pub mod junit;
 pub mod netclean;
 pub mod prereq;

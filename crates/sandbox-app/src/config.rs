@@ -648,6 +648,20 @@ pub const ENV_VARS: &[EnvVar] = &[
         "the static busybox that image is built from",
     ),
     var(
+        "SANDBOX_DOCKER_DATA_PLANE",
+        "docker.data_plane",
+        Text,
+        "exec",
+        "`exec`, or `agent`: sandbox-agent copied into every sandbox as its PID 1 (commands still use `docker exec` for now)",
+    ),
+    var(
+        "SANDBOX_DOCKER_AGENT_PATH",
+        "docker.agent_path",
+        Text,
+        "",
+        "the static sandbox-agent agent mode installs (unset: `sandbox-agent` beside the running binary)",
+    ),
+    var(
         "SANDBOX_UPLOAD_MAX_BYTES",
         "limits.upload_max_bytes",
         Bytes,

@@ -128,6 +128,19 @@ async fn backend(config: &ServiceConfig) -> Vec<Check> {
     }
     use sandbox_core::SandboxProvider as _;
     let mut out = Vec::new();
+    let (plane, agent_ok) = data_plane(section).await;
+    out.push(plane);
+    // An agent-mode config whose agent is unusable cannot connect at all (the start fails, as
+    // it must); the engine is still checked, in exec mode, so one run shows every problem.
+    let exec_fallback;
+    let config = if agent_ok {
+        config
+    } else {
+        let mut c = config.clone();
+        c.docker.data_plane = sandbox_provider_docker::DataPlane::Exec;
+        exec_fallback = c;
+        &exec_fallback
+    };
     // The backend alone: doctor must not create token files or anything else `serve` sets up.
     let provider = match crate::serve::connect_docker(config).await {
         Ok(p) => p,
@@ -177,6 +190,44 @@ async fn backend(config: &ServiceConfig) -> Vec<Check> {
         )),
     }
     out
+}
+
+/// The data plane (`docker.data_plane`) and, in agent mode, the agent binary: the same check
+/// the adapter's start makes, so `doctor` fails where `serve` would. The flag says whether the
+/// config can connect as it is.
+#[cfg(feature = "docker")]
+async fn data_plane(section: &sandbox_provider_docker::DockerConfig) -> (Check, bool) {
+    use sandbox_provider_docker::DataPlane;
+    use sandbox_provider_docker::agent::{AgentBinary, binary::FIX};
+    const NAME: &str = "docker data plane";
+    match section.data_plane {
+        DataPlane::Exec => (
+            Check::pass(
+                NAME,
+                "exec: every command, file operation and terminal is a docker exec                  (docker.data_plane = \"agent\" runs sandbox-agent as each sandbox's PID 1)",
+            ),
+            true,
+        ),
+        DataPlane::Agent => match AgentBinary::load(section.agent_path.as_deref()).await {
+            Ok(agent) => (
+                Check::pass(
+                    NAME,
+                    format!(
+                        "agent: {} (version {}, statically linked, {} bytes) is copied into                          every sandbox at create and runs as its PID 1; commands, files and                          terminals still go through docker exec",
+                        agent.path().display(),
+                        agent.version(),
+                        agent.bytes().len()
+                    ),
+                ),
+                true,
+            ),
+            Err(e) => {
+                let message = e.message();
+                let detail = message.strip_suffix(&format!("; {FIX}")).unwrap_or(message);
+                (Check::fail(NAME, detail, FIX), false)
+            }
+        },
+    }
 }
 
 /// What the engine enforces for sandboxes: their log and disk bounds, the runtime, and whether
@@ -372,6 +423,43 @@ mod tests {
 
         fn find<'a>(checks: &'a [Check], name: &str) -> &'a Check {
             checks.iter().find(|c| c.name == name).unwrap()
+        }
+
+        fn agent_mode(path: &str) -> sandbox_provider_docker::DockerConfig {
+            sandbox_provider_docker::DockerConfig {
+                enabled: true,
+                data_plane: sandbox_provider_docker::DataPlane::Agent,
+                agent_path: Some(path.into()),
+                ..Default::default()
+            }
+        }
+
+        #[tokio::test]
+        async fn the_data_plane_is_reported_and_an_unusable_agent_fails_with_the_fix() {
+            let (check, ok) = data_plane(&sandbox_provider_docker::DockerConfig::default()).await;
+            assert!(
+                ok && check.ok && check.detail.starts_with("exec:"),
+                "{check:?}"
+            );
+            let (check, ok) = data_plane(&agent_mode("/nonexistent/sandbox-agent")).await;
+            assert!(!ok && !check.ok, "{check:?}");
+            assert!(
+                check
+                    .detail
+                    .contains("there is no agent at /nonexistent/sandbox-agent"),
+                "{check:?}"
+            );
+            assert!(!check.detail.contains("cargo xtask agent"), "{check:?}");
+            assert!(
+                check.fix.contains("cargo xtask agent") && check.fix.contains("docker.agent_path"),
+                "{check:?}"
+            );
+            // The host's /bin/true is dynamic.
+            let (check, ok) = data_plane(&agent_mode("/bin/true")).await;
+            assert!(
+                !ok && check.detail.contains("dynamically linked"),
+                "{check:?}"
+            );
         }
 
         #[test]

@@ -118,6 +118,46 @@ impl<'de> Deserialize<'de> for NetworkMode {
     }
 }
 
+/// How commands, files and terminals reach a container.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DataPlane {
+    /// Every command, file operation and terminal is a `docker exec`; the container's PID 1 is
+    /// the engine's init running a shell that idles (`sleep infinity`).
+    #[default]
+    Exec,
+    /// `sandbox-agent` is copied into every container at create and runs as its PID 1
+    /// (`crate::agent`). In this increment commands, files and terminals still go through
+    /// `docker exec`; routing them through the agent is the next step (issue 16's channel).
+    Agent,
+}
+
+impl DataPlane {
+    /// Parses `exec` or `agent`.
+    pub fn parse(raw: &str) -> Result<Self, Error> {
+        match raw.trim() {
+            "exec" => Ok(DataPlane::Exec),
+            "agent" => Ok(DataPlane::Agent),
+            other => Err(Error::invalid_request(
+                Operation::VALIDATE,
+                format!(
+                    "unknown docker data plane {:?}: expected exec or agent",
+                    other.chars().take(64).collect::<String>()
+                ),
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for DataPlane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            DataPlane::Exec => "exec",
+            DataPlane::Agent => "agent",
+        })
+    }
+}
+
 /// Everything the adapter needs: the operator's settings (the service's `[docker]` section)
 /// and the runtime wiring an embedder injects.
 #[derive(Debug, Clone, Deserialize)]
@@ -162,6 +202,15 @@ pub struct DockerConfig {
     pub build_missing_image: bool,
     /// The statically linked busybox the local image is built from (Debian's busybox-static).
     pub busybox_path: PathBuf,
+    /// `exec` (default) or `agent`. The default stays `exec` while commands, files and
+    /// terminals still travel through `docker exec` in both modes; it becomes `agent` once the
+    /// kept channel to the agent carries them (issue 16). Agent mode never falls back to exec
+    /// silently: a missing or unusable agent fails the adapter's start.
+    pub data_plane: DataPlane,
+    /// The static `sandbox-agent` binary agent mode copies into every container; unset means
+    /// `sandbox-agent` beside the running executable (`cargo xtask agent` builds it).
+    #[serde(deserialize_with = "non_blank_path")]
+    pub agent_path: Option<PathBuf>,
     #[serde(skip)]
     pub cpu_limit: f64,
     #[serde(skip)]
@@ -214,6 +263,8 @@ impl Default for DockerConfig {
             storage_limit_bytes: DEFAULT_STORAGE_LIMIT_BYTES,
             build_missing_image: true,
             busybox_path: PathBuf::from(crate::image_build::DEFAULT_BUSYBOX),
+            data_plane: DataPlane::default(),
+            agent_path: None,
             cpu_limit: DEFAULT_CPU_LIMIT,
             memory_bytes: DEFAULT_MEMORY_BYTES,
             pids_limit: DEFAULT_PIDS_LIMIT,
@@ -246,6 +297,11 @@ fn seconds<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Er
 fn non_blank<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<String>, D::Error> {
     let raw = Option::<String>::deserialize(deserializer)?;
     Ok(raw.map(|r| r.trim().to_owned()).filter(|r| !r.is_empty()))
+}
+
+/// An optional path where a blank value means unset.
+fn non_blank_path<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<PathBuf>, D::Error> {
+    Ok(non_blank(deserializer)?.map(PathBuf::from))
 }
 
 impl DockerConfig {
@@ -488,6 +544,36 @@ mod tests {
             let err = serde_json::from_value::<DockerConfig>(bad.clone()).unwrap_err();
             assert!(err.to_string().contains(says), "{bad}: {err}");
         }
+    }
+
+    #[test]
+    fn the_data_plane_is_exec_by_default_and_parses_both_modes() {
+        assert_eq!(DockerConfig::default().data_plane, DataPlane::Exec);
+        assert_eq!(DockerConfig::default().agent_path, None);
+        assert_eq!(DataPlane::parse("agent").unwrap(), DataPlane::Agent);
+        assert_eq!(DataPlane::parse(" exec ").unwrap(), DataPlane::Exec);
+        let err = DataPlane::parse("channel").unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidRequest);
+        assert!(err.to_string().contains("exec or agent"), "{err}");
+        for mode in [DataPlane::Exec, DataPlane::Agent] {
+            assert_eq!(DataPlane::parse(&mode.to_string()).unwrap(), mode);
+        }
+        let c: DockerConfig = serde_json::from_value(serde_json::json!({
+            "data_plane": "agent",
+            "agent_path": "/opt/sandbox/sandbox-agent",
+        }))
+        .unwrap();
+        assert_eq!(c.data_plane, DataPlane::Agent);
+        assert_eq!(
+            c.agent_path.as_deref(),
+            Some(std::path::Path::new("/opt/sandbox/sandbox-agent"))
+        );
+        let c: DockerConfig =
+            serde_json::from_value(serde_json::json!({"agent_path": " "})).unwrap();
+        assert_eq!(c.agent_path, None, "blank means beside the running binary");
+        let err = serde_json::from_value::<DockerConfig>(serde_json::json!({"data_plane": "x"}))
+            .unwrap_err();
+        assert!(err.to_string().contains("unknown variant"), "{err}");
     }
 
     #[test]

@@ -33,6 +33,7 @@ use sandbox_core::{
 };
 use time::OffsetDateTime;
 
+use crate::agent::AGENT_DIR;
 use crate::exec::{self, ACTIVITY_MARKER, CLIENT_GRACE, Running};
 
 /// The largest file `read_file` returns. A larger one is `file_too_large`, never a silently
@@ -73,10 +74,12 @@ const EXIT_NOT_REGULAR: i32 = 91;
 /// The byte the read script prints before the file's content: the checks passed.
 const READY: u8 = b'R';
 
-/// Paths no file operation may touch: kernel interfaces, and the activity marker whose mtime the
-/// idle sweeper trusts. Checked on the path as given here, and for reads and tree listings again
-/// on what it resolves to inside the container.
-const RESERVED: &[&str] = &["/proc", "/sys", "/dev", ACTIVITY_MARKER];
+/// Paths no file operation may touch: kernel interfaces, the activity marker whose mtime the
+/// idle sweeper trusts, and the agent's directory (agent mode installs it there at every create;
+/// reserved in both modes, so a snapshot taken in one mode restores cleanly in the other).
+/// Checked on the path as given here, and for reads and tree listings again on what it resolves
+/// to inside the container.
+const RESERVED: &[&str] = &["/proc", "/sys", "/dev", ACTIVITY_MARKER, AGENT_DIR];
 
 /// The reserved trees as one `case` pattern. Constants only, so splicing them into script text
 /// is safe.
@@ -823,17 +826,27 @@ mod tests {
 
     #[test]
     fn reserved_paths_are_refused() {
-        for p in ["/proc/1/environ", "/sys", "/dev/sda", ACTIVITY_MARKER] {
-            let err = check_path(Operation::READ_FILE, &SandboxPath::new(p).unwrap()).unwrap_err();
-            assert_eq!(err.kind(), ErrorKind::InvalidRequest, "{p}");
+        for p in [
+            "/proc/1/environ",
+            "/sys",
+            "/dev/sda",
+            ACTIVITY_MARKER,
+            "/.sandbox",
+            "/.sandbox/sandbox-agent",
+            "/.sandbox/agent.sock",
+        ] {
+            for op in [Operation::READ_FILE, Operation::WRITE_FILE] {
+                let err = check_path(op, &SandboxPath::new(p).unwrap()).unwrap_err();
+                assert_eq!(err.kind(), ErrorKind::InvalidRequest, "{p}");
+                assert_eq!(err.code(), Some(ErrorCode::InvalidPath), "{p}");
+            }
         }
-        assert!(
-            check_path(
-                Operation::READ_FILE,
-                &SandboxPath::new("/devices/x").unwrap()
-            )
-            .is_ok()
-        );
+        for fine in ["/devices/x", "/.sandboxes", "/workspace/.sandbox"] {
+            assert!(
+                check_path(Operation::READ_FILE, &SandboxPath::new(fine).unwrap()).is_ok(),
+                "{fine}"
+            );
+        }
     }
 
     /// The tree script's output for `entries` under the resolved root `root`.

@@ -3,7 +3,8 @@
 //!
 //! A Docker socket is root on its host, so the backend is off until an operator enables it
 //! ([`config::ensure_enabled`]). Sandboxes are long-lived containers with every capability
-//! dropped but a minimal set, `no-new-privileges`, an init process, memory/CPU/PID limits and
+//! dropped but a minimal set, `no-new-privileges`, an init process (or, in agent mode, the agent
+//! as PID 1: [`agent`]), memory/CPU/PID limits and
 //! either no network or the adapter's own egress-protected bridge ([`egress`]) — never
 //! `docker0`. Commands run through exec with the timeout enforced inside the container
 //! ([`exec`]); files go through exec as an explicit user ([`files`]); terminals are TTY execs
@@ -17,8 +18,11 @@
 //! `labels.rs` (ownership and metadata labels), `channel/` (the kept exec channel to the
 //! in-container agent, h2c with the envd client on top; its `mod.rs` says how it lives), `isolation.rs` (what the engine enforces: the
 //! writable layer's size limit, user namespaces, the runtime), `egress/` (the protected bridge;
-//! its `mod.rs` says which file holds what).
+//! its `mod.rs` says which file holds what), `agent/` (agent mode: the agent binary checked at
+//! start and copied into every container as its PID 1; its `mod.rs` says what is not routed
+//! through it yet).
 
+pub mod agent;
 pub mod channel;
 pub mod config;
 pub mod egress;
@@ -34,6 +38,6 @@ pub mod snapshots;
 pub mod sweeper;
 pub mod terminal;
 
-pub use config::{DockerConfig, NetworkMode, PullPolicy};
+pub use config::{DataPlane, DockerConfig, NetworkMode, PullPolicy};
 pub use isolation::{IsolationReport, StorageLimit};
 pub use provider::{DockerProvider, docker_capabilities, docker_network_fields};

@@ -24,7 +24,8 @@ use sandbox_core::{
     TemplateCatalog, TemplateId, Terminals, TimeoutAction, TreeLimits, TreeListing, owner_metadata,
 };
 
-use crate::config::{DockerConfig, NetworkMode, PullPolicy};
+use crate::agent::{self, AgentBinary};
+use crate::config::{DataPlane, DockerConfig, NetworkMode, PullPolicy};
 use crate::egress::{EgressGuard, EgressPolicy};
 use crate::engine::{self, Dialing, Endpoint, EngineVersion};
 use crate::errors::{self, no_such_sandbox, provider_error};
@@ -84,6 +85,8 @@ pub(crate) struct Inner {
     pub(crate) endpoint: String,
     /// Whether this engine enforces the writable-layer limit, once known.
     pub(crate) storage: StorageState,
+    /// Agent mode's checked agent, read once at start (`None` in exec mode).
+    agent: Option<AgentBinary>,
 }
 
 /// The Docker backend. Cheap to clone; safe for concurrent use (the engine client is, and the
@@ -124,6 +127,12 @@ impl DockerProvider {
         dialing: Dialing,
     ) -> Result<Checked<Self>, Error> {
         config.validate()?;
+        // Before the engine: an agent-mode start without a usable agent fails here, with the
+        // fix named, and never goes on in exec mode.
+        let agent = match config.data_plane {
+            DataPlane::Agent => Some(AgentBinary::load(config.agent_path.as_deref()).await?),
+            DataPlane::Exec => None,
+        };
         let endpoint = engine::resolve_endpoint(
             config.host.as_deref(),
             std::env::var("DOCKER_HOST").ok().as_deref(),
@@ -160,6 +169,7 @@ impl DockerProvider {
                 egress,
                 endpoint: format!("{endpoint:?}"),
                 storage: StorageState::default(),
+                agent,
             }),
         }))
     }
@@ -173,6 +183,16 @@ impl DockerProvider {
     pub fn api_version(&self) -> String {
         let v = self.inner.docker.client_version();
         format!("{}.{}", v.major_version, v.minor_version)
+    }
+
+    /// How commands, files and terminals reach containers (`docker.data_plane`).
+    pub fn data_plane(&self) -> DataPlane {
+        self.inner.config.data_plane
+    }
+
+    /// Agent mode's checked agent binary; `None` in exec mode.
+    pub fn agent(&self) -> Option<&AgentBinary> {
+        self.inner.agent.as_ref()
     }
 
     /// The underlying engine client.
@@ -324,6 +344,19 @@ impl DockerProvider {
                     .map_err(|e| errors::map(op, e))?;
             }
             _ => {
+                // A stopped agent-mode container boots the agent file it holds: the current one
+                // is copied in first, so code that replaced or removed it while the container
+                // ran cannot decide what PID 1 is after a restart. A container created in exec
+                // mode keeps its entrypoint, and gets nothing.
+                let runs_agent = inspect
+                    .config
+                    .as_ref()
+                    .and_then(|c| c.entrypoint.as_ref())
+                    .and_then(|e| e.first())
+                    .is_some_and(|first| first == agent::AGENT_PATH);
+                if let (Some(binary), true) = (&self.inner.agent, runs_agent) {
+                    agent::install::install(self.docker_ref(), op, id, binary).await?;
+                }
                 self.docker_ref()
                     .start_container(id, None::<StartContainerOptions>)
                     .await
@@ -595,19 +628,29 @@ impl SandboxProvider for DockerProvider {
             .map(|(k, v)| format!("{k}={v}"))
             .collect();
         let storage_limit = self.storage_limit_for_create().await;
+        // The entrypoint replaces the image's, so any image becomes a sandbox, and is the
+        // container's long-running process. Exec mode: a shell that creates the activity marker
+        // (world-writable, so commands under other accounts still record activity) and idles
+        // until commands arrive through exec, under the engine's init, which reaps the zombies
+        // agents' background jobs leave behind. Agent mode: the agent installed below, as PID 1
+        // (it reaps orphans itself, so no init); the install also creates the marker.
+        let (entrypoint, init) = match &self.inner.agent {
+            Some(_) => (agent::entrypoint(), false),
+            None => (
+                vec![
+                    "/bin/sh".to_owned(),
+                    "-c".to_owned(),
+                    format!(
+                        "mkdir -p /var/lib 2>/dev/null; touch {ACTIVITY_MARKER}; chmod 666 {ACTIVITY_MARKER} 2>/dev/null; exec sleep infinity"
+                    ),
+                ],
+                true,
+            ),
+        };
         let mut body = ContainerCreateBody {
             image: Some(image),
             user: Some("0".to_owned()),
-            // The entrypoint replaces the image's, so any image becomes a sandbox: it creates the
-            // activity marker (world-writable, so commands under other accounts still record
-            // activity) and then idles until commands arrive through exec.
-            entrypoint: Some(vec![
-                "/bin/sh".to_owned(),
-                "-c".to_owned(),
-                format!(
-                    "mkdir -p /var/lib 2>/dev/null; touch {ACTIVITY_MARKER}; chmod 666 {ACTIVITY_MARKER} 2>/dev/null; exec sleep infinity"
-                ),
-            ]),
+            entrypoint: Some(entrypoint),
             cmd: Some(Vec::new()),
             working_dir: Some(sandbox_core::policy::workspace::WORKSPACE_ROOT.to_owned()),
             env: Some(env),
@@ -622,12 +665,12 @@ impl SandboxProvider for DockerProvider {
                 cap_drop: Some(vec!["ALL".to_owned()]),
                 cap_add: Some(CAP_ADD.iter().map(|c| (*c).to_owned()).collect()),
                 security_opt: Some(vec!["no-new-privileges".to_owned()]),
-                // An init process reaps the zombies agents' background jobs leave behind.
-                init: Some(true),
+                init: Some(init),
                 runtime: config.runtime.clone(),
                 network_mode: Some(network_mode),
-                // Code in the sandbox can write to PID 1's stdout; without a bound the engine
-                // would copy all of it onto the host's disk.
+                // Code in the sandbox can write to PID 1's stdout (in agent mode, the agent's
+                // log goes there too); without a bound the engine would copy all of it onto the
+                // host's disk.
                 log_config: Some(log_config(config.log_max_bytes)),
                 storage_opt: storage_limit.map(storage_opt),
                 ..Default::default()
@@ -657,6 +700,11 @@ impl SandboxProvider for DockerProvider {
         };
         let id = created.id;
         let started = async {
+            // Into the created container, before it starts: its entrypoint is this file. A
+            // restore gets the current agent too, over whatever its snapshot carried.
+            if let Some(agent) = &self.inner.agent {
+                agent::install::install(self.docker_ref(), op, &id, agent).await?;
+            }
             self.docker_ref()
                 .start_container(&id, None::<StartContainerOptions>)
                 .await

@@ -4,17 +4,38 @@
 //! `sandbox-busybox:test` image and select this adapter with `SANDBOX_CONFORMANCE_ADAPTER=docker`.
 //! Without that selection (a plain `cargo test`, perhaps on a machine with no engine) every case
 //! is listed as ignored with the command that runs it.
+//!
+//! The suite runs once per data plane (`SANDBOX_DOCKER_DATA_PLANE`, `exec` or `agent`; xtask's
+//! variants `docker (exec)` and `docker (agent)`). The agent run installs the static agent that
+//! `SANDBOX_AGENT_BIN` names as every container's PID 1; commands, files and terminals still go
+//! through `docker exec` in both.
 
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use sandbox_core::{Capabilities, Capability, TemplateId};
-use sandbox_provider_docker::{DockerConfig, DockerProvider, NetworkMode, PullPolicy};
+use sandbox_provider_docker::{DataPlane, DockerConfig, DockerProvider, NetworkMode, PullPolicy};
 use sandbox_testkit::conformance::Target;
 use sandbox_testkit::conformance::harness::run_main_when_selected;
 
 /// The image xtask builds without a registry (`FROM scratch` + Debian's busybox-static).
 const TEST_IMAGE: &str = "sandbox-busybox:test";
+
+/// Which data plane this run tests, and the agent binary for the agent plane. An unknown mode
+/// or an agent run without the agent's path is an error, never a quiet exec-mode run.
+fn data_plane() -> Result<(DataPlane, Option<std::path::PathBuf>), String> {
+    let plane = match std::env::var("SANDBOX_DOCKER_DATA_PLANE") {
+        Ok(raw) => DataPlane::parse(&raw).map_err(|e| e.to_string())?,
+        Err(_) => DataPlane::Exec,
+    };
+    let agent = match plane {
+        DataPlane::Exec => None,
+        DataPlane::Agent => Some(std::env::var_os("SANDBOX_AGENT_BIN").map(Into::into).ok_or(
+            "the agent data plane needs SANDBOX_AGENT_BIN (the static agent `cargo xtask agent` builds)",
+        )?),
+    };
+    Ok((plane, agent))
+}
 
 /// The capability set this adapter must declare, written out here rather than read from the
 /// adapter: every flag except `timeout_refresh`, `volumes` and `desktop`. Cases are registered
@@ -45,6 +66,7 @@ fn main() -> ExitCode {
                 config.pull_policy = PullPolicy::Never;
                 config.network = NetworkMode::None;
                 config.idle_sweep = false;
+                (config.data_plane, config.agent_path) = data_plane()?;
                 config
                     .extra_labels
                     .insert("sandbox.test".to_owned(), "1".to_owned());

@@ -983,6 +983,104 @@ async fn files_upload_and_download() {
     }
 }
 
+/// The byte at `at` of the streamed-upload test's content: varied, and cheap to check again.
+fn pattern_byte(at: u64) -> u8 {
+    (at.wrapping_mul(31) ^ (at >> 13)) as u8
+}
+
+#[tokio::test]
+async fn a_streamed_upload_sends_64_mib_holding_a_few_chunks_never_the_file() {
+    use futures_util::StreamExt as _;
+    use std::sync::atomic::AtomicU64;
+    const TOTAL: u64 = 64 * 1024 * 1024;
+    const CHUNK: u64 = 64 * 1024;
+    let server = Server::start().await;
+    for http in BOTH {
+        server.state.octet_received.store(0, Ordering::SeqCst);
+        let client = client(&server, http);
+        // How far the source ever ran ahead of what the server had written: what the client
+        // side (hyper, the socket buffers) held at once.
+        let max_lead = Arc::new(AtomicU64::new(0));
+        let (state, lead) = (Arc::clone(&server.state), Arc::clone(&max_lead));
+        let chunks = futures_util::stream::iter(0..TOTAL / CHUNK).map(move |i| {
+            let produced = i * CHUNK;
+            let landed = state.octet_received.load(Ordering::SeqCst);
+            lead.fetch_max(produced.saturating_sub(landed), Ordering::SeqCst);
+            let data: Vec<u8> = (produced..produced + CHUNK).map(pattern_byte).collect();
+            Ok(bytes::Bytes::from(data))
+        });
+        let path = format!("/up/{http:?}/streamed.bin");
+        let written = client
+            .upload_stream(&path, chunks, TOTAL, CallOptions::new())
+            .await
+            .unwrap();
+        assert_eq!(written.path, path);
+        assert_eq!(server.state.octet_received.load(Ordering::SeqCst), TOTAL);
+        let seen = server.state.seen("/files").pop().unwrap();
+        assert_eq!(
+            seen.headers.get("content-type").unwrap(),
+            "application/octet-stream"
+        );
+        assert!(seen.query.contains("path="), "{}", seen.query);
+        let lead = max_lead.load(Ordering::SeqCst);
+        eprintln!("{http:?}: the source ran at most {lead} bytes ahead of the server");
+        assert!(
+            lead < TOTAL / 4,
+            "{http:?}: the source ran {lead} bytes ahead of the server: the upload was buffered"
+        );
+        // Every byte arrived, in order.
+        let mut download = client.download(&path, CallOptions::new()).await.unwrap();
+        let mut at = 0u64;
+        while let Some(chunk) = download.chunk().await.unwrap() {
+            let expected: Vec<u8> = (at..at + chunk.len() as u64).map(pattern_byte).collect();
+            assert!(
+                chunk[..] == expected[..],
+                "{http:?}: bytes from {at} differ"
+            );
+            at += chunk.len() as u64;
+        }
+        assert_eq!(at, TOTAL);
+    }
+}
+
+#[tokio::test]
+async fn a_streamed_upload_past_its_limit_or_with_a_failing_source_is_refused() {
+    use futures_util::StreamExt as _;
+    let server = Server::start().await;
+    for http in BOTH {
+        let client = client(&server, http);
+        let three_kib =
+            futures_util::stream::iter(0..3).map(|_| Ok(bytes::Bytes::from(vec![b'x'; 1024])));
+        let e = client
+            .upload_stream("/up/over.bin", three_kib, 2048, CallOptions::new())
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{e}");
+        assert_eq!(e.code(), Some(ErrorCode::FileTooLarge), "{e}");
+        assert!(e.message().contains("over the limit of 2048"), "{e}");
+        let failing = futures_util::stream::iter([
+            Ok(bytes::Bytes::from_static(b"first")),
+            Err(std::io::Error::other("disk gone")),
+        ]);
+        let e = client
+            .upload_stream("/up/broken.bin", failing, 1 << 20, CallOptions::new())
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+        assert!(e.message().contains("disk gone"), "{e}");
+        let e = client
+            .upload_stream(
+                "/bad\nname",
+                futures_util::stream::empty::<std::io::Result<bytes::Bytes>>(),
+                1,
+                CallOptions::new(),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidRequest);
+    }
+}
+
 #[tokio::test]
 async fn connections_are_pooled() {
     let server = Server::start().await;

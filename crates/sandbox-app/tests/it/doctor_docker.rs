@@ -114,3 +114,61 @@ fn doctor_fails_a_runtime_the_engine_does_not_have() {
     assert!(runtime.starts_with("[FAIL]"), "{text}");
     assert!(runtime.contains("sbx-no-such-runtime"), "{text}");
 }
+
+/// `sandbox doctor` in agent mode with the agent at `agent_path`.
+fn doctor_agent_mode(agent_path: &std::path::Path) -> (i32, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_sandbox"))
+        .arg("doctor")
+        .env_remove("SANDBOX_CONFIG")
+        .env_remove("DOCKER_HOST")
+        .env("SANDBOX_DOCKER_ENABLED", "true")
+        .env("SANDBOX_DOCKER_IMAGE", "sandbox-busybox:test")
+        .env(
+            "SANDBOX_DOCKER_NAMESPACE",
+            format!("tdoc-{:08x}", fastrand::u32(..)),
+        )
+        .env("SANDBOX_DOCKER_NETWORK", "none")
+        .env("SANDBOX_DOCKER_DATA_PLANE", "agent")
+        .env("SANDBOX_DOCKER_AGENT_PATH", agent_path)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+#[test]
+#[ignore = "needs a Docker engine, the sandbox-busybox:test image and SANDBOX_AGENT_BIN: cargo xtask test runs it"]
+fn doctor_reports_the_agent_data_plane_and_fails_an_agent_that_is_not_this_one() {
+    let agent = std::env::var_os("SANDBOX_AGENT_BIN")
+        .map(std::path::PathBuf::from)
+        .expect("SANDBOX_AGENT_BIN names the static agent (`cargo xtask agent` prints it)");
+    let (code, out) = doctor_agent_mode(&agent);
+    assert_eq!(code, 0, "{out}");
+    let plane = line(&out, "docker data plane");
+    assert!(plane.starts_with("[ ok ]"), "{out}");
+    assert!(
+        plane.contains(&format!("agent: {}", agent.display()))
+            && plane.contains(env!("CARGO_PKG_VERSION"))
+            && plane.contains("still go through docker exec"),
+        "{out}"
+    );
+
+    // Static, but not this agent: busybox answers `--version` with no version.
+    let dir = std::env::temp_dir().join(format!("sbx-doctor-agent-{:08x}", fastrand::u32(..)));
+    std::fs::create_dir_all(&dir).unwrap();
+    let impostor = dir.join("sandbox-agent");
+    std::fs::copy("/bin/busybox", &impostor).unwrap();
+    let (code, out) = doctor_agent_mode(&impostor);
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_ne!(code, 0, "{out}");
+    let plane = line(&out, "docker data plane");
+    assert!(
+        plane.starts_with("[FAIL]") && plane.contains("--version"),
+        "{out}"
+    );
+    assert!(out.contains("fix: run `cargo xtask agent`"), "{out}");
+    // The engine is still checked, so one run shows every problem.
+    assert!(line(&out, "docker engine").starts_with("[ ok ]"), "{out}");
+}

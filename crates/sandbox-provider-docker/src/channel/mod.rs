@@ -48,10 +48,8 @@ pub use self::stream::ExecStream;
 pub use self::stream::STDERR_TAIL_BYTES;
 use crate::errors::{self, provider_error};
 
-/// Where the agent binary lives inside a container.
-pub const AGENT_PATH: &str = "/.sandbox/sandbox-agent";
-/// The agent's unix socket inside a container.
-pub const AGENT_SOCKET: &str = "/.sandbox/agent.sock";
+pub use crate::agent::{AGENT_PATH, AGENT_SOCKET};
+
 /// The channel's exec.
 pub const RELAY_ARGV: [&str; 3] = [AGENT_PATH, "relay", AGENT_SOCKET];
 /// The agent's version endpoint.
@@ -95,7 +93,7 @@ impl Default for ChannelConfig {
             health_timeout: DEFAULT_HEALTH_TIMEOUT,
             open_timeout: DEFAULT_OPEN_TIMEOUT,
             max_channels: DEFAULT_MAX_CHANNELS,
-            expected_agent_version: env!("CARGO_PKG_VERSION").to_owned(),
+            expected_agent_version: crate::agent::VERSION.to_owned(),
         }
     }
 }

@@ -1,17 +1,20 @@
 //! envd's `/files` endpoints: multipart upload and streamed download (`docs/envd.md`, "HTTP
 //! endpoints").
 
+use std::sync::{Arc, Mutex};
+
 use bytes::{BufMut, Bytes, BytesMut};
-use http_body_util::BodyExt;
-use hyper::body::Incoming;
+use futures_util::{Stream, StreamExt};
+use http_body_util::{BodyExt, StreamBody};
+use hyper::body::{Frame, Incoming};
 use hyper::header::{self, HeaderValue};
 use hyper::{Response, StatusCode};
 use hyper_util::client::legacy::connect::Connect;
-use sandbox_core::{Error, Operation, Provider};
+use sandbox_core::{Error, ErrorCode, Operation, Provider};
 use sandbox_envd::files::{self, WriteInfo};
 
 use super::call::{
-    CallOptions, Deadline, EnvdClient, error_answer, full, ok_response, read_limited,
+    Body, CallOptions, Deadline, EnvdClient, error_answer, full, ok_response, read_limited,
 };
 use crate::transported;
 
@@ -214,6 +217,60 @@ where
         })
     }
 
+    /// Writes one file at `path` from `data`, sent as an `application/octet-stream` body
+    /// (`POST /files?path=…`) as the stream yields it: hyper asks for the next chunk only when
+    /// the connection has taken the last, so the client holds a chunk or two of the file, never
+    /// the file. A stream that yields more than `max_bytes` ends the request with
+    /// `file_too_large` (envd keeps no partial answer for it); a chunk that fails ends it with
+    /// that error. The deadline covers sending the whole body.
+    pub async fn upload_stream<S>(
+        &self,
+        path: &str,
+        data: S,
+        max_bytes: u64,
+        options: CallOptions,
+    ) -> Result<WriteInfo, Error>
+    where
+        S: Stream<Item = std::io::Result<Bytes>> + Send + 'static,
+    {
+        let op = OP_UPLOAD;
+        if path.is_empty() || path.chars().any(char::is_control) {
+            return Err(self.tag(transported(Error::invalid_request(
+                op,
+                format!("upload path {path:?}: empty or with control characters"),
+            ))));
+        }
+        let query = self.files_query(Some(path));
+        let (body, failure) = bounded_body(data, max_bytes);
+        let deadline = Deadline::start(options.budget(self.inner.config.unary_timeout));
+        let call = async {
+            let mut request = self.request(op, hyper::Method::POST, &query, body)?;
+            request.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/octet-stream"),
+            );
+            let sent = self.send(op, request).await;
+            // The body's own failure (over the limit, a source error) is the cause of whatever
+            // the connection reports; say that, not "the connection broke".
+            if let Some(cause) = failure.lock().ok().and_then(|mut f| f.take()) {
+                return Err(transported(cause));
+            }
+            let response = ok_response(op, sent?, "application/json", true).await?;
+            let body = read_limited(op, response.into_body(), UPLOAD_ANSWER_LIMIT).await?;
+            let written = serde_json::from_slice::<Vec<WriteInfo>>(&body).map_err(|e| {
+                transported(Error::internal(
+                    op,
+                    format!("envd answered the upload with malformed JSON: {e}"),
+                ))
+            })?;
+            written
+                .into_iter()
+                .next()
+                .ok_or_else(|| transported(Error::internal(op, "envd reported no file written")))
+        };
+        deadline.bound(op, call).await.map_err(|e| self.tag(e))
+    }
+
     /// Opens a download of `path`. The deadline covers reading the whole file.
     pub async fn download(&self, path: &str, options: CallOptions) -> Result<Download, Error> {
         let op = OP_DOWNLOAD;
@@ -268,6 +325,42 @@ where
             format!("{}?{query}", files::PATH)
         }
     }
+}
+
+/// `data` as a request body that fails once more than `max_bytes` have passed, with the error
+/// that ended it (if the body ended it) left in the second value.
+fn bounded_body<S>(data: S, max_bytes: u64) -> (Body, Arc<Mutex<Option<Error>>>)
+where
+    S: Stream<Item = std::io::Result<Bytes>> + Send + 'static,
+{
+    let failure: Arc<Mutex<Option<Error>>> = Arc::default();
+    let record = Arc::clone(&failure);
+    let mut sent: u64 = 0;
+    let frames = data.map(move |chunk| {
+        let cause = match chunk {
+            Ok(chunk) => {
+                sent = sent.saturating_add(chunk.len() as u64);
+                if sent <= max_bytes {
+                    return Ok(Frame::data(chunk));
+                }
+                Error::invalid_request(
+                    OP_UPLOAD,
+                    format!("the upload is over the limit of {max_bytes} bytes"),
+                )
+                .with_code(ErrorCode::FileTooLarge)
+            }
+            Err(e) => Error::unavailable(
+                OP_UPLOAD,
+                format!("reading the upload's content after {sent} bytes: {e}"),
+            ),
+        };
+        let message = cause.message().to_owned();
+        if let Ok(mut slot) = record.lock() {
+            slot.get_or_insert(cause);
+        }
+        Err(crate::connector::BoxError::from(message))
+    });
+    (StreamBody::new(frames).boxed_unsync(), failure)
 }
 
 /// A `multipart/form-data` body with one `file` part per file (RFC 7578), and its content type.

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::{Component, Path, PathBuf};
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -77,6 +77,8 @@ pub(crate) struct State {
     watchers: Mutex<HashMap<String, Arc<Mutex<Vec<fs::FilesystemEvent>>>>>,
     next_pid: AtomicU32,
     watch: broadcast::Sender<(PathBuf, fs::FilesystemEvent)>,
+    /// Bytes of octet-stream uploads written to disk so far, counted as each frame lands.
+    pub(crate) octet_received: AtomicU64,
 }
 
 impl State {
@@ -146,6 +148,7 @@ impl Server {
             watchers: Mutex::new(HashMap::new()),
             next_pid: AtomicU32::new(100),
             watch: broadcast::channel(1024).0,
+            octet_received: AtomicU64::new(0),
         });
         let accept_state = Arc::clone(&state);
         let task = tokio::spawn(async move {
@@ -1040,6 +1043,9 @@ async fn files(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
         .to_owned();
+    if content_type == "application/octet-stream" {
+        return octet_upload(&state, path, req.into_body()).await;
+    }
     let Ok(boundary) = multer::parse_boundary(&content_type) else {
         return http_error(StatusCode::BAD_REQUEST, "unsupported content type");
     };
@@ -1087,4 +1093,41 @@ async fn files(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
         });
     }
     json(&written)
+}
+
+/// An `application/octet-stream` upload (one file at the query's `path`), written to disk frame
+/// by frame as it arrives, so the server holds no more of it than the client does.
+async fn octet_upload(state: &State, path: Option<String>, mut body: Incoming) -> Response<Body> {
+    use std::io::Write as _;
+    let Some(target) = path else {
+        return http_error(StatusCode::BAD_REQUEST, "octet-stream upload needs a path");
+    };
+    let Ok(host) = state.resolve(&target) else {
+        return http_error(StatusCode::BAD_REQUEST, "bad path");
+    };
+    std::fs::create_dir_all(host.parent().unwrap()).unwrap();
+    let mut file = std::fs::File::create(&host).unwrap();
+    while let Some(frame) = body.frame().await {
+        let Ok(frame) = frame else {
+            // The client ended the body with an error: nothing is answered for it.
+            return http_error(StatusCode::BAD_REQUEST, "the upload broke");
+        };
+        if let Some(data) = frame.data_ref() {
+            file.write_all(data).unwrap();
+            state
+                .octet_received
+                .fetch_add(data.len() as u64, Ordering::SeqCst);
+        }
+    }
+    let absolute = if target.starts_with('/') {
+        target.clone()
+    } else {
+        format!("/home/user/{target}")
+    };
+    json(&[WriteInfo {
+        name: host.file_name().unwrap().to_string_lossy().into_owned(),
+        path: absolute,
+        kind: "file".to_owned(),
+        metadata: None,
+    }])
 }

@@ -6,6 +6,12 @@
 //!
 //! Read from the bytes, not from `file` or `ldd`: their wording differs between versions (and
 //! `ldd` on a static-PIE says "statically linked" on some and runs the loader on others).
+//!
+//! A crate of its own because two readers must agree on what "static" means: xtask's agent build
+//! (`xtask/src/agent_build.rs`) refuses a dynamic agent before it is shipped, and the Docker
+//! adapter (`sandbox-provider-docker`, `src/agent/`) refuses one before it copies it into a
+//! container, where a dynamic binary would find no loader. xtask builds this crate on every run,
+//! so it has no dependencies (tidy rule `shared-with-xtask`).
 
 /// `\x7fELF`.
 const MAGIC: &[u8; 4] = b"\x7fELF";

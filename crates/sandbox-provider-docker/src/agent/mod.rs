@@ -1,0 +1,78 @@
+//! `sandbox-agent` in every container, without it being in the image (agent mode,
+//! `docker.data_plane = "agent"`).
+//!
+//! - `binary.rs`: finding the agent (`docker.agent_path`, default beside the running binary),
+//!   checking it (a static ELF that answers `--version` with this adapter's version), and
+//!   holding its bytes. Done once at the adapter's start: a missing, dynamic or mismatched agent
+//!   fails the start with the fix named, never a silent switch to exec mode.
+//! - `install.rs`: the tar stream that carries the agent into a created container through the
+//!   engine's archive endpoint, before the container starts.
+//!
+//! In agent mode the container's entrypoint is the agent ([`entrypoint`]), so it is PID 1 and
+//! the engine's init is off: the agent adopts and reaps orphans itself. It replaces the exec
+//! mode's idling shell as the container's long-running process, as that shell replaced the
+//! image's own entrypoint and command: neither mode runs what the image names.
+//!
+//! What this increment does not do yet: commands, files and terminals still go through
+//! `docker exec` in agent mode. The kept channel to the agent exists (`crate::channel`, with
+//! the version check on its first exchange); routing the data plane through it is the next
+//! step of issue 16.
+
+pub mod binary;
+pub(crate) mod install;
+
+pub use binary::{AgentBinary, VERSION, default_path};
+
+/// The directory inside every agent-mode container that holds the agent; the file API refuses
+/// it (`crate::files`).
+pub const AGENT_DIR: &str = "/.sandbox";
+/// Where the agent binary is installed inside the container.
+pub const AGENT_PATH: &str = "/.sandbox/sandbox-agent";
+/// The unix socket the agent listens on; the channel's relay connects to it.
+pub const AGENT_SOCKET: &str = "/.sandbox/agent.sock";
+
+/// The flags the agent runs with as PID 1, after its path. One constant so the flag set can
+/// change in one place.
+///
+/// The agent listens on the unix socket only ([`AGENT_SOCKET`], mode 0600): no TCP port, so no
+/// other sandbox on a shared bridge, and nothing in network `none`, can reach it; the service
+/// reaches it through the channel (`crate::channel`), whose exec runs `sandbox-agent relay`
+/// against that socket. Every request it serves touches the activity marker the idle sweeper
+/// reads ([`crate::exec::ACTIVITY_MARKER`]; the install carries it, so its directory exists).
+pub const AGENT_FLAGS: &[&str] = &[
+    "--listen-unix",
+    AGENT_SOCKET,
+    "--activity-marker",
+    crate::exec::ACTIVITY_MARKER,
+];
+
+/// The container entrypoint of agent mode: the installed agent and [`AGENT_FLAGS`].
+pub fn entrypoint() -> Vec<String> {
+    std::iter::once(AGENT_PATH)
+        .chain(AGENT_FLAGS.iter().copied())
+        .map(str::to_owned)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_entrypoint_runs_the_installed_agent_with_its_flags() {
+        let argv = entrypoint();
+        assert_eq!(argv[0], AGENT_PATH);
+        assert_eq!(&argv[1..], AGENT_FLAGS);
+        assert!(AGENT_PATH.starts_with(&format!("{AGENT_DIR}/")));
+        assert!(AGENT_SOCKET.starts_with(&format!("{AGENT_DIR}/")));
+        // Never reachable from outside the container: a unix socket, no TCP listener.
+        assert!(!argv.iter().any(|a| a == "--listen"), "{argv:?}");
+        let at = argv.iter().position(|a| a == "--listen-unix");
+        assert_eq!(at.map(|at| argv[at + 1].as_str()), Some(AGENT_SOCKET));
+        let at = argv.iter().position(|a| a == "--activity-marker");
+        assert_eq!(
+            at.map(|at| argv[at + 1].as_str()),
+            Some(crate::exec::ACTIVITY_MARKER)
+        );
+    }
+}

@@ -1,0 +1,249 @@
+//! Agent mode on the real engine: the agent copied into every created container and run as its
+//! PID 1 (network `none`), a restore from a snapshot getting a fresh agent over the one the
+//! snapshot carried, and the start refusing a missing, dynamic or mismatched agent.
+//!
+//! They need the engine, the `sandbox-busybox:test` image and the static agent, whose path the
+//! pipeline's docker engine stage passes as `SANDBOX_AGENT_BIN` (`cargo xtask agent` builds it
+//! and prints it). Without the variable the tests fail, naming it: they never skip.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // Test binary: a failed unwrap is a failed test.
+
+use crate::support;
+
+use std::path::PathBuf;
+
+use bollard::query_parameters::InspectContainerOptions;
+use sandbox_core::{
+    CreateRequest, ErrorCode, ErrorKind, ExecRequest, ListFilter, SandboxHandle, SandboxPath,
+    SandboxProvider, Snapshots, TemplateId,
+};
+use sandbox_provider_docker::agent::{self, AgentBinary};
+use sandbox_provider_docker::{DataPlane, DockerConfig, DockerProvider};
+
+use support::{IMAGE, config, namespace};
+
+const ENV_AGENT_BIN: &str = "SANDBOX_AGENT_BIN";
+
+fn agent_bin() -> PathBuf {
+    std::env::var_os(ENV_AGENT_BIN)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            panic!("{ENV_AGENT_BIN} must name the static agent (`cargo xtask agent` prints it)")
+        })
+}
+
+fn agent_config(ns: &str, path: PathBuf) -> DockerConfig {
+    let mut c = config(ns);
+    c.data_plane = DataPlane::Agent;
+    c.agent_path = Some(path);
+    c
+}
+
+async fn provider(ns: &str) -> sandbox_core::Checked<DockerProvider> {
+    DockerProvider::connect(agent_config(ns, agent_bin()))
+        .await
+        .expect("connect in agent mode")
+}
+
+async fn cleanup(p: &DockerProvider) {
+    for s in p.list(&ListFilter::default()).await.unwrap_or_default() {
+        let _ = p.delete(&s.id).await;
+    }
+}
+
+async fn sh(p: &DockerProvider, h: &SandboxHandle, script: &str) -> String {
+    let r = p.exec(h, ExecRequest::shell(script)).await.unwrap();
+    assert_eq!(r.exit_code, 0, "{script}: {}", r.stderr_lossy());
+    r.stdout_lossy().trim().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Docker engine, the sandbox-busybox:test image and SANDBOX_AGENT_BIN: cargo xtask test runs it"]
+async fn the_agent_is_pid_1_of_a_sandbox_without_network() {
+    let ns = namespace("agt");
+    let p = provider(&ns).await;
+    assert_eq!(p.data_plane(), DataPlane::Agent);
+    let size = p.agent().unwrap().bytes().len();
+    let h = p
+        .create(CreateRequest::new(TemplateId::new(IMAGE).unwrap()))
+        .await
+        .unwrap();
+
+    assert_eq!(sh(&p, &h, "readlink /proc/1/exe").await, agent::AGENT_PATH);
+    let cmdline = sh(&p, &h, "tr '\\000' ' ' < /proc/1/cmdline").await;
+    assert_eq!(cmdline, agent::entrypoint().join(" "));
+    assert_eq!(sh(&p, &h, "stat -c '%a %u' /.sandbox").await, "755 0");
+    assert_eq!(
+        sh(&p, &h, "stat -c '%a %u %s' /.sandbox/sandbox-agent").await,
+        format!("755 0 {size}")
+    );
+    // The bytes are the checked agent's.
+    let inside = sh(&p, &h, "cat /.sandbox/sandbox-agent | wc -c").await;
+    assert_eq!(inside, size.to_string());
+    // The idle marker exists from the start and any account can touch it.
+    assert_eq!(
+        sh(&p, &h, "stat -c %a /var/lib/sandbox-activity").await,
+        "666"
+    );
+    // Exec still goes through the engine, and works beside the agent.
+    assert_eq!(sh(&p, &h, "echo through exec").await, "through exec");
+    // The file API refuses the agent's directory.
+    let path = SandboxPath::new(agent::AGENT_PATH).unwrap();
+    let err = p.write_file(&h, &path, b"replaced").await.unwrap_err();
+    assert_eq!(err.code(), Some(ErrorCode::InvalidPath), "{err}");
+    let err = p.read_file(&h, &path).await.unwrap_err();
+    assert_eq!(err.code(), Some(ErrorCode::InvalidPath), "{err}");
+
+    let inspect = p
+        .docker()
+        .inspect_container(h.id().as_str(), None::<InspectContainerOptions>)
+        .await
+        .unwrap();
+    let host = inspect.host_config.unwrap();
+    assert_eq!(
+        host.init,
+        Some(false),
+        "the agent is PID 1, not the engine's init"
+    );
+    assert_eq!(host.network_mode.as_deref(), Some("none"));
+    let logs = host.log_config.unwrap();
+    assert_eq!(logs.typ.as_deref(), Some("json-file"));
+    let opts = logs.config.unwrap();
+    assert_eq!(
+        opts.get("max-size").map(String::as_str),
+        Some("1048576"),
+        "the agent's log is bounded: {opts:?}"
+    );
+    assert_eq!(opts.get("max-file").map(String::as_str), Some("1"));
+    cleanup(&p).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Docker engine, the sandbox-busybox:test image and SANDBOX_AGENT_BIN: cargo xtask test runs it"]
+async fn a_restore_gets_a_fresh_agent_over_the_one_its_snapshot_carried() {
+    let ns = namespace("agr");
+    let p = provider(&ns).await;
+    let size = p.agent().unwrap().bytes().len();
+    let src = p
+        .create(CreateRequest::new(TemplateId::new(IMAGE).unwrap()))
+        .await
+        .unwrap();
+    // Code in the sandbox replaces the agent's file (the running binary can be unlinked, not
+    // written) and the marker; the snapshot carries both.
+    sh(
+        &p,
+        &src,
+        "rm -f /.sandbox/sandbox-agent && echo planted > /.sandbox/sandbox-agent && \
+         chmod 755 /.sandbox/sandbox-agent && touch -d '2001-01-01' /var/lib/sandbox-activity",
+    )
+    .await;
+    assert_eq!(sh(&p, &src, "cat /.sandbox/sandbox-agent").await, "planted");
+    let snap = p.create_snapshot(src.id(), Some("agent")).await.unwrap();
+    let mut restore = CreateRequest::new(TemplateId::new(snap.id.as_str()).unwrap());
+    restore.from_snapshot = true;
+    let restored = p.create(restore).await.unwrap();
+    assert_eq!(
+        sh(&p, &restored, "stat -c %s /.sandbox/sandbox-agent").await,
+        size.to_string(),
+        "the planted file was replaced by the current agent"
+    );
+    assert_eq!(
+        sh(&p, &restored, "readlink /proc/1/exe").await,
+        agent::AGENT_PATH
+    );
+    let year = sh(&p, &restored, "date -r /var/lib/sandbox-activity +%Y").await;
+    assert_ne!(year, "2001", "a restore starts with a fresh idle marker");
+    cleanup(&p).await;
+    p.delete_snapshot(&snap.id).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Docker engine, the sandbox-busybox:test image and SANDBOX_AGENT_BIN: cargo xtask test runs it"]
+async fn agent_mode_refuses_to_start_without_a_usable_agent() {
+    let ns = namespace("agf");
+    let refused = |what: &str, err: sandbox_core::Error| {
+        assert_eq!(err.kind(), ErrorKind::Unsupported, "{what}: {err}");
+        assert_eq!(
+            err.code(),
+            Some(ErrorCode::ConfigIncomplete),
+            "{what}: {err}"
+        );
+        let text = err.to_string();
+        assert!(
+            text.contains("cargo xtask agent") && text.contains("docker.agent_path"),
+            "{what}: the refusal names the fix: {text}"
+        );
+        text
+    };
+    let missing = DockerProvider::connect(agent_config(&ns, "/nonexistent/sandbox-agent".into()))
+        .await
+        .unwrap_err();
+    assert!(refused("missing", missing).contains("there is no agent"));
+    // The host's /bin/true is dynamically linked.
+    let dynamic = DockerProvider::connect(agent_config(&ns, "/bin/true".into()))
+        .await
+        .unwrap_err();
+    assert!(refused("dynamic", dynamic).contains("dynamically linked"));
+    // A static executable that is not this agent: busybox answers --version with no version
+    // (its applet is named by the file name, which is `sandbox-agent` here).
+    let dir = std::env::temp_dir().join(format!("sbx-agent-{:08x}", fastrand::u32(..)));
+    std::fs::create_dir_all(&dir).unwrap();
+    let impostor = dir.join("sandbox-agent");
+    std::fs::copy("/bin/busybox", &impostor).unwrap();
+    let other = DockerProvider::connect(agent_config(&ns, impostor.clone()))
+        .await
+        .unwrap_err();
+    assert!(refused("not the agent", other).contains("--version"));
+    std::fs::remove_dir_all(&dir).unwrap();
+    // The real agent, held to another version.
+    let real = agent_bin();
+    let mismatch = AgentBinary::load_expecting(&real, "0.0.0-other")
+        .await
+        .unwrap_err();
+    let text = refused("another version", mismatch);
+    assert!(
+        text.contains(&format!("is version {}", agent::VERSION))
+            && text.contains("this service is 0.0.0-other"),
+        "{text}"
+    );
+    // And at its own version it loads, never switching modes behind the operator's back.
+    let p = provider(&ns).await;
+    assert_eq!(p.data_plane(), DataPlane::Agent);
+    assert_eq!(p.agent().unwrap().version(), agent::VERSION);
+    assert_eq!(p.agent().unwrap().path(), real.as_path());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Docker engine, the sandbox-busybox:test image and SANDBOX_AGENT_BIN: cargo xtask test runs it"]
+async fn a_stopped_sandbox_restarts_with_the_current_agent() {
+    let ns = namespace("ags");
+    let p = provider(&ns).await;
+    let size = p.agent().unwrap().bytes().len();
+    let h = p
+        .create(CreateRequest::new(TemplateId::new(IMAGE).unwrap()))
+        .await
+        .unwrap();
+    // Without the fresh copy, the restart would exec this file as PID 1 and the container
+    // would exit at once.
+    sh(
+        &p,
+        &h,
+        "rm -f /.sandbox/sandbox-agent && echo planted > /.sandbox/sandbox-agent && \
+         chmod 755 /.sandbox/sandbox-agent",
+    )
+    .await;
+    p.docker()
+        .stop_container(
+            h.id().as_str(),
+            None::<bollard::query_parameters::StopContainerOptions>,
+        )
+        .await
+        .unwrap();
+    // The next exec finds the container stopped and starts it again.
+    assert_eq!(sh(&p, &h, "readlink /proc/1/exe").await, agent::AGENT_PATH);
+    assert_eq!(
+        sh(&p, &h, "stat -c %s /.sandbox/sandbox-agent").await,
+        size.to_string()
+    );
+    cleanup(&p).await;
+}
