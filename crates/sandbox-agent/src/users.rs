@@ -53,28 +53,49 @@ impl std::fmt::Display for LookupError {
 
 impl std::error::Error for LookupError {}
 
+/// The account of an image that has no `/etc/passwd` at all (a `FROM scratch` image, the
+/// default busybox sandbox image): root, as the container runtime itself runs a process
+/// there. Nothing else exists in such an image.
+pub fn builtin_root() -> User {
+    User {
+        name: "root".to_owned(),
+        uid: 0,
+        gid: 0,
+        home: PathBuf::from("/"),
+        shell: PathBuf::from("/bin/sh"),
+    }
+}
+
 impl AccountFiles {
-    /// The account named `name`, or `None` when there is none.
+    /// The account named `name`, or `None` when there is none. Without a passwd file only
+    /// root exists ([`builtin_root`]).
     pub fn user_by_name(&self, name: &str) -> Result<Option<User>, LookupError> {
-        let text = read_bounded(&self.passwd)?;
+        let Some(text) = read_if_present(&self.passwd)? else {
+            return Ok((name == "root").then(builtin_root));
+        };
         Ok(text
             .lines()
             .filter_map(parse_passwd_line)
             .find(|u| u.name == name))
     }
 
-    /// The account with `uid` (the first one, as `getpwuid` answers).
+    /// The account with `uid` (the first one, as `getpwuid` answers). Without a passwd file
+    /// only uid 0 exists ([`builtin_root`]).
     pub fn user_by_uid(&self, uid: u32) -> Result<Option<User>, LookupError> {
-        let text = read_bounded(&self.passwd)?;
+        let Some(text) = read_if_present(&self.passwd)? else {
+            return Ok((uid == 0).then(builtin_root));
+        };
         Ok(text
             .lines()
             .filter_map(parse_passwd_line)
             .find(|u| u.uid == uid))
     }
 
-    /// The name of group `gid`, or `None`.
+    /// The name of group `gid`, or `None`. Without a group file only gid 0, `root`, exists.
     pub fn group_name(&self, gid: u32) -> Result<Option<String>, LookupError> {
-        let text = read_bounded(&self.group)?;
+        let Some(text) = read_if_present(&self.group)? else {
+            return Ok((gid == 0).then(|| "root".to_owned()));
+        };
         Ok(text
             .lines()
             .filter_map(parse_group_line)
@@ -85,7 +106,9 @@ impl AccountFiles {
     /// The supplementary groups `user` is a member of (by name in the group's member list),
     /// plus its primary group, without duplicates.
     pub fn groups_of(&self, user: &User) -> Result<Vec<u32>, LookupError> {
-        let text = read_bounded(&self.group)?;
+        let Some(text) = read_if_present(&self.group)? else {
+            return Ok(vec![user.gid]);
+        };
         let mut gids = vec![user.gid];
         for g in text.lines().filter_map(parse_group_line) {
             if g.members.iter().any(|m| m == &user.name) && !gids.contains(&g.gid) {
@@ -101,6 +124,16 @@ struct Group {
     name: String,
     gid: u32,
     members: Vec<String>,
+}
+
+/// The file's text, or `None` when it does not exist: an image without account files is a
+/// real case, and means "root only". Anything else that stops the read (a FIFO, a device, a
+/// file too large, no permission) stays an error.
+fn read_if_present(path: &Path) -> Result<Option<String>, LookupError> {
+    match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        _ => read_bounded(path).map(Some),
+    }
 }
 
 fn read_bounded(path: &Path) -> Result<String, LookupError> {
@@ -244,13 +277,32 @@ mod tests {
     }
 
     #[test]
-    fn a_missing_or_special_file_is_an_error_not_an_empty_list() {
+    fn a_special_file_is_an_error_not_an_empty_list() {
         let f = AccountFiles {
-            passwd: PathBuf::from("/nonexistent/passwd"),
+            passwd: PathBuf::from("/dev/zero"),
             group: PathBuf::from("/dev/zero"),
         };
-        assert!(f.user_by_name("root").is_err());
+        let err = f.user_by_name("root").unwrap_err().to_string();
+        assert!(err.contains("not a regular file"), "{err}");
         let err = f.group_name(0).unwrap_err().to_string();
         assert!(err.contains("not a regular file"), "{err}");
+    }
+
+    #[test]
+    fn without_account_files_only_root_exists() {
+        let f = AccountFiles {
+            passwd: PathBuf::from("/nonexistent/passwd"),
+            group: PathBuf::from("/nonexistent/group"),
+        };
+        assert_eq!(f.user_by_name("root").unwrap(), Some(builtin_root()));
+        assert_eq!(f.user_by_uid(0).unwrap(), Some(builtin_root()));
+        assert_eq!(f.user_by_name("user").unwrap(), None);
+        assert_eq!(f.user_by_uid(1000).unwrap(), None);
+        assert_eq!(f.group_name(0).unwrap().as_deref(), Some("root"));
+        assert_eq!(f.group_name(1000).unwrap(), None);
+        assert_eq!(f.groups_of(&builtin_root()).unwrap(), vec![0]);
+        // A passwd file that exists but lacks root is the image's word: no built-in root.
+        let (_d, f) = files("user:x:1000:1000::/home/user:/bin/sh\n", "user:x:1000:\n");
+        assert_eq!(f.user_by_name("root").unwrap(), None);
     }
 }

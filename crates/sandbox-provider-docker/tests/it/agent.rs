@@ -247,3 +247,39 @@ async fn a_stopped_sandbox_restarts_with_the_current_agent() {
     );
     cleanup(&p).await;
 }
+
+/// The two halves of agent mode meet: a sandbox the provider created (the default busybox
+/// image, which has no `/etc/passwd`: the agent's built-in root serves it) answers through the
+/// kept channel on the socket its entrypoint names, as root, with the activity marker touched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Docker engine, the sandbox-busybox:test image and SANDBOX_AGENT_BIN: cargo xtask test runs it"]
+async fn a_created_sandbox_answers_through_the_channel() {
+    use sandbox_provider_docker::channel::{ChannelConfig, Channels};
+
+    let ns = namespace("agc");
+    let p = provider(&ns).await;
+    let h = p
+        .create(CreateRequest::new(TemplateId::new(IMAGE).unwrap()))
+        .await
+        .unwrap();
+    // An old marker, so the channel's touch is visible.
+    sh(
+        &p,
+        &h,
+        "touch -d '2000-01-01 00:00:00' /var/lib/sandbox-activity",
+    )
+    .await;
+    let channels = Channels::new(p.docker().clone(), ChannelConfig::default());
+    let channel = channels.get(h.id().as_str());
+    let lease = crate::channel::first_lease(&channel).await;
+    let (out, code) = crate::channel::run(&lease, "/bin/sh", &["-c", "id -u; echo $HOME"]).await;
+    assert_eq!((out.as_str(), code), ("0\n/\n", 0));
+    drop(lease);
+    assert_eq!(channel.execs_opened(), 1);
+    let year = sh(&p, &h, "date -r /var/lib/sandbox-activity +%Y").await;
+    assert_ne!(
+        year, "2000",
+        "serving through the channel touches the marker"
+    );
+    cleanup(&p).await;
+}

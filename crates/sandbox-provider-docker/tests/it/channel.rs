@@ -271,7 +271,7 @@ fn command(cmd: &str, args: &[&str]) -> StartRequest {
 }
 
 /// Runs `cmd args` through `lease` to its end: (stdout, exit code).
-async fn run(lease: &Lease, cmd: &str, args: &[&str]) -> (String, i32) {
+pub(crate) async fn run(lease: &Lease, cmd: &str, args: &[&str]) -> (String, i32) {
     let options = CallOptions::new().timeout(Duration::from_secs(30));
     let mut stream = lease
         .client()
@@ -295,7 +295,7 @@ async fn run(lease: &Lease, cmd: &str, args: &[&str]) -> (String, i32) {
 
 /// Waits until the agent answers on its socket (the first lease opens the channel; the agent
 /// may still be binding its socket just after the container started).
-async fn first_lease(channel: &Arc<Channel>) -> Lease {
+pub(crate) async fn first_lease(channel: &Arc<Channel>) -> Lease {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         match channel.lease().await {
