@@ -25,6 +25,7 @@ use sandbox_core::{
 };
 
 use crate::agent::{self, AgentBinary};
+use crate::channel::{Channel, ChannelConfig, Channels};
 use crate::config::{DataPlane, DockerConfig, NetworkMode, PullPolicy};
 use crate::egress::{EgressGuard, EgressPolicy};
 use crate::engine::{self, Dialing, Endpoint, EngineVersion};
@@ -87,6 +88,8 @@ pub(crate) struct Inner {
     pub(crate) storage: StorageState,
     /// Agent mode's checked agent, read once at start (`None` in exec mode).
     agent: Option<AgentBinary>,
+    /// Agent mode's kept channels to the agents, one per container (`None` in exec mode).
+    channels: Option<Arc<Channels>>,
 }
 
 /// The Docker backend. Cheap to clone; safe for concurrent use (the engine client is, and the
@@ -161,6 +164,9 @@ impl DockerProvider {
             NetworkMode::Bridge => Some(EgressGuard::new(docker.clone(), &config.namespace)?),
             NetworkMode::None => None,
         };
+        let channels = agent
+            .is_some()
+            .then(|| Channels::new(docker.clone(), ChannelConfig::default()));
         Ok(Checked::new(DockerProvider {
             inner: Arc::new(Inner {
                 docker,
@@ -170,8 +176,24 @@ impl DockerProvider {
                 endpoint: format!("{endpoint:?}"),
                 storage: StorageState::default(),
                 agent,
+                channels,
             }),
         }))
+    }
+
+    /// The kept channel to the agent of container `id`, in agent mode (`None` in exec mode).
+    /// Opening it is lazy: the first [`Channel::lease`] runs the relay exec and checks the
+    /// agent's version. The id must be one this provider resolved for the caller's namespace
+    /// (a handle's id): the channel trusts it.
+    pub fn channel(&self, id: &str) -> Option<Arc<Channel>> {
+        self.inner.channels.as_ref().map(|c| c.get(id))
+    }
+
+    /// Forgets container `id`'s channel (after the container is deleted).
+    pub(crate) fn forget_channel(&self, id: &str) {
+        if let Some(c) = &self.inner.channels {
+            c.remove(id);
+        }
     }
 
     /// The engine's version answer.
@@ -810,6 +832,8 @@ impl SandboxProvider for DockerProvider {
         // Ownership first: a tenant-supplied ID must never remove a container this namespace
         // does not own.
         self.inspect_owned(Operation::DELETE, id.as_str()).await?;
+        // The channel's exec dies with the container; its entry would only hold memory.
+        self.forget_channel(id.as_str());
         self.docker_ref()
             .remove_container(
                 id.as_str(),

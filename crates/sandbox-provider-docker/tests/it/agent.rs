@@ -254,8 +254,6 @@ async fn a_stopped_sandbox_restarts_with_the_current_agent() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs a Docker engine, the sandbox-busybox:test image and SANDBOX_AGENT_BIN: cargo xtask test runs it"]
 async fn a_created_sandbox_answers_through_the_channel() {
-    use sandbox_provider_docker::channel::{ChannelConfig, Channels};
-
     let ns = namespace("agc");
     let p = provider(&ns).await;
     let h = p
@@ -269,8 +267,12 @@ async fn a_created_sandbox_answers_through_the_channel() {
         "touch -d '2000-01-01 00:00:00' /var/lib/sandbox-activity",
     )
     .await;
-    let channels = Channels::new(p.docker().clone(), ChannelConfig::default());
-    let channel = channels.get(h.id().as_str());
+    let channel = p.channel(h.id().as_str()).expect("agent mode has channels");
+    // One channel per container: asking again hands out the same one.
+    assert!(std::sync::Arc::ptr_eq(
+        &channel,
+        &p.channel(h.id().as_str()).unwrap()
+    ));
     let lease = crate::channel::first_lease(&channel).await;
     let (out, code) = crate::channel::run(&lease, "/bin/sh", &["-c", "id -u; echo $HOME"]).await;
     assert_eq!((out.as_str(), code), ("0\n/\n", 0));
@@ -281,5 +283,9 @@ async fn a_created_sandbox_answers_through_the_channel() {
         year, "2000",
         "serving through the channel touches the marker"
     );
+    // Exec mode has no channels at all.
+    let exec_mode = DockerProvider::connect(config(&ns)).await.unwrap();
+    assert_eq!(exec_mode.data_plane(), DataPlane::Exec);
+    assert!(exec_mode.channel(h.id().as_str()).is_none());
     cleanup(&p).await;
 }
