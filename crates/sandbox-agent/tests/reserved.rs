@@ -85,7 +85,11 @@ impl Planted {
             .map(|e| e.unwrap().file_name())
             .collect();
         names.sort();
-        assert_eq!(names, ["secret"], "nothing was created in the reserved tree");
+        assert_eq!(
+            names,
+            ["secret"],
+            "nothing was created in the reserved tree"
+        );
     }
 }
 
@@ -244,9 +248,14 @@ async fn the_filesystem_service_refuses_reserved_paths_in_every_call() {
     p.untouched();
 
     // What is not reserved still works, and a listing shows a reserved tree without walking it.
-    fs.stat(&who, StatRequest { path: named("plain.txt") })
-        .await
-        .unwrap();
+    fs.stat(
+        &who,
+        StatRequest {
+            path: named("plain.txt"),
+        },
+    )
+    .await
+    .unwrap();
     let listing = fs
         .list_dir(
             &who,
@@ -265,12 +274,22 @@ async fn the_filesystem_service_refuses_reserved_paths_in_every_call() {
         !paths.iter().any(|e| e.ends_with("/res/secret")),
         "{paths:?}"
     );
-    fs.remove(&who, RemoveRequest { path: named("plain.txt") })
-        .await
-        .unwrap();
+    fs.remove(
+        &who,
+        RemoveRequest {
+            path: named("plain.txt"),
+        },
+    )
+    .await
+    .unwrap();
     assert!(!p.home("plain.txt").exists());
-    fs.make_dir(&who, MakeDirRequest { path: named("new/dir") })
-        .await
-        .unwrap();
+    fs.make_dir(
+        &who,
+        MakeDirRequest {
+            path: named("new/dir"),
+        },
+    )
+    .await
+    .unwrap();
     assert!(p.home("new/dir").is_dir());
 }

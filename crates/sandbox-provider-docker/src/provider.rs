@@ -886,8 +886,7 @@ impl SandboxProvider for DockerProvider {
     ) -> Result<ReadStream, Error> {
         if let Some(channel) = self.channel(sandbox.id().as_str()) {
             let stream =
-                agent::files::read_stream(&channel, path, max_bytes, files::STREAM_TIMEOUT)
-                    .await?;
+                agent::files::read_stream(&channel, path, max_bytes, files::STREAM_TIMEOUT).await?;
             return Ok(Box::new(stream));
         }
         let stream = files::read_stream(

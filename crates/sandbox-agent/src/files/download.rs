@@ -484,9 +484,19 @@ mod tests {
         // Reserved: refused before the type is judged, through a link too, and a FIFO (opened
         // O_PATH only) never blocks the check.
         let dev = Reserved::new([std::path::PathBuf::from("/dev")]);
-        assert_eq!(open_regular(Path::new("/dev/zero"), &dev).unwrap_err().status, 403);
+        assert_eq!(
+            open_regular(Path::new("/dev/zero"), &dev)
+                .unwrap_err()
+                .status,
+            403
+        );
         std::os::unix::fs::symlink("/dev/zero", dir.path().join("zero")).unwrap();
-        assert_eq!(open_regular(&dir.path().join("zero"), &dev).unwrap_err().status, 403);
+        assert_eq!(
+            open_regular(&dir.path().join("zero"), &dev)
+                .unwrap_err()
+                .status,
+            403
+        );
         let fifo = dir.path().join("fifo");
         assert!(
             std::process::Command::new("mkfifo")

@@ -149,9 +149,7 @@ pub(crate) fn remove_pinned(path: &Path, reserved: &Reserved) -> Result<(), Conn
         Err(rustix::io::Errno::NOENT | rustix::io::Errno::NOTDIR) => return Ok(()),
         Err(e) => return Err(internal("error removing file or directory", &e.into())),
     };
-    reserved
-        .check_fd(&pinned, parent)
-        .map_err(super::refusal)?;
+    reserved.check_fd(&pinned, parent).map_err(super::refusal)?;
     let through = PathBuf::from(format!("/proc/self/fd/{}", pinned.as_raw_fd())).join(name);
     remove(&through)
 }

@@ -224,14 +224,25 @@ mod tests {
             d.join("res/to-ok"),
         ] {
             let e = r.check_path(&refused).unwrap_err();
-            assert!(matches!(e, Refusal::Reserved(_)), "{}: {e:?}", refused.display());
+            assert!(
+                matches!(e, Refusal::Reserved(_)),
+                "{}: {e:?}",
+                refused.display()
+            );
             assert!(e.message().contains("reserved tree"), "{e:?}");
         }
-        for fine in [d.join("ok"), d.join("ok/new/file"), d.join("resx"), d.join("marker2")] {
+        for fine in [
+            d.join("ok"),
+            d.join("ok/new/file"),
+            d.join("resx"),
+            d.join("marker2"),
+        ] {
             r.check_path(&fine).unwrap();
         }
         // Nothing reserved: nothing refused.
-        Reserved::default().check_path(&d.join("res/secret")).unwrap();
+        Reserved::default()
+            .check_path(&d.join("res/secret"))
+            .unwrap();
     }
 
     #[test]

@@ -81,9 +81,7 @@ pub(crate) async fn write(
     let op = Operation::WRITE_FILE;
     check_path(op, path)?;
     if path.is_root() {
-        return Err(
-            Error::invalid_request(op, "/: is a directory").with_provider(Provider::Docker),
-        );
+        return Err(Error::invalid_request(op, "/: is a directory").with_provider(Provider::Docker));
     }
     let lease = lease(channel, op).await?;
     // One copy into shared bytes (the upload body must own what it sends), then zero-copy
@@ -291,7 +289,8 @@ pub(crate) async fn list(
         .map(|e| dir_entry(path, e))
         .collect::<Result<Vec<_>, _>>()?;
     entries.sort_by(|a, b| {
-        (a.name.starts_with('.'), a.name.as_bytes()).cmp(&(b.name.starts_with('.'), b.name.as_bytes()))
+        (a.name.starts_with('.'), a.name.as_bytes())
+            .cmp(&(b.name.starts_with('.'), b.name.as_bytes()))
     });
     Ok(entries)
 }
@@ -423,7 +422,7 @@ pub(crate) async fn remove(channel: &Arc<Channel>, path: &SandboxPath) -> Result
     let op = Operation::REMOVE;
     if path.is_root() {
         return Err(
-            Error::invalid_request(op, "refusing to remove /").with_provider(Provider::Docker),
+            Error::invalid_request(op, "refusing to remove /").with_provider(Provider::Docker)
         );
     }
     check_path(op, path)?;
@@ -488,11 +487,17 @@ mod tests {
         let dir = SandboxPath::new("/w").unwrap();
         for bad in ["", ".", "..", "a/b", "bad\nname"] {
             let e = dir_entry(&dir, &entry(bad, "/w/x", FileType::File, false)).unwrap_err();
-            assert!(e.to_string().contains("unreadable listing entry"), "{bad:?}: {e}");
+            assert!(
+                e.to_string().contains("unreadable listing entry"),
+                "{bad:?}: {e}"
+            );
         }
         for outside in ["/w", "/elsewhere/x", "/wx/y", "relative", "/w/../etc"] {
             let e = tree_entry(&dir, &entry("x", outside, FileType::File, false)).unwrap_err();
-            assert!(e.to_string().contains("unreadable listing entry"), "{outside}: {e}");
+            assert!(
+                e.to_string().contains("unreadable listing entry"),
+                "{outside}: {e}"
+            );
         }
         let deep = tree_entry(&dir, &entry("z", "/w/a/z", FileType::File, false)).unwrap();
         assert_eq!((deep.name.as_str(), deep.path.as_str()), ("z", "/w/a/z"));
@@ -502,14 +507,25 @@ mod tests {
     fn agent_refusals_read_as_exec_mode_reports_them() {
         let reserved = classify(
             Operation::READ_FILE,
-            Error::new(ErrorKind::Authentication, Operation::new("download"), "in the reserved tree /proc")
-                .with_http_status(403),
+            Error::new(
+                ErrorKind::Authentication,
+                Operation::new("download"),
+                "in the reserved tree /proc",
+            )
+            .with_http_status(403),
         );
         assert_eq!(
             (reserved.kind(), reserved.code(), reserved.operation()),
-            (ErrorKind::InvalidRequest, Some(ErrorCode::InvalidPath), Operation::READ_FILE)
+            (
+                ErrorKind::InvalidRequest,
+                Some(ErrorCode::InvalidPath),
+                Operation::READ_FILE
+            )
         );
-        for message in ["path '/w' is a directory", "path '/w/p' is not a regular file"] {
+        for message in [
+            "path '/w' is a directory",
+            "path '/w/p' is not a regular file",
+        ] {
             let e = classify(
                 Operation::READ_FILE,
                 Error::invalid_request(Operation::new("download"), message).with_http_status(400),
@@ -518,8 +534,12 @@ mod tests {
         }
         let missing = classify(
             Operation::STAT,
-            Error::not_found(Operation::new("stat"), "not_found: file not found").with_http_status(404),
+            Error::not_found(Operation::new("stat"), "not_found: file not found")
+                .with_http_status(404),
         );
-        assert_eq!((missing.kind(), missing.code()), (ErrorKind::NotFound, None));
+        assert_eq!(
+            (missing.kind(), missing.code()),
+            (ErrorKind::NotFound, None)
+        );
     }
 }

@@ -7,16 +7,18 @@
 //!   fails the start with the fix named, never a silent switch to exec mode.
 //! - `install.rs`: the tar stream that carries the agent into a created container through the
 //!   engine's archive endpoint, before the container starts.
+//! - `files.rs`: the file operations of agent mode, through the kept channel
+//!   (`crate::channel`) to the agent instead of an exec each.
 //!
 //! In agent mode the container's entrypoint is the agent ([`entrypoint`]), so it is PID 1 and
 //! the engine's init is off: the agent adopts and reaps orphans itself. It replaces the exec
 //! mode's idling shell as the container's long-running process, as that shell replaced the
 //! image's own entrypoint and command: neither mode runs what the image names.
 //!
-//! What this increment does not do yet: commands, files and terminals still go through
+//! What this increment does not do yet: commands and terminals still go through
 //! `docker exec` in agent mode. The kept channel to the agent exists (`crate::channel`, with
-//! the version check on its first exchange); routing the data plane through it is the next
-//! step of issue 16.
+//! the version check on its first exchange); routing them through it is the next step of
+//! issue 16.
 
 pub mod binary;
 pub(crate) mod files;

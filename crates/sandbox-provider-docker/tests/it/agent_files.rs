@@ -40,14 +40,18 @@ fn agent_config(ns: &str) -> DockerConfig {
 async fn agent_provider(ns: &str, proxy: &CountingProxy) -> Checked<DockerProvider> {
     let mut c = agent_config(ns);
     c.host = Some(format!("unix://{}", proxy.path().display()));
-    DockerProvider::connect(c).await.expect("connect in agent mode")
+    DockerProvider::connect(c)
+        .await
+        .expect("connect in agent mode")
 }
 
 /// An exec-mode provider on the same namespace: it reaches the same containers by exec.
 async fn exec_provider(ns: &str) -> Checked<DockerProvider> {
     let c = config(ns);
     assert_eq!(c.data_plane, DataPlane::Exec, "exec stays the default");
-    DockerProvider::connect(c).await.expect("connect in exec mode")
+    DockerProvider::connect(c)
+        .await
+        .expect("connect in exec mode")
 }
 
 async fn create(p: &DockerProvider) -> SandboxHandle {
@@ -99,11 +103,12 @@ async fn files_go_through_the_channel_and_64_mib_round_trips_whole() {
     let target = path("/tmp/deep/er/big.bin");
     p.write_file(&h, &target, &big).await.unwrap();
     let back = p.read_file(&h, &target).await.unwrap();
-    assert!(back == big, "64 MiB came back as {} different bytes", back.len());
-    let mut stream = p
-        .read_file_stream(&h, &target, u64::MAX)
-        .await
-        .unwrap();
+    assert!(
+        back == big,
+        "64 MiB came back as {} different bytes",
+        back.len()
+    );
+    let mut stream = p.read_file_stream(&h, &target, u64::MAX).await.unwrap();
     let mut streamed = 0usize;
     let mut same = true;
     while let Some(chunk) = stream.next_chunk().await {
@@ -134,7 +139,10 @@ async fn files_go_through_the_channel_and_64_mib_round_trips_whole() {
         .into_iter()
         .map(|e| e.name)
         .collect();
-    assert!(names.contains(&"deep".to_owned()) && names.contains(&"made".to_owned()), "{names:?}");
+    assert!(
+        names.contains(&"deep".to_owned()) && names.contains(&"made".to_owned()),
+        "{names:?}"
+    );
     let tree = p
         .list_tree(&h, &path("/tmp"), TreeLimits::depth(8))
         .await
@@ -148,7 +156,10 @@ async fn files_go_through_the_channel_and_64_mib_round_trips_whole() {
 
     // Every operation above went over the channel: the only exec created is the channel's own.
     let channel_execs = channel.execs_opened() - opened;
-    assert_eq!(channel_execs, 1, "one channel exec, opened by the first file operation");
+    assert_eq!(
+        channel_execs, 1,
+        "one channel exec, opened by the first file operation"
+    );
     assert_eq!(
         proxy.exec_creates() - creates,
         1,
@@ -192,7 +203,10 @@ async fn symlinks_into_reserved_trees_are_refused_by_every_operation() {
         "/tmp/l/dangling",
     ] {
         let at = path(link);
-        refused(&format!("read {link}"), p.read_file(&h, &at).await.map(drop));
+        refused(
+            &format!("read {link}"),
+            p.read_file(&h, &at).await.map(drop),
+        );
         refused(
             &format!("stream {link}"),
             p.read_file_stream(&h, &at, 1 << 20).await.map(drop),
@@ -211,29 +225,41 @@ async fn symlinks_into_reserved_trees_are_refused_by_every_operation() {
             &format!("tree {dir}"),
             p.list_tree(&h, &at, TreeLimits::depth(8)).await.map(drop),
         );
-        refused(&format!("make_dir under {dir}"), p.make_dir(&h, &path(&format!("{dir}/new"))).await);
-        refused(&format!("write under {dir}"), p.write_file(&h, &path(&format!("{dir}/new/f")), b"x").await);
+        refused(
+            &format!("make_dir under {dir}"),
+            p.make_dir(&h, &path(&format!("{dir}/new"))).await,
+        );
+        refused(
+            &format!("write under {dir}"),
+            p.write_file(&h, &path(&format!("{dir}/new/f")), b"x").await,
+        );
     }
     // Nothing changed in the reserved trees, and the refused links are still there.
     assert_eq!(sh(&p, &h, SUMS).await, sums);
     assert_eq!(
-        sh(&p, &h, "test ! -e /.sandbox/new && test ! -e /proc/new && echo none").await,
+        sh(
+            &p,
+            &h,
+            "test ! -e /.sandbox/new && test ! -e /proc/new && echo none"
+        )
+        .await,
         "none"
     );
     assert_eq!(sh(&p, &h, "ls /tmp/l | wc -l").await, "6");
     // A listing shows the reserved trees without walking them.
     let root = p
-        .list_tree(
-            &h,
-            &SandboxPath::root(),
-            TreeLimits::depth(2),
-        )
+        .list_tree(&h, &SandboxPath::root(), TreeLimits::depth(2))
         .await
         .unwrap();
     let paths: Vec<&str> = root.entries.iter().map(|e| e.path.as_str()).collect();
-    assert!(paths.contains(&"/proc") && paths.contains(&"/.sandbox"), "{paths:?}");
     assert!(
-        !paths.iter().any(|p| p.starts_with("/proc/") || p.starts_with("/.sandbox/")),
+        paths.contains(&"/proc") && paths.contains(&"/.sandbox"),
+        "{paths:?}"
+    );
+    assert!(
+        !paths
+            .iter()
+            .any(|p| p.starts_with("/proc/") || p.starts_with("/.sandbox/")),
         "{paths:?}"
     );
     cleanup(&p).await;
@@ -246,7 +272,12 @@ async fn a_fifo_or_a_device_never_hangs_a_read() {
     let proxy = CountingProxy::start().await;
     let p = agent_provider(&ns, &proxy).await;
     let h = create(&p).await;
-    sh(&p, &h, "mkdir -p /tmp && mkfifo /tmp/fifo && ln -s /dev/zero /tmp/zero").await;
+    sh(
+        &p,
+        &h,
+        "mkdir -p /tmp && mkfifo /tmp/fifo && ln -s /dev/zero /tmp/zero",
+    )
+    .await;
     let bound = Duration::from_secs(20);
     let fifo = tokio::time::timeout(bound, p.read_file(&h, &path("/tmp/fifo")))
         .await
@@ -256,7 +287,10 @@ async fn a_fifo_or_a_device_never_hangs_a_read() {
     let stream = tokio::time::timeout(bound, p.read_file_stream(&h, &path("/tmp/fifo"), 10))
         .await
         .expect("a streamed read of a FIFO hung");
-    assert_eq!(stream.err().unwrap().code(), Some(ErrorCode::NotARegularFile));
+    assert_eq!(
+        stream.err().unwrap().code(),
+        Some(ErrorCode::NotARegularFile)
+    );
     for device in ["/tmp/zero", "/dev/zero"] {
         let e = tokio::time::timeout(bound, p.read_file(&h, &path(device)))
             .await
@@ -291,7 +325,15 @@ async fn listings_and_metadata_read_as_exec_mode_reads_them() {
     assert_eq!(through_agent, through_exec);
     assert_eq!(through_agent.len(), 7, "{through_agent:?}");
     for name in [
-        "f", ".hidden", "link", "dangling", "dirlink", "fifo", "sub", "sub/g", "sub/deeper",
+        "f",
+        ".hidden",
+        "link",
+        "dangling",
+        "dirlink",
+        "fifo",
+        "sub",
+        "sub/g",
+        "sub/deeper",
     ] {
         let at = dir.join(name).unwrap();
         assert_eq!(
@@ -343,8 +385,13 @@ async fn listings_and_metadata_read_as_exec_mode_reads_them() {
         ),
         (
             "write over a directory",
-            agent.write_file(&h, &path("/tmp/t/sub"), b"x").await.unwrap_err(),
-            exec.write_file(&h, &path("/tmp/t/sub"), b"x").await.unwrap_err(),
+            agent
+                .write_file(&h, &path("/tmp/t/sub"), b"x")
+                .await
+                .unwrap_err(),
+            exec.write_file(&h, &path("/tmp/t/sub"), b"x")
+                .await
+                .unwrap_err(),
         ),
         (
             "make_dir over a file",
@@ -353,20 +400,53 @@ async fn listings_and_metadata_read_as_exec_mode_reads_them() {
         ),
         (
             "write under a file",
-            agent.write_file(&h, &path("/tmp/t/f/x"), b"x").await.unwrap_err(),
-            exec.write_file(&h, &path("/tmp/t/f/x"), b"x").await.unwrap_err(),
+            agent
+                .write_file(&h, &path("/tmp/t/f/x"), b"x")
+                .await
+                .unwrap_err(),
+            exec.write_file(&h, &path("/tmp/t/f/x"), b"x")
+                .await
+                .unwrap_err(),
         ),
     ] {
-        assert_eq!((a.kind(), a.code()), (e.kind(), e.code()), "{what}: {a} / {e}");
+        assert_eq!(
+            (a.kind(), a.code()),
+            (e.kind(), e.code()),
+            "{what}: {a} / {e}"
+        );
     }
     // A file written through one plane reads the same through the other, mode and owner too.
-    agent.write_file(&h, &path("/tmp/t/new/a.txt"), b"via agent").await.unwrap();
-    exec.write_file(&h, &path("/tmp/t/new2/b.txt"), b"via exec").await.unwrap();
-    assert_eq!(exec.read_file(&h, &path("/tmp/t/new/a.txt")).await.unwrap(), b"via agent");
-    assert_eq!(agent.read_file(&h, &path("/tmp/t/new2/b.txt")).await.unwrap(), b"via exec");
+    agent
+        .write_file(&h, &path("/tmp/t/new/a.txt"), b"via agent")
+        .await
+        .unwrap();
+    exec.write_file(&h, &path("/tmp/t/new2/b.txt"), b"via exec")
+        .await
+        .unwrap();
     assert_eq!(
-        sh(&agent, &h, "stat -c '%a %u %g' /tmp/t/new /tmp/t/new/a.txt | tr '\\n' ' '").await,
-        sh(&agent, &h, "stat -c '%a %u %g' /tmp/t/new2 /tmp/t/new2/b.txt | tr '\\n' ' '").await,
+        exec.read_file(&h, &path("/tmp/t/new/a.txt")).await.unwrap(),
+        b"via agent"
+    );
+    assert_eq!(
+        agent
+            .read_file(&h, &path("/tmp/t/new2/b.txt"))
+            .await
+            .unwrap(),
+        b"via exec"
+    );
+    assert_eq!(
+        sh(
+            &agent,
+            &h,
+            "stat -c '%a %u %g' /tmp/t/new /tmp/t/new/a.txt | tr '\\n' ' '"
+        )
+        .await,
+        sh(
+            &agent,
+            &h,
+            "stat -c '%a %u %g' /tmp/t/new2 /tmp/t/new2/b.txt | tr '\\n' ' '"
+        )
+        .await,
     );
     cleanup(&agent).await;
 }
@@ -401,4 +481,48 @@ async fn bench_a_1_mib_file_round_trip_agent_vs_exec() {
     println!("BENCH docker agent_file_1mib_ms={through_agent:.2}");
     println!("BENCH docker exec_mode_file_1mib_ms={through_exec:.2}");
     cleanup(&agent).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Docker engine, the sandbox-busybox:test image and SANDBOX_AGENT_BIN: cargo xtask test runs it"]
+async fn a_tree_too_long_for_one_answer_is_walked_and_cut_at_its_cap() {
+    // More entries than one ListDir answer of the agent may carry: the listing falls back to a
+    // walk of one-level calls and stops at the caller's cap, marked truncated.
+    let ns = namespace("aft");
+    let proxy = CountingProxy::start().await;
+    let p = agent_provider(&ns, &proxy).await;
+    let h = create(&p).await;
+    sh(
+        &p,
+        &h,
+        "mkdir -p /tmp/many/a /tmp/many/b && cd /tmp/many/a && seq 1 12000 | xargs touch \
+         && cd /tmp/many/b && seq 1 12000 | xargs touch",
+    )
+    .await;
+    let dir = path("/tmp/many");
+    let listing = p.list_tree(&h, &dir, TreeLimits::depth(3)).await.unwrap();
+    assert!(listing.truncated);
+    assert_eq!(listing.entries.len(), TreeLimits::DEFAULT_MAX_ENTRIES);
+    assert!(
+        listing
+            .entries
+            .iter()
+            .all(|e| e.path.is_strictly_under(&dir))
+    );
+    assert!(listing.entries.windows(2).all(|w| w[0].path < w[1].path));
+    // Under the cap, the whole tree.
+    let all = p
+        .list_tree(
+            &h,
+            &dir,
+            TreeLimits {
+                max_entries: 30_000,
+                ..TreeLimits::depth(3)
+            },
+        )
+        .await
+        .unwrap();
+    assert!(!all.truncated);
+    assert_eq!(all.entries.len(), 24_002);
+    cleanup(&p).await;
 }
