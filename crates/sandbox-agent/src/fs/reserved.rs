@@ -16,6 +16,12 @@
 //!   `/proc/self/fd/N` before anything is read from it or written to it: a symlink swapped in
 //!   between the first check and the open cannot redirect the operation.
 //!
+//! What is left between the two checks: a creation (an upload's new file, a directory) is judged
+//! by where it would land, and a symlink swapped in after that check could make it land in a
+//! reserved tree; the descriptor check then refuses the upload before a byte is written, but
+//! the empty file or the directory stays. Nothing that exists there is read, truncated or
+//! removed.
+//!
 //! What the path checks cannot see: a hard link made to a reserved file on the same filesystem
 //! has a real path of its own. Code in the sandbox that can make one already runs as root next
 //! to the agent, so these checks keep honest callers out of the reserved trees; they are no
