@@ -110,6 +110,8 @@ pub const WORKSPACE_EDGES: &[(&str, Allowed)] = &[
             "sandbox-transport",
             "sandbox-iptables-listing",
             "sandbox-elf",
+            // Agent mode speaks envd to the agent, as the E2B and Cube adapters speak it.
+            "sandbox-envd",
         ]),
     ),
     // The adapter's chain names and listing reader: shared with xtask, so it depends on nothing.

@@ -56,6 +56,9 @@ pub struct Config {
     /// A file whose mtime the agent sets on every request it serves (at most once per
     /// [`ACTIVITY_TOUCH_INTERVAL`]), so an idle sweep reading it sees the agent's use.
     pub activity_marker: Option<PathBuf>,
+    /// Trees the file endpoints and the filesystem service refuse, judged where a path
+    /// resolves (`--reserved-path`, repeatable; see [`crate::fs::reserved`]).
+    pub reserved_paths: Vec<PathBuf>,
     pub default_user: String,
     /// Where processes start when a request names no `cwd` (default: the user's home).
     pub default_workdir: Option<PathBuf>,
@@ -88,6 +91,7 @@ impl fmt::Debug for Config {
             .field("listen_tcp", &self.listen_tcp)
             .field("listen_unix", &self.listen_unix)
             .field("activity_marker", &self.activity_marker)
+            .field("reserved_paths", &self.reserved_paths)
             .field("default_user", &self.default_user)
             .field("default_workdir", &self.default_workdir)
             .field("access_token", &self.access_token.as_ref().map(|_| "<set>"))
@@ -115,6 +119,7 @@ impl Default for Config {
             listen_tcp: true,
             listen_unix: None,
             activity_marker: None,
+            reserved_paths: Vec::new(),
             default_user: DEFAULT_USER.to_owned(),
             default_workdir: None,
             access_token: None,
@@ -172,6 +177,8 @@ pub fn usage() -> String {
          \x20 --listen-unix PATH          serve on a unix socket too (mode 0600); without --listen,\n\
          \x20                             only there\n\
          \x20 --activity-marker PATH      touch PATH's mtime on every request served (at most once a second)\n\
+         \x20 --reserved-path PATH        refuse file operations on PATH and below, judged where a path\n\
+         \x20                             resolves (repeatable; default: nothing reserved)\n\
          \x20 --default-user NAME         user for requests that name none (default {DEFAULT_USER})\n\
          \x20 --default-workdir PATH      cwd for processes that name none (default: the user's home)\n\
          \x20 --access-token TOKEN        require X-Access-Token (visible in ps: prefer the two below)\n\
@@ -264,6 +271,16 @@ pub fn parse(
                     )));
                 }
                 config.activity_marker = Some(v);
+            }
+            "--reserved-path" => {
+                let v = PathBuf::from(value()?);
+                if !v.is_absolute() {
+                    return Err(ConfigError(format!(
+                        "--reserved-path {}: must be absolute",
+                        v.display()
+                    )));
+                }
+                config.reserved_paths.push(v);
             }
             "--default-user" => {
                 let v = value()?;
@@ -471,6 +488,19 @@ mod tests {
             Some(PathBuf::from("/var/lib/sandbox-activity"))
         );
         assert!(run(&["--activity-marker", "rel"]).is_err());
+    }
+
+    #[test]
+    fn reserved_paths_repeat_and_must_be_absolute() {
+        assert!(run(&[]).unwrap().reserved_paths.is_empty());
+        let c = run(&["--reserved-path", "/proc", "--reserved-path=/.sandbox"]).unwrap();
+        assert_eq!(
+            c.reserved_paths,
+            vec![PathBuf::from("/proc"), PathBuf::from("/.sandbox")]
+        );
+        let e = run(&["--reserved-path", "proc"]).unwrap_err().to_string();
+        assert!(e.contains("must be absolute"), "{e}");
+        assert!(usage().contains("--reserved-path"));
     }
 
     #[test]

@@ -38,6 +38,7 @@ use hyper::header::{self, HeaderValue};
 use hyper::{Request, Response, StatusCode};
 
 pub use self::signature::{FileOperation, SignatureError, check_signature, sign};
+use crate::fs::reserved::{Refusal, Reserved};
 use crate::users::{AccountFiles, User};
 
 /// The body of every `/files` answer.
@@ -80,6 +81,8 @@ pub struct FilesContext {
     /// The envd access token, when the agent has one.
     pub access_token: Option<String>,
     pub limits: FilesLimits,
+    /// Trees neither endpoint reads or writes, judged where a path resolves (403).
+    pub reserved: Reserved,
 }
 
 /// A failed request: its status and message.
@@ -103,6 +106,14 @@ impl FilesError {
 
     pub(crate) fn internal(message: impl Into<String>) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, message)
+    }
+
+    /// A path in a reserved tree is 403; one whose real path cannot be read back, 500.
+    pub(crate) fn refused(refusal: Refusal) -> Self {
+        match refusal {
+            Refusal::Reserved(m) => Self::new(StatusCode::FORBIDDEN, m),
+            Refusal::Unknown(m) => Self::internal(m),
+        }
     }
 
     /// envd's error answer.
@@ -133,7 +144,8 @@ impl FilesError {
 /// 200 with the content (`Content-Type` by extension, `Content-Disposition: inline`), gzip
 /// when the client accepts it and asks for no range, one byte range (206) when asked for;
 /// 400 for a directory or anything but a regular file (a FIFO or a device is never read);
-/// 401; 404 `path '<p>' does not exist`; 406 when no acceptable encoding is left; 416 for a
+/// 401; 403 for a path in a reserved tree, judged where it resolves
+/// ([`crate::fs::reserved`]); 404 `path '<p>' does not exist`; 406 when no acceptable encoding is left; 416 for a
 /// range outside the file.
 pub async fn get_files<B>(request: Request<B>, ctx: &FilesContext) -> Response<FilesBody> {
     match download::get(request.headers(), request.uri(), ctx).await {
@@ -150,7 +162,8 @@ pub async fn get_files<B>(request: Request<B>, ctx: &FilesContext) -> Response<F
 /// `Content-Encoding: gzip`. Missing parents are created, an existing file is overwritten, and
 /// what is created belongs to the user. `X-Metadata-<key>: <value>` headers replace the
 /// files' metadata. 200 with `[{"path","name","type":"file","metadata"?}]`, one entry per
-/// file; 400, 401, 413 over [`FilesLimits::max_upload_bytes`], 507 when the disk is full.
+/// file; 400, 401, 403 for a target in a reserved tree (judged where it would land, and again
+/// on the opened file before it is changed), 413 over [`FilesLimits::max_upload_bytes`], 507 when the disk is full.
 pub async fn post_files<B>(request: Request<B>, ctx: &FilesContext) -> Response<FilesBody>
 where
     B: hyper::body::Body<Data = Bytes> + Send + 'static,

@@ -15,6 +15,7 @@ use serde::de::DeserializeOwned;
 use crate::config::Config;
 use crate::connect::{self, Body, ResponseStream};
 use crate::files;
+use crate::fs::reserved::Reserved;
 use crate::fs::{Caller, Filesystem, FsLimits};
 use crate::server::{
     BoxFuture, CallContext, FilesContext, FilesService, FilesystemService, Services,
@@ -22,11 +23,16 @@ use crate::server::{
 
 /// Every service this build of the agent has, configured from its start flags.
 pub fn builtin(config: &Config) -> Services {
+    let reserved = Reserved::new(config.reserved_paths.iter().cloned());
     Services {
         filesystem: Some(Arc::new(FilesystemRpc {
-            fs: Filesystem::new(config.accounts.clone(), FsLimits::default()),
+            fs: Filesystem::with_reserved(
+                config.accounts.clone(),
+                FsLimits::default(),
+                reserved.clone(),
+            ),
         })),
-        files: Some(Arc::new(FileEndpoints)),
+        files: Some(Arc::new(FileEndpoints { reserved })),
     }
 }
 
@@ -136,7 +142,9 @@ impl FilesystemService for FilesystemRpc {
 /// `GET /files` and `POST /files` over [`files::get_files`] and [`files::post_files`], which
 /// authorize themselves (a token or a signed URL).
 #[derive(Debug)]
-struct FileEndpoints;
+struct FileEndpoints {
+    reserved: Reserved,
+}
 
 impl FilesService for FileEndpoints {
     fn handle(&self, ctx: FilesContext, request: Request<Body>) -> BoxFuture<'_, Response<Body>> {
@@ -148,6 +156,7 @@ impl FilesService for FileEndpoints {
                 default_workdir: config.default_workdir.clone(),
                 access_token: ctx.access_token.as_deref().map(str::to_owned),
                 limits: files::FilesLimits::default(),
+                reserved: self.reserved.clone(),
             };
             let answer = if request.method() == hyper::Method::GET {
                 files::get_files(request, &files_ctx).await

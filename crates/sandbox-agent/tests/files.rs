@@ -26,6 +26,7 @@ fn ctx(env: &Env) -> FilesContext {
         default_workdir: None,
         access_token: None,
         limits: FilesLimits::default(),
+        reserved: Default::default(),
     }
 }
 

@@ -142,6 +142,7 @@ async fn fifty_mib_stream_both_ways_in_bounded_memory() {
         default_workdir: None,
         access_token: None,
         limits: FilesLimits::default(),
+        reserved: Default::default(),
     };
     let rss_before = peak_rss();
 

@@ -60,7 +60,7 @@ const MAX_STDERR: usize = 4096;
 
 /// Levels a tree listing descends at most, whatever the caller asks (`find -maxdepth` takes an
 /// `int`, and a path has at most a few thousand components anyway).
-const MAX_TREE_DEPTH: usize = 4096;
+pub(crate) const MAX_TREE_DEPTH: usize = 4096;
 
 /// The longest partial record of a tree listing kept while waiting for its end: a stat line and
 /// a path the kernel can open are far shorter.
@@ -78,8 +78,9 @@ const READY: u8 = b'R';
 /// idle sweeper trusts, and the agent's directory (agent mode installs it there at every create;
 /// reserved in both modes, so a snapshot taken in one mode restores cleanly in the other).
 /// Checked on the path as given here, and for reads and tree listings again on what it resolves
-/// to inside the container.
-const RESERVED: &[&str] = &["/proc", "/sys", "/dev", ACTIVITY_MARKER, AGENT_DIR];
+/// to inside the container. Agent mode passes each to the agent as `--reserved-path`
+/// (`crate::agent::entrypoint`), and the agent judges every path where it resolves.
+pub(crate) const RESERVED: &[&str] = &["/proc", "/sys", "/dev", ACTIVITY_MARKER, AGENT_DIR];
 
 /// The reserved trees as one `case` pattern. Constants only, so splicing them into script text
 /// is safe.
@@ -91,7 +92,7 @@ fn reserved_pattern() -> String {
         .join("|")
 }
 
-fn check_path(op: Operation, path: &SandboxPath) -> Result<(), Error> {
+pub(crate) fn check_path(op: Operation, path: &SandboxPath) -> Result<(), Error> {
     for reserved in RESERVED {
         let reserved = SandboxPath::new(reserved)?;
         if path.starts_with(&reserved) {

@@ -861,6 +861,9 @@ impl SandboxProvider for DockerProvider {
         path: &SandboxPath,
         content: &[u8],
     ) -> Result<(), Error> {
+        if let Some(channel) = self.channel(sandbox.id().as_str()) {
+            return agent::files::write(&channel, path, content).await;
+        }
         files::write(self.docker_ref(), sandbox.id().as_str(), path, content).await
     }
 
@@ -869,6 +872,9 @@ impl SandboxProvider for DockerProvider {
         sandbox: &SandboxHandle,
         path: &SandboxPath,
     ) -> Result<Vec<u8>, Error> {
+        if let Some(channel) = self.channel(sandbox.id().as_str()) {
+            return agent::files::read(&channel, path).await;
+        }
         files::read(self.docker_ref(), sandbox.id().as_str(), path).await
     }
 
@@ -878,6 +884,11 @@ impl SandboxProvider for DockerProvider {
         path: &SandboxPath,
         max_bytes: u64,
     ) -> Result<ReadStream, Error> {
+        if let Some(channel) = self.channel(sandbox.id().as_str()) {
+            let stream =
+                agent::files::read_stream(&channel, path, max_bytes, files::STREAM_TIMEOUT).await?;
+            return Ok(Box::new(stream));
+        }
         let stream = files::read_stream(
             self.docker_ref(),
             sandbox.id().as_str(),
@@ -895,6 +906,9 @@ impl SandboxProvider for DockerProvider {
         dir: &SandboxPath,
         limits: TreeLimits,
     ) -> Result<TreeListing, Error> {
+        if let Some(channel) = self.channel(sandbox.id().as_str()) {
+            return agent::files::tree(&channel, dir, limits).await;
+        }
         files::tree(self.docker_ref(), sandbox.id().as_str(), dir, limits).await
     }
 
@@ -903,18 +917,30 @@ impl SandboxProvider for DockerProvider {
         sandbox: &SandboxHandle,
         path: &SandboxPath,
     ) -> Result<Vec<DirEntry>, Error> {
+        if let Some(channel) = self.channel(sandbox.id().as_str()) {
+            return agent::files::list(&channel, path).await;
+        }
         files::list(self.docker_ref(), sandbox.id().as_str(), path).await
     }
 
     async fn make_dir(&self, sandbox: &SandboxHandle, path: &SandboxPath) -> Result<(), Error> {
+        if let Some(channel) = self.channel(sandbox.id().as_str()) {
+            return agent::files::make_dir(&channel, path).await;
+        }
         files::make_dir(self.docker_ref(), sandbox.id().as_str(), path).await
     }
 
     async fn remove(&self, sandbox: &SandboxHandle, path: &SandboxPath) -> Result<(), Error> {
+        if let Some(channel) = self.channel(sandbox.id().as_str()) {
+            return agent::files::remove(&channel, path).await;
+        }
         files::remove(self.docker_ref(), sandbox.id().as_str(), path).await
     }
 
     async fn stat(&self, sandbox: &SandboxHandle, path: &SandboxPath) -> Result<StatEntry, Error> {
+        if let Some(channel) = self.channel(sandbox.id().as_str()) {
+            return agent::files::stat(&channel, path).await;
+        }
         files::stat(self.docker_ref(), sandbox.id().as_str(), path).await
     }
 

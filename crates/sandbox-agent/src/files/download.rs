@@ -1,13 +1,14 @@
 //! `GET /files`: a regular file's bytes, streamed from disk.
 //!
-//! Only a regular file is ever read. The path is checked with `stat` before it is opened (so a
-//! device is never even opened: opening some has side effects), opened non-blocking (so a FIFO
-//! swapped in between cannot hang the open), and checked again with `fstat` on what was
-//! opened. Exactly the size `fstat` reported is sent: a file that grows meanwhile is cut at
+//! Only a regular file outside the reserved trees is ever read. The path is first opened
+//! `O_PATH` and that descriptor judged, by its real path and its type (so a device is never
+//! even opened for reading: opening some has side effects); the file is then opened,
+//! non-blocking, through that descriptor, and checked again with `fstat` on what was opened. Exactly the size `fstat` reported is sent: a file that grows meanwhile is cut at
 //! that size, one that shrinks aborts the response rather than pass for whole.
 
 use std::fs::File;
 use std::io::{self, Read as _, Seek as _, SeekFrom, Write as _};
+use std::os::fd::AsRawFd as _;
 use std::path::Path;
 
 use bytes::Bytes;
@@ -20,6 +21,7 @@ use tokio::sync::mpsc;
 use super::body::ChannelBody;
 use super::query::FilesQuery;
 use super::{FileOperation, FilesBody, FilesContext, FilesError, mime};
+use crate::fs::reserved::Reserved;
 
 /// The size of each chunk read from disk.
 pub(crate) const CHUNK: usize = 64 * 1024;
@@ -54,7 +56,8 @@ pub(crate) async fn get(
     }
 
     let opened_path = path.clone();
-    let (file, size) = tokio::task::spawn_blocking(move || open_regular(&opened_path))
+    let reserved = ctx.reserved.clone();
+    let (file, size) = tokio::task::spawn_blocking(move || open_regular(&opened_path, &reserved))
         .await
         .map_err(|e| FilesError::internal(format!("the download was lost: {e}")))??;
 
@@ -121,35 +124,51 @@ fn header_value(text: &str) -> HeaderValue {
     HeaderValue::from_str(text).unwrap_or_else(|_| HeaderValue::from_static("inline"))
 }
 
-/// Opens `path` for reading if, and only if, it is a regular file; answers it and its size.
-fn open_regular(path: &Path) -> Result<(File, u64), FilesError> {
+/// Opens `path` for reading if, and only if, it is a regular file outside the reserved trees;
+/// answers it and its size.
+///
+/// The path is first opened `O_PATH` (which opens no device and cannot block on a FIFO), and
+/// that descriptor is judged: where it really is ([`Reserved::check_fd`]) and what it is. The
+/// file is then opened for reading through that same descriptor (`/proc/self/fd/N`), so what
+/// is read is what was judged.
+fn open_regular(path: &Path, reserved: &Reserved) -> Result<(File, u64), FilesError> {
     let shown = path.display();
-    let meta = std::fs::metadata(path).map_err(|e| match e.kind() {
-        io::ErrorKind::NotFound => FilesError::new(
+    let not_found = || {
+        FilesError::new(
             StatusCode::NOT_FOUND,
             format!("path '{shown}' does not exist"),
-        ),
-        _ => FilesError::internal(format!("error checking if path exists '{shown}': {e}")),
-    })?;
-    if meta.is_dir() {
+        )
+    };
+    reserved.check_path(path).map_err(FilesError::refused)?;
+    let pinned = rustix::fs::open(path, OFlags::PATH | OFlags::CLOEXEC, Mode::empty()).map_err(
+        |e| match e {
+            rustix::io::Errno::NOENT | rustix::io::Errno::NOTDIR => not_found(),
+            _ => FilesError::internal(format!("error checking if path exists '{shown}': {e}")),
+        },
+    )?;
+    reserved
+        .check_fd(&pinned, path)
+        .map_err(FilesError::refused)?;
+    let meta = rustix::fs::fstat(&pinned)
+        .map_err(|e| FilesError::internal(format!("error checking file '{shown}': {e}")))?;
+    let kind = rustix::fs::FileType::from_raw_mode(meta.st_mode);
+    if kind == rustix::fs::FileType::Directory {
         return Err(FilesError::bad_request(format!(
             "path '{shown}' is a directory"
         )));
     }
     let not_regular = || FilesError::bad_request(format!("path '{shown}' is not a regular file"));
-    if !meta.is_file() {
+    if kind != rustix::fs::FileType::RegularFile {
         return Err(not_regular());
     }
+    let reopen = format!("/proc/self/fd/{}", pinned.as_raw_fd());
     let fd = rustix::fs::open(
-        path,
+        reopen.as_str(),
         OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY,
         Mode::empty(),
     )
     .map_err(|e| match e {
-        rustix::io::Errno::NOENT => FilesError::new(
-            StatusCode::NOT_FOUND,
-            format!("path '{shown}' does not exist"),
-        ),
+        rustix::io::Errno::NOENT => not_found(),
         _ => FilesError::internal(format!("error opening file '{shown}': {e}")),
     })?;
     let file = File::from(fd);
@@ -445,21 +464,51 @@ mod tests {
     fn only_regular_files_open() {
         let dir = tempfile::tempdir().unwrap();
         let f = temp_file(dir.path(), "f", b"hello");
-        let (_, size) = open_regular(&f).unwrap();
+        let none = Reserved::default();
+        let (_, size) = open_regular(&f, &none).unwrap();
         assert_eq!(size, 5);
-        assert_eq!(open_regular(dir.path()).unwrap_err().status, 400);
+        assert_eq!(open_regular(dir.path(), &none).unwrap_err().status, 400);
         assert_eq!(
-            open_regular(&dir.path().join("missing"))
+            open_regular(&dir.path().join("missing"), &none)
                 .unwrap_err()
                 .status,
             404
         );
-        let zero = open_regular(Path::new("/dev/zero")).unwrap_err();
+        let zero = open_regular(Path::new("/dev/zero"), &none).unwrap_err();
         assert_eq!(zero.status, 400);
         assert!(
             zero.message.contains("not a regular file"),
             "{}",
             zero.message
         );
+        // Reserved: refused before the type is judged, through a link too, and a FIFO (opened
+        // O_PATH only) never blocks the check.
+        let dev = Reserved::new([std::path::PathBuf::from("/dev")]);
+        assert_eq!(
+            open_regular(Path::new("/dev/zero"), &dev)
+                .unwrap_err()
+                .status,
+            403
+        );
+        std::os::unix::fs::symlink("/dev/zero", dir.path().join("zero")).unwrap();
+        assert_eq!(
+            open_regular(&dir.path().join("zero"), &dev)
+                .unwrap_err()
+                .status,
+            403
+        );
+        let fifo = dir.path().join("fifo");
+        assert!(
+            std::process::Command::new("mkfifo")
+                .arg(&fifo)
+                .status()
+                .unwrap()
+                .success()
+        );
+        let e = open_regular(&fifo, &dev).unwrap_err();
+        assert_eq!(e.status, 400, "{}", e.message);
+        // A file in a reserved tree that is a regular file (as /proc's are) is refused too.
+        let held = Reserved::new([dir.path().to_path_buf()]);
+        assert_eq!(open_regular(&f, &held).unwrap_err().status, 403);
     }
 }

@@ -2,8 +2,9 @@
 //!
 //! Each file is written by a blocking task fed over a bounded channel, so a fast client waits
 //! for the disk instead of filling memory. Before any byte is written the target is checked:
-//! missing parents are created (owned by the user), a directory in the way is a 400, and only
-//! a regular file is ever opened for writing (opened non-blocking, so a FIFO cannot hang the
+//! a target in a reserved tree is a 403 (judged where it would land, and again on the opened
+//! file before anything about it changes), missing parents are created (owned by the user), a
+//! directory in the way is a 400, and only a regular file is ever opened for writing (opened non-blocking, so a FIFO cannot hang the
 //! upload, then checked with `fstat`). Metadata is stored before the content, so a filesystem
 //! without extended attributes refuses the upload before anything is written.
 
@@ -27,6 +28,7 @@ use super::query::FilesQuery;
 use super::{FileOperation, FilesContext, FilesError, METADATA_HEADER_PREFIX};
 use crate::fs::metadata;
 use crate::fs::path::{Owner, base_name, ensure_dirs};
+use crate::fs::reserved::Reserved;
 use crate::users::User;
 
 /// Chunks received ahead of the disk: what a fast client makes the agent hold, per upload.
@@ -64,6 +66,7 @@ where
         default_workdir: ctx.default_workdir.as_deref(),
         owner,
         metadata: Arc::new(metadata),
+        reserved: ctx.reserved.clone(),
     };
 
     if media == "application/octet-stream" {
@@ -143,6 +146,7 @@ struct Target<'a> {
     default_workdir: Option<&'a Path>,
     owner: Owner,
     metadata: Arc<BTreeMap<String, String>>,
+    reserved: Reserved,
 }
 
 impl Target<'_> {
@@ -233,8 +237,10 @@ where
     let (tx, mut rx) = mpsc::channel::<Bytes>(WRITE_BEHIND_CHUNKS);
     let owner = target.owner;
     let metadata = Arc::clone(&target.metadata);
-    let writer =
-        tokio::task::spawn_blocking(move || write_blocking(&path, owner, &metadata, &mut rx));
+    let reserved = target.reserved.clone();
+    let writer = tokio::task::spawn_blocking(move || {
+        write_blocking(&path, owner, &metadata, &reserved, &mut rx)
+    });
     let mut source = std::pin::pin!(source);
     let mut failed = None;
     while let Some(chunk) = source.next().await {
@@ -310,9 +316,12 @@ fn write_blocking(
     path: &Path,
     owner: Owner,
     metadata: &BTreeMap<String, String>,
+    reserved: &Reserved,
     rx: &mut mpsc::Receiver<Bytes>,
 ) -> Result<WriteInfo, FilesError> {
     let shown = path.display();
+    // Where the file would land, before any parent is created.
+    reserved.check_path(path).map_err(FilesError::refused)?;
     if let Some(parent) = path.parent() {
         ensure_dirs(parent, owner).map_err(|e| {
             if e.kind() == io::ErrorKind::NotADirectory {
@@ -349,6 +358,11 @@ fn write_blocking(
         _ => write_error("error opening file", &e.into()),
     })?;
     let mut file = File::from(fd);
+    // What was opened, before anything about it changes: a symlink swapped in since the first
+    // check cannot redirect the write into a reserved tree.
+    reserved
+        .check_fd(&file, path)
+        .map_err(FilesError::refused)?;
     let meta = file
         .metadata()
         .map_err(|e| FilesError::internal(format!("error getting file info: {e}")))?;

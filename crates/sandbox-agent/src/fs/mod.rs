@@ -31,6 +31,7 @@ mod entry;
 pub mod metadata;
 mod ops;
 pub mod path;
+pub mod reserved;
 mod watch;
 
 use std::collections::HashMap;
@@ -51,6 +52,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use self::entry::Names;
 use self::path::Owner;
+use self::reserved::{Refusal, Reserved};
 pub use self::watch::WatchDirStream;
 use crate::users::{AccountFiles, User};
 
@@ -124,6 +126,8 @@ pub struct Filesystem {
 struct Inner {
     accounts: AccountFiles,
     limits: FsLimits,
+    /// Trees no call touches, judged where a path resolves.
+    reserved: Reserved,
     /// One permit per live watcher of either kind.
     watch_permits: Arc<Semaphore>,
     watchers: Mutex<HashMap<String, watch::Polled>>,
@@ -131,12 +135,19 @@ struct Inner {
 }
 
 impl Filesystem {
-    /// The service, naming owners from `accounts`.
+    /// The service, naming owners from `accounts`, with nothing reserved.
     pub fn new(accounts: AccountFiles, limits: FsLimits) -> Self {
+        Self::with_reserved(accounts, limits, Reserved::default())
+    }
+
+    /// The service, refusing every call on a path in `reserved` (`permission_denied`; see
+    /// [`reserved`]).
+    pub fn with_reserved(accounts: AccountFiles, limits: FsLimits, reserved: Reserved) -> Self {
         Filesystem {
             inner: Arc::new(Inner {
                 accounts,
                 limits,
+                reserved,
                 // A larger count than the semaphore holds would panic; no machine runs that many.
                 watch_permits: Arc::new(Semaphore::new(
                     limits.max_watchers.min(Semaphore::MAX_PERMITS),
@@ -170,7 +181,13 @@ impl Filesystem {
         request: StatRequest,
     ) -> Result<StatResponse, ConnectError> {
         let path = caller.resolve(&request.path)?;
-        let entry = self.blocking(move |names| ops::stat(&path, names)).await?;
+        let reserved = self.inner.reserved.clone();
+        let entry = self
+            .blocking(move |names| {
+                check(&reserved, &path)?;
+                ops::stat(&path, names)
+            })
+            .await?;
         Ok(StatResponse { entry: Some(entry) })
     }
 
@@ -183,8 +200,12 @@ impl Filesystem {
     ) -> Result<MakeDirResponse, ConnectError> {
         let path = caller.resolve(&request.path)?;
         let owner = Owner::of(&caller.user);
+        let reserved = self.inner.reserved.clone();
         let entry = self
-            .blocking(move |names| ops::make_dir(&path, owner, names))
+            .blocking(move |names| {
+                check(&reserved, &path)?;
+                ops::make_dir(&path, owner, names)
+            })
             .await?;
         Ok(MakeDirResponse { entry: Some(entry) })
     }
@@ -198,8 +219,13 @@ impl Filesystem {
         let source = caller.resolve(&request.source)?;
         let destination = caller.resolve(&request.destination)?;
         let owner = Owner::of(&caller.user);
+        let reserved = self.inner.reserved.clone();
         let entry = self
-            .blocking(move |names| ops::move_path(&source, &destination, owner, names))
+            .blocking(move |names| {
+                check(&reserved, &source)?;
+                check(&reserved, &destination)?;
+                ops::move_path(&source, &destination, owner, names)
+            })
             .await?;
         Ok(MoveResponse { entry: Some(entry) })
     }
@@ -218,8 +244,12 @@ impl Filesystem {
             max_entries: limits.max_list_entries,
             max_bytes: limits.max_list_bytes,
         };
+        let reserved = self.inner.reserved.clone();
         let entries = self
-            .blocking(move |names| ops::list_dir(&path, request.depth, bounds, names))
+            .blocking(move |names| {
+                check(&reserved, &path)?;
+                ops::list_dir(&path, request.depth, bounds, &reserved, names)
+            })
             .await?;
         Ok(ListDirResponse { entries })
     }
@@ -231,7 +261,12 @@ impl Filesystem {
         request: RemoveRequest,
     ) -> Result<RemoveResponse, ConnectError> {
         let path = caller.resolve(&request.path)?;
-        self.blocking(move |_| ops::remove(&path)).await?;
+        let reserved = self.inner.reserved.clone();
+        self.blocking(move |_| {
+            check(&reserved, &path)?;
+            ops::remove_pinned(&path, &reserved)
+        })
+        .await?;
         Ok(RemoveResponse {})
     }
 
@@ -259,8 +294,10 @@ impl Filesystem {
         let root = caller.resolve(path)?;
         let permit = self.watch_permit()?;
         let max = self.inner.limits.max_watches_per_watcher;
+        let reserved = self.inner.reserved.clone();
         let running = self
             .blocking(move |_| {
+                check(&reserved, &root)?;
                 watch::check_root(&root, allow_network_mounts)?;
                 watch::Running::start(watch::Watch::open(root, recursive, max)?)
             })
@@ -361,6 +398,19 @@ impl Filesystem {
             .watchers
             .lock()
             .map_err(|_| ConnectError::new(Code::Internal, "the watcher table is poisoned"))
+    }
+}
+
+/// Refuses a path in a reserved tree: `permission_denied` (`internal` when where it resolves
+/// cannot be read back).
+fn check(reserved: &Reserved, path: &std::path::Path) -> Result<(), ConnectError> {
+    reserved.check_path(path).map_err(refusal)
+}
+
+pub(crate) fn refusal(refusal: Refusal) -> ConnectError {
+    match refusal {
+        Refusal::Reserved(m) => ConnectError::new(Code::PermissionDenied, m),
+        Refusal::Unknown(m) => ConnectError::new(Code::Internal, m),
     }
 }
 

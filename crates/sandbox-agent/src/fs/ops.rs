@@ -6,14 +6,18 @@
 //! owns what is created.
 
 use std::io;
+use std::os::fd::AsRawFd as _;
 use std::os::unix::ffi::OsStrExt as _;
 use std::path::{Path, PathBuf};
+
+use rustix::fs::{Mode, OFlags};
 
 use sandbox_envd::filesystem::EntryInfo;
 use sandbox_envd::{Code, ConnectError};
 
 use super::entry::{Names, entry_info};
 use super::path::{Owner, ensure_dirs};
+use super::reserved::Reserved;
 
 pub(crate) fn internal(what: &str, e: &io::Error) -> ConnectError {
     ConnectError::new(Code::Internal, format!("{what}: {e}"))
@@ -125,6 +129,31 @@ pub(crate) fn remove(path: &Path) -> Result<(), ConnectError> {
     }
 }
 
+/// [`remove`], with the parent pinned: it is opened `O_PATH`, judged by its real path
+/// ([`Reserved::check_fd`]), and the entry removed through that descriptor
+/// (`/proc/self/fd/N/<name>`), so a parent swapped for a symlink after the caller's check
+/// cannot redirect the removal into a reserved tree. A missing parent means a missing path.
+pub(crate) fn remove_pinned(path: &Path, reserved: &Reserved) -> Result<(), ConnectError> {
+    let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+        return remove(path);
+    };
+    if reserved.is_empty() {
+        return remove(path);
+    }
+    let pinned = match rustix::fs::open(
+        parent,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::NOENT | rustix::io::Errno::NOTDIR) => return Ok(()),
+        Err(e) => return Err(internal("error removing file or directory", &e.into())),
+    };
+    reserved.check_fd(&pinned, parent).map_err(super::refusal)?;
+    let through = PathBuf::from(format!("/proc/self/fd/{}", pinned.as_raw_fd())).join(name);
+    remove(&through)
+}
+
 /// The bounds of one listing.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ListBounds {
@@ -140,6 +169,7 @@ pub(crate) fn list_dir(
     requested: &Path,
     depth: u32,
     bounds: ListBounds,
+    reserved: &Reserved,
     names: &mut Names,
 ) -> Result<Vec<EntryInfo>, ConnectError> {
     let depth = depth.max(1);
@@ -157,6 +187,18 @@ pub(crate) fn list_dir(
         ),
         _ => internal("error resolving symlink", &e),
     })?;
+    // The root as it resolves now, judged again: it is what is walked.
+    if let Some(refused) = reserved.tree_of(&root) {
+        return Err(ConnectError::new(
+            Code::PermissionDenied,
+            format!(
+                "{} resolves to {}, in the reserved tree {}, which file operations cannot use",
+                requested.display(),
+                root.display(),
+                refused.display()
+            ),
+        ));
+    }
     match std::fs::metadata(&root) {
         Ok(meta) if meta.is_dir() => {}
         Ok(_) => {
@@ -211,7 +253,9 @@ pub(crate) fn list_dir(
         }
         out.push(entry);
         let is_real_dir = std::fs::symlink_metadata(&on_disk).is_ok_and(|m| m.is_dir());
-        if level < depth && is_real_dir {
+        // A reserved tree is listed where it is, never walked (listing `/` shows `/proc`, not
+        // every process).
+        if level < depth && is_real_dir && reserved.tree_of(&on_disk).is_none() {
             match sorted_names(&on_disk, bounds.max_entries) {
                 Ok(children) => stack.push((on_disk, rel_path, level + 1, children)),
                 Err(e) if e.code == Code::NotFound => {}
@@ -261,4 +305,32 @@ fn sorted_names(dir: &Path, max: usize) -> Result<Vec<Vec<u8>>, ConnectError> {
     }
     names.sort_unstable_by(|a, b| b.cmp(a));
     Ok(names)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_removal_goes_through_its_parent_judged_where_it_is() {
+        // No path check first: the descriptor check alone refuses a parent that is a symlink
+        // into a reserved tree (as one swapped in after the path check would be).
+        let dir = tempfile::tempdir().unwrap();
+        let res = dir.path().join("res");
+        std::fs::create_dir(&res).unwrap();
+        std::fs::write(res.join("secret"), b"s").unwrap();
+        std::os::unix::fs::symlink(&res, dir.path().join("link")).unwrap();
+        let reserved = Reserved::new([res.clone()]);
+        let e = remove_pinned(&dir.path().join("link/secret"), &reserved).unwrap_err();
+        assert_eq!(e.code, Code::PermissionDenied, "{e:?}");
+        assert!(res.join("secret").exists());
+        // Elsewhere it removes, files and trees, and a missing parent is a missing path.
+        std::fs::create_dir_all(dir.path().join("ok/tree/deep")).unwrap();
+        std::fs::write(dir.path().join("ok/f"), b"f").unwrap();
+        remove_pinned(&dir.path().join("ok/f"), &reserved).unwrap();
+        remove_pinned(&dir.path().join("ok/tree"), &reserved).unwrap();
+        assert!(!dir.path().join("ok/f").exists());
+        assert!(!dir.path().join("ok/tree").exists());
+        remove_pinned(&dir.path().join("missing/x"), &reserved).unwrap();
+    }
 }

@@ -7,18 +7,21 @@
 //!   fails the start with the fix named, never a silent switch to exec mode.
 //! - `install.rs`: the tar stream that carries the agent into a created container through the
 //!   engine's archive endpoint, before the container starts.
+//! - `files.rs`: the file operations of agent mode, through the kept channel
+//!   (`crate::channel`) to the agent instead of an exec each.
 //!
 //! In agent mode the container's entrypoint is the agent ([`entrypoint`]), so it is PID 1 and
 //! the engine's init is off: the agent adopts and reaps orphans itself. It replaces the exec
 //! mode's idling shell as the container's long-running process, as that shell replaced the
 //! image's own entrypoint and command: neither mode runs what the image names.
 //!
-//! What this increment does not do yet: commands, files and terminals still go through
+//! What this increment does not do yet: commands and terminals still go through
 //! `docker exec` in agent mode. The kept channel to the agent exists (`crate::channel`, with
-//! the version check on its first exchange); routing the data plane through it is the next
-//! step of issue 16.
+//! the version check on its first exchange); routing them through it is the next step of
+//! issue 16.
 
 pub mod binary;
+pub(crate) mod files;
 pub(crate) mod install;
 
 pub use binary::{AgentBinary, VERSION, default_path};
@@ -46,10 +49,21 @@ pub const AGENT_FLAGS: &[&str] = &[
     crate::exec::ACTIVITY_MARKER,
 ];
 
-/// The container entrypoint of agent mode: the installed agent and [`AGENT_FLAGS`].
+/// The flag that names one reserved tree to the agent.
+pub const RESERVED_PATH_FLAG: &str = "--reserved-path";
+
+/// The container entrypoint of agent mode: the installed agent, [`AGENT_FLAGS`], then
+/// [`RESERVED_PATH_FLAG`] for each tree the file API reserves (`crate::files::RESERVED`, the
+/// same list exec mode refuses, so the two cannot drift): the agent judges every file
+/// operation's path where it resolves inside the container, which the service cannot see.
 pub fn entrypoint() -> Vec<String> {
     std::iter::once(AGENT_PATH)
         .chain(AGENT_FLAGS.iter().copied())
+        .chain(
+            crate::files::RESERVED
+                .iter()
+                .flat_map(|tree| [RESERVED_PATH_FLAG, tree]),
+        )
         .map(str::to_owned)
         .collect()
 }
@@ -62,7 +76,17 @@ mod tests {
     fn the_entrypoint_runs_the_installed_agent_with_its_flags() {
         let argv = entrypoint();
         assert_eq!(argv[0], AGENT_PATH);
-        assert_eq!(&argv[1..], AGENT_FLAGS);
+        assert_eq!(&argv[1..=AGENT_FLAGS.len()], AGENT_FLAGS);
+        // Every reserved tree of the file API, and nothing else, follows as --reserved-path.
+        let reserved: Vec<&str> = argv[AGENT_FLAGS.len() + 1..]
+            .chunks(2)
+            .map(|pair| {
+                assert_eq!(pair[0], RESERVED_PATH_FLAG, "{argv:?}");
+                pair[1].as_str()
+            })
+            .collect();
+        assert_eq!(reserved, crate::files::RESERVED);
+        assert!(reserved.contains(&AGENT_DIR) && reserved.contains(&"/proc"));
         assert!(AGENT_PATH.starts_with(&format!("{AGENT_DIR}/")));
         assert!(AGENT_SOCKET.starts_with(&format!("{AGENT_DIR}/")));
         // Never reachable from outside the container: a unix socket, no TCP listener.

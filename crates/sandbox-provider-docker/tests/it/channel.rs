@@ -53,15 +53,16 @@ fn agent_binary() -> PathBuf {
 
 /// A unix socket in front of the engine's that counts exec creations (`POST
 /// /v*/containers/<id>/exec`). Request heads are read off each connection's client side until
-/// the connection is hijacked (an exec start), after which bytes only pass through.
-struct CountingProxy {
+/// the connection is hijacked (an exec start), after which bytes only pass through. Shared with
+/// `agent_files`, whose provider reaches the engine through it (`DockerConfig.host`).
+pub(crate) struct CountingProxy {
     path: PathBuf,
     exec_creates: Arc<AtomicUsize>,
     _dir: tempfile::TempDir,
 }
 
 impl CountingProxy {
-    async fn start() -> CountingProxy {
+    pub(crate) async fn start() -> CountingProxy {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("docker.sock");
         let listener = UnixListener::bind(&path).unwrap();
@@ -85,8 +86,13 @@ impl CountingProxy {
         }
     }
 
-    fn exec_creates(&self) -> usize {
+    pub(crate) fn exec_creates(&self) -> usize {
         self.exec_creates.load(Ordering::SeqCst)
+    }
+
+    /// The proxy's socket.
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
     }
 
     async fn docker(&self) -> Docker {
