@@ -108,6 +108,7 @@ pub const WORKSPACE_EDGES: &[(&str, Allowed)] = &[
         Allowed::Only(&[
             "sandbox-core",
             "sandbox-transport",
+            "sandbox-envd",
             "sandbox-iptables-listing",
             "sandbox-elf",
         ]),

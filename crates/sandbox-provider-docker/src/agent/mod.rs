@@ -13,13 +13,18 @@
 //! mode's idling shell as the container's long-running process, as that shell replaced the
 //! image's own entrypoint and command: neither mode runs what the image names.
 //!
-//! What this increment does not do yet: commands, files and terminals still go through
-//! `docker exec` in agent mode. The kept channel to the agent exists (`crate::channel`, with
-//! the version check on its first exchange); routing the data plane through it is the next
-//! step of issue 16.
+//! - `exec.rs`: commands through the agent, one `Start` on the kept channel (`crate::channel`)
+//!   per command, with exec mode's semantics (shell, timeout, cancellation, output caps).
+//! - `terminal.rs`: terminals through the agent, a PTY process with exec mode's hang-up on
+//!   close.
+//!
+//! What this increment does not do yet: file operations still go through `docker exec` in
+//! agent mode; routing them through the channel is the next step of issue 16.
 
 pub mod binary;
+pub(crate) mod exec;
 pub(crate) mod install;
+pub(crate) mod terminal;
 
 pub use binary::{AgentBinary, VERSION, default_path};
 

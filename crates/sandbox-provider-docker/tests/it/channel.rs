@@ -39,7 +39,7 @@ const KILL_RELAY: &str = "for d in /proc/[0-9]*; do \
      if tr '\\000' ' ' < \"$d/cmdline\" 2>/dev/null | grep -q '^/.sandbox/sandbox-agent relay'; then \
      kill -9 \"${d#/proc/}\"; fi; done";
 
-fn agent_binary() -> PathBuf {
+pub(crate) fn agent_binary() -> PathBuf {
     let path = std::env::var_os("SANDBOX_AGENT_BIN").map(PathBuf::from).expect(
         "SANDBOX_AGENT_BIN must name a static build of sandbox-agent (`cargo xtask agent` prints it)",
     );
@@ -54,14 +54,14 @@ fn agent_binary() -> PathBuf {
 /// A unix socket in front of the engine's that counts exec creations (`POST
 /// /v*/containers/<id>/exec`). Request heads are read off each connection's client side until
 /// the connection is hijacked (an exec start), after which bytes only pass through.
-struct CountingProxy {
-    path: PathBuf,
+pub(crate) struct CountingProxy {
+    pub(crate) path: PathBuf,
     exec_creates: Arc<AtomicUsize>,
     _dir: tempfile::TempDir,
 }
 
 impl CountingProxy {
-    async fn start() -> CountingProxy {
+    pub(crate) async fn start() -> CountingProxy {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("docker.sock");
         let listener = UnixListener::bind(&path).unwrap();
@@ -85,7 +85,7 @@ impl CountingProxy {
         }
     }
 
-    fn exec_creates(&self) -> usize {
+    pub(crate) fn exec_creates(&self) -> usize {
         self.exec_creates.load(Ordering::SeqCst)
     }
 
