@@ -660,7 +660,9 @@ impl SandboxProvider for DockerProvider {
         // agents' background jobs leave behind. Agent mode: the agent installed below, as PID 1
         // (it reaps orphans itself, so no init); the install also creates the marker.
         let (entrypoint, init) = match &self.inner.agent {
-            Some(_) => (agent::entrypoint(), false),
+            // The agent starts processes with an environment of its own making, so the
+            // sandbox's environment is handed to it as its defaults.
+            Some(_) => (agent::entrypoint_with_env(&request.env), false),
             None => (
                 vec![
                     "/bin/sh".to_owned(),

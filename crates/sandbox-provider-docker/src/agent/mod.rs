@@ -59,6 +59,18 @@ pub fn entrypoint() -> Vec<String> {
         .collect()
 }
 
+/// [`entrypoint`], with `env` as the default environment of every process the agent starts
+/// (`--env KEY=VALUE`): the sandbox's environment, which the agent does not pass on from its
+/// own.
+pub fn entrypoint_with_env(env: &std::collections::BTreeMap<String, String>) -> Vec<String> {
+    let mut argv = entrypoint();
+    for (k, v) in env {
+        argv.push("--env".to_owned());
+        argv.push(format!("{k}={v}"));
+    }
+    argv
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -78,6 +90,20 @@ mod tests {
         assert_eq!(
             at.map(|at| argv[at + 1].as_str()),
             Some(crate::exec::ACTIVITY_MARKER)
+        );
+    }
+
+    #[test]
+    fn the_sandbox_environment_becomes_the_agents_defaults() {
+        let env = std::collections::BTreeMap::from([
+            ("A".to_owned(), "1=2".to_owned()),
+            ("B".to_owned(), "x y".to_owned()),
+        ]);
+        let argv = entrypoint_with_env(&env);
+        assert_eq!(&argv[..entrypoint().len()], entrypoint().as_slice());
+        assert_eq!(
+            &argv[entrypoint().len()..],
+            ["--env", "A=1=2", "--env", "B=x y"]
         );
     }
 }

@@ -41,10 +41,11 @@ async fn agent_sandbox(
     let p = DockerProvider::connect(agent_config(&namespace(tag), &proxy))
         .await
         .expect("connect in agent mode");
-    let h = p
-        .create(CreateRequest::new(TemplateId::new(IMAGE).unwrap()))
-        .await
-        .unwrap();
+    let mut create = CreateRequest::new(TemplateId::new(IMAGE).unwrap());
+    create
+        .env
+        .insert("SBX_SANDBOX_ENV".to_owned(), "from create".to_owned());
+    let h = p.create(create).await.unwrap();
     (proxy, p, h)
 }
 
@@ -169,11 +170,11 @@ async fn stdin_env_cwd_user_and_exit_statuses_are_exec_modes() {
     let r = p
         .exec(
             &h,
-            ExecRequest::shell("echo \"$SBX_A|$HOME\"; pwd").env("SBX_A", "x y"),
+            ExecRequest::shell("echo \"$SBX_A|$HOME|$SBX_SANDBOX_ENV\"; pwd").env("SBX_A", "x y"),
         )
         .await
         .unwrap();
-    assert_eq!(r.stdout_lossy(), "x y|/\n/workspace\n");
+    assert_eq!(r.stdout_lossy(), "x y|/|from create\n/workspace\n");
     let r = p
         .exec(
             &h,
