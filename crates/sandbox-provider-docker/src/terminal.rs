@@ -371,3 +371,37 @@ impl Terminals for DockerProvider {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn the_session_env_forces_term_and_carries_the_marker() {
+        let mut options = TerminalOptions::default();
+        options.env.insert("TERM".to_owned(), "dumb".to_owned());
+        options.env.insert("A".to_owned(), "1".to_owned());
+        options
+            .env
+            .insert(TERMINAL_MARKER_ENV.to_owned(), "forged".to_owned());
+        let env = shell_env(&options, "m1").unwrap();
+        assert_eq!(env["TERM"], sandbox_core::terminal::TERMINAL_TERM);
+        assert_eq!(env["A"], "1");
+        assert_eq!(
+            env[TERMINAL_MARKER_ENV], "m1",
+            "the caller cannot pick the marker"
+        );
+        assert_eq!(env["LC_ALL"], "C.UTF-8");
+        options.env.insert("B".to_owned(), "x\0y".to_owned());
+        assert_eq!(
+            shell_env(&options, "m1").unwrap_err().kind(),
+            ErrorKind::InvalidRequest
+        );
+        let mut bad_user = TerminalOptions::default();
+        bad_user.user = Some("-x".to_owned());
+        assert!(shell_env(&bad_user, "m1").is_err());
+        assert!(shell_script().contains("exec bash -i"));
+    }
+}
