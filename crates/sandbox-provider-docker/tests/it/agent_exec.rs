@@ -11,9 +11,11 @@
 
 use std::time::{Duration, Instant};
 
+use bollard::query_parameters::RemoveContainerOptions;
 use sandbox_core::{
-    CreateRequest, ExecRequest, ExecTimeout, ListFilter, SandboxHandle, SandboxPath,
-    SandboxProvider, TemplateId, TerminalEvent, TerminalOptions, TerminalSize, Terminals,
+    CreateRequest, ErrorCode, ErrorKind, ExecRequest, ExecTimeout, ListFilter, SandboxHandle,
+    SandboxPath, SandboxProvider, TemplateId, TerminalEvent, TerminalOptions, TerminalSize,
+    Terminals,
 };
 use sandbox_provider_docker::{DataPlane, DockerConfig, DockerProvider};
 
@@ -278,6 +280,63 @@ async fn a_timeout_kills_and_a_dropped_exec_kills_its_process() {
         "the sleep returned before the caller went away"
     );
     wait_gone(&p, &h, "sleep 4242").await;
+    cleanup(&p).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Docker engine, the sandbox-busybox:test image and SANDBOX_AGENT_BIN: cargo xtask test runs it"]
+async fn a_paused_sandbox_is_reported_paused_and_a_removed_one_gone() {
+    let (_proxy, p, h) = agent_sandbox("axg").await;
+    let id = h.id().as_str().to_owned();
+    assert_eq!(sh(&p, &h, "echo up").await, "up");
+    // Paused with the channel open and fresh: the agent cannot answer, and the call says why
+    // instead of waiting out its budget.
+    p.docker().pause_container(&id).await.unwrap();
+    let started = Instant::now();
+    let err = p
+        .exec(
+            &h,
+            ExecRequest::argv("true", Vec::<String>::new()).timeout(secs(60)),
+        )
+        .await
+        .expect_err("an exec in a paused sandbox");
+    assert_eq!(err.code(), Some(ErrorCode::SandboxPaused), "{err}");
+    assert_eq!(err.kind(), ErrorKind::Unavailable);
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "{:?}",
+        started.elapsed()
+    );
+    p.docker().unpause_container(&id).await.unwrap();
+    assert_eq!(sh(&p, &h, "echo again").await, "again");
+    // Removed while a command runs: the sandbox, not the command, ended.
+    let (provider, handle) = (p.clone(), h.clone());
+    let running = tokio::spawn(async move {
+        provider
+            .exec(
+                &handle,
+                ExecRequest::argv("sleep", ["30"]).timeout(secs(60)),
+            )
+            .await
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    p.docker()
+        .remove_container(
+            &id,
+            Some(RemoveContainerOptions {
+                force: true,
+                ..Default::default()
+            }),
+        )
+        .await
+        .unwrap();
+    let outcome = tokio::time::timeout(Duration::from_secs(20), running)
+        .await
+        .expect("the exec outlived its container by 20 s")
+        .unwrap();
+    let err = outcome.expect_err("an exec whose container was removed returned a result");
+    assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
+    assert_eq!(err.code(), Some(ErrorCode::SandboxGone), "{err}");
     cleanup(&p).await;
 }
 
