@@ -399,8 +399,10 @@ mod tests {
             shell_env(&options, "m1").unwrap_err().kind(),
             ErrorKind::InvalidRequest
         );
-        let mut bad_user = TerminalOptions::default();
-        bad_user.user = Some("-x".to_owned());
+        let bad_user = TerminalOptions {
+            user: Some("-x".to_owned()),
+            ..Default::default()
+        };
         assert!(shell_env(&bad_user, "m1").is_err());
         assert!(shell_script().contains("exec bash -i"));
     }
