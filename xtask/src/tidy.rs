@@ -108,10 +108,10 @@ pub const WORKSPACE_EDGES: &[(&str, Allowed)] = &[
         Allowed::Only(&[
             "sandbox-core",
             "sandbox-transport",
-            "sandbox-iptables-listing",
-            "sandbox-elf",
             // Agent mode speaks envd to the agent, as the E2B and Cube adapters speak it.
             "sandbox-envd",
+            "sandbox-iptables-listing",
+            "sandbox-elf",
         ]),
     ),
     // The adapter's chain names and listing reader: shared with xtask, so it depends on nothing.

@@ -652,7 +652,7 @@ pub const ENV_VARS: &[EnvVar] = &[
         "docker.data_plane",
         Text,
         "exec",
-        "`exec`, or `agent`: sandbox-agent copied into every sandbox as its PID 1 (commands still use `docker exec` for now)",
+        "`exec`, or `agent`: sandbox-agent copied into every sandbox as its PID 1 (commands and terminals through it; files still use `docker exec` for now)",
     ),
     var(
         "SANDBOX_DOCKER_AGENT_PATH",

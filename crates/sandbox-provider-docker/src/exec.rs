@@ -51,7 +51,7 @@ pub const CLIENT_GRACE: Duration = Duration::from_secs(10);
 pub const DEFAULT_MAX_OUTPUT: usize = 4 * 1024 * 1024;
 
 /// The status of a process ended by SIGKILL: the timeout's kill, or the end of its container.
-const SIGKILL_STATUS: i32 = 137;
+pub(crate) const SIGKILL_STATUS: i32 = 137;
 /// How often, and how far apart, a command's SIGKILL is checked against its container. The
 /// engine may record the command's end a moment before the container's own, so a container that
 /// still looks alive is asked again before the 137 is believed.
@@ -261,7 +261,7 @@ impl Running {
 /// when it was removed, is being removed or is dead, and with `unavailable` when it stopped (a
 /// stopped container is started again by the next call, so its binding must not be replaced).
 /// `None` while it runs, and when the engine cannot say: only proof counts.
-async fn vanished(docker: &Docker, container: &str) -> Option<Error> {
+pub(crate) async fn vanished(docker: &Docker, container: &str) -> Option<Error> {
     for check in 0..GONE_CHECKS {
         if check > 0 {
             tokio::time::sleep(GONE_CHECK_PAUSE).await;
@@ -480,7 +480,7 @@ pub(crate) async fn run_with_stdin(
 /// echoes a large stdin would otherwise fill its stdout pipe while the write waits). `write` is
 /// dropped once `read` ends: a command that exits without reading all of its stdin must not
 /// hold the call.
-async fn read_while_writing<R, W>(read: R, write: W) -> R::Output
+pub(crate) async fn read_while_writing<R, W>(read: R, write: W) -> R::Output
 where
     R: Future,
     W: Future<Output = ()>,
@@ -497,14 +497,14 @@ where
 
 /// The output kept of one exec, each stream capped.
 #[derive(Default)]
-struct Collected {
-    stdout: Vec<u8>,
-    stderr: Vec<u8>,
-    truncated: bool,
+pub(crate) struct Collected {
+    pub(crate) stdout: Vec<u8>,
+    pub(crate) stderr: Vec<u8>,
+    pub(crate) truncated: bool,
 }
 
 impl Collected {
-    fn push(&mut self, stream: OutputStream, bytes: &[u8], cap: usize) {
+    pub(crate) fn push(&mut self, stream: OutputStream, bytes: &[u8], cap: usize) {
         let buffer = match stream {
             OutputStream::Stdout => &mut self.stdout,
             OutputStream::Stderr => &mut self.stderr,

@@ -19,8 +19,8 @@
 //! in-container agent, h2c with the envd client on top; its `mod.rs` says how it lives), `isolation.rs` (what the engine enforces: the
 //! writable layer's size limit, user namespaces, the runtime), `egress/` (the protected bridge;
 //! its `mod.rs` says which file holds what), `agent/` (agent mode: the agent binary checked at
-//! start and copied into every container as its PID 1; its `mod.rs` says what is not routed
-//! through it yet).
+//! start and copied into every container as its PID 1, and agent mode's exec and terminals
+//! through it; its `mod.rs` says what is not routed through it yet).
 
 pub mod agent;
 pub mod channel;

@@ -449,11 +449,14 @@ impl DockerProvider {
             .with_traffic_token(request.traffic_token))
     }
 
-    /// Runs an exec, retrying once when the container had stopped in between (an idle daemon
+    /// Runs an exec (through the agent in agent mode), retrying once when the container had stopped in between (an idle daemon
     /// restart, a host reboot): the handle is still good, the container just needs starting.
     /// The engine refuses the exec before anything runs, so the same request (borrowed, stdin
     /// and all) is simply run again.
     async fn exec_with_retry(&self, id: &str, request: &ExecRequest) -> Result<ExecResult, Error> {
+        if let Some(channel) = self.channel(id) {
+            return agent::exec::run(self, &channel, request).await;
+        }
         let default_timeout = self.inner.config.default_exec_timeout;
         let max_output = self.inner.config.max_output_bytes;
         match exec::run(self.docker_ref(), id, request, default_timeout, max_output).await {
@@ -657,7 +660,9 @@ impl SandboxProvider for DockerProvider {
         // agents' background jobs leave behind. Agent mode: the agent installed below, as PID 1
         // (it reaps orphans itself, so no init); the install also creates the marker.
         let (entrypoint, init) = match &self.inner.agent {
-            Some(_) => (agent::entrypoint(), false),
+            // The agent starts processes with an environment of its own making, so the
+            // sandbox's environment is handed to it as its defaults.
+            Some(_) => (agent::entrypoint_with_env(&request.env), false),
             None => (
                 vec![
                     "/bin/sh".to_owned(),

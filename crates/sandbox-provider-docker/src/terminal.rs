@@ -6,6 +6,7 @@
 //! then SIGKILL for whatever is left two seconds later). While open, the activity marker is
 //! touched periodically so the idle sweep does not reclaim a sandbox someone is typing in.
 
+use std::collections::BTreeMap;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -206,6 +207,49 @@ impl Drop for DockerTerminalInput {
     }
 }
 
+/// The terminal's shell: it touches the activity marker, then becomes bash when the image has
+/// it, else sh, interactive. The same in both data planes.
+pub(crate) fn shell_script() -> String {
+    format!(
+        "touch {ACTIVITY_MARKER} 2>/dev/null; if command -v bash >/dev/null 2>&1; then exec bash -i; else exec sh -i; fi"
+    )
+}
+
+/// The terminal session's environment, validated: the caller's, with `TERM` forced, a UTF-8
+/// locale and the session's `marker`. The user is checked here too, before either data plane
+/// starts anything.
+pub(crate) fn shell_env(
+    options: &TerminalOptions,
+    marker: &str,
+) -> Result<BTreeMap<String, String>, Error> {
+    for (k, v) in options.env.iter() {
+        sandbox_core::exec::validate_env_name(k)?;
+        if v.contains('\0') {
+            return Err(Error::invalid_request(
+                Operation::OPEN_TERMINAL,
+                format!("environment variable {k} contains a NUL byte"),
+            ));
+        }
+    }
+    if let Some(user) = &options.user {
+        sandbox_core::exec::validate_user(user)?;
+    }
+    let mut env: BTreeMap<String, String> = options
+        .env
+        .iter()
+        .filter(|(k, _)| k.as_str() != "TERM")
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    env.insert(
+        "TERM".to_owned(),
+        sandbox_core::terminal::TERMINAL_TERM.to_owned(),
+    );
+    env.insert("LANG".to_owned(), "C.UTF-8".to_owned());
+    env.insert("LC_ALL".to_owned(), "C.UTF-8".to_owned());
+    env.insert(TERMINAL_MARKER_ENV.to_owned(), marker.to_owned());
+    Ok(env)
+}
+
 #[async_trait]
 impl Terminals for DockerProvider {
     async fn open_terminal(
@@ -216,37 +260,14 @@ impl Terminals for DockerProvider {
         let op = Operation::OPEN_TERMINAL;
         let container = sandbox.id().as_str().to_owned();
         let marker = format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
-        let mut env: Vec<String> = options
-            .env
-            .iter()
-            .filter(|(k, _)| k.as_str() != "TERM")
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect();
-        for (k, v) in options.env.iter() {
-            sandbox_core::exec::validate_env_name(k)?;
-            if v.contains('\0') {
-                return Err(Error::invalid_request(
-                    op,
-                    format!("environment variable {k} contains a NUL byte"),
-                ));
-            }
+        let shell_env = shell_env(&options, &marker)?;
+        if let Some(channel) = self.channel(&container) {
+            return crate::agent::terminal::open(self, &channel, options, marker, shell_env).await;
         }
-        env.push(format!("TERM={}", sandbox_core::terminal::TERMINAL_TERM));
-        env.push("LANG=C.UTF-8".to_owned());
-        env.push("LC_ALL=C.UTF-8".to_owned());
-        env.push(format!("{TERMINAL_MARKER_ENV}={marker}"));
-        if let Some(user) = &options.user {
-            sandbox_core::exec::validate_user(user)?;
-        }
+        let env: Vec<String> = shell_env.iter().map(|(k, v)| format!("{k}={v}")).collect();
         let user = exec::engine_user(options.user.as_deref());
         let create = CreateExecOptions {
-            cmd: Some(vec![
-                "/bin/sh".to_owned(),
-                "-c".to_owned(),
-                format!(
-                    "touch {ACTIVITY_MARKER} 2>/dev/null; if command -v bash >/dev/null 2>&1; then exec bash -i; else exec sh -i; fi"
-                ),
-            ]),
+            cmd: Some(vec!["/bin/sh".to_owned(), "-c".to_owned(), shell_script()]),
             env: Some(env),
             working_dir: Some(
                 options
@@ -348,5 +369,41 @@ impl Terminals for DockerProvider {
             output: Box::new(output),
             input,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn the_session_env_forces_term_and_carries_the_marker() {
+        let mut options = TerminalOptions::default();
+        options.env.insert("TERM".to_owned(), "dumb".to_owned());
+        options.env.insert("A".to_owned(), "1".to_owned());
+        options
+            .env
+            .insert(TERMINAL_MARKER_ENV.to_owned(), "forged".to_owned());
+        let env = shell_env(&options, "m1").unwrap();
+        assert_eq!(env["TERM"], sandbox_core::terminal::TERMINAL_TERM);
+        assert_eq!(env["A"], "1");
+        assert_eq!(
+            env[TERMINAL_MARKER_ENV], "m1",
+            "the caller cannot pick the marker"
+        );
+        assert_eq!(env["LC_ALL"], "C.UTF-8");
+        options.env.insert("B".to_owned(), "x\0y".to_owned());
+        assert_eq!(
+            shell_env(&options, "m1").unwrap_err().kind(),
+            ErrorKind::InvalidRequest
+        );
+        let bad_user = TerminalOptions {
+            user: Some("-x".to_owned()),
+            ..Default::default()
+        };
+        assert!(shell_env(&bad_user, "m1").is_err());
+        assert!(shell_script().contains("exec bash -i"));
     }
 }

@@ -166,6 +166,38 @@ async fn start_streams_a_process_with_the_protocol_headers() {
     }
 }
 
+/// A client acting as another user sends that user, and only its calls do: the original
+/// keeps its own, and both share one connection pool.
+#[tokio::test]
+async fn as_user_changes_only_the_user_of_its_calls() {
+    let server = Server::start().await;
+    for http in BOTH {
+        let client = client(&server, http);
+        let other = client.as_user("root").unwrap();
+        for (c, want) in [(&other, "Basic cm9vdDo="), (&client, "Basic dXNlcjo=")] {
+            let mut stream = c
+                .start(&start_request("echo", &["x"]), CallOptions::new())
+                .await
+                .unwrap();
+            let _ = drain(&mut stream).await;
+            let seen = server.state.seen("/process.Process/Start").pop().unwrap();
+            let auth = seen.headers.get("authorization").unwrap().to_str().unwrap();
+            assert_eq!(auth, want, "{http:?}");
+            assert_eq!(
+                seen.headers
+                    .get("x-access-token")
+                    .unwrap()
+                    .to_str()
+                    .unwrap(),
+                TOKEN
+            );
+        }
+        assert_eq!(other.config().base(), client.config().base());
+        let refused = client.as_user("a:b").unwrap_err();
+        assert_eq!(refused.kind(), ErrorKind::InvalidRequest);
+    }
+}
+
 #[tokio::test]
 async fn interactive_process_input_list_connect_and_close() {
     let server = Server::start().await;

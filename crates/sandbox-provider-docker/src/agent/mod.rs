@@ -15,14 +15,20 @@
 //! mode's idling shell as the container's long-running process, as that shell replaced the
 //! image's own entrypoint and command: neither mode runs what the image names.
 //!
-//! What this increment does not do yet: commands and terminals still go through
-//! `docker exec` in agent mode. The kept channel to the agent exists (`crate::channel`, with
-//! the version check on its first exchange); routing them through it is the next step of
-//! issue 16.
+//! - `exec.rs`: commands through the agent, one `Start` on the kept channel (`crate::channel`)
+//!   per command, with exec mode's semantics (shell, timeout, cancellation, output caps).
+//! - `terminal.rs`: terminals through the agent, a PTY process with exec mode's hang-up on
+//!   close.
+//!
+//! What this increment does not do yet: agent mode is not the default (`docker.data_plane`
+//! stays `exec` until the rest of issue 16 lands: the SDK through the production path, the
+//! restart and two-replica tests, the benchmarks).
 
 pub mod binary;
+pub(crate) mod exec;
 pub(crate) mod files;
 pub(crate) mod install;
+pub(crate) mod terminal;
 
 pub use binary::{AgentBinary, VERSION, default_path};
 
@@ -68,6 +74,18 @@ pub fn entrypoint() -> Vec<String> {
         .collect()
 }
 
+/// [`entrypoint`], with `env` as the default environment of every process the agent starts
+/// (`--env KEY=VALUE`): the sandbox's environment, which the agent does not pass on from its
+/// own.
+pub fn entrypoint_with_env(env: &std::collections::BTreeMap<String, String>) -> Vec<String> {
+    let mut argv = entrypoint();
+    for (k, v) in env {
+        argv.push("--env".to_owned());
+        argv.push(format!("{k}={v}"));
+    }
+    argv
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -97,6 +115,20 @@ mod tests {
         assert_eq!(
             at.map(|at| argv[at + 1].as_str()),
             Some(crate::exec::ACTIVITY_MARKER)
+        );
+    }
+
+    #[test]
+    fn the_sandbox_environment_becomes_the_agents_defaults() {
+        let env = std::collections::BTreeMap::from([
+            ("A".to_owned(), "1=2".to_owned()),
+            ("B".to_owned(), "x y".to_owned()),
+        ]);
+        let argv = entrypoint_with_env(&env);
+        assert_eq!(&argv[..entrypoint().len()], entrypoint().as_slice());
+        assert_eq!(
+            &argv[entrypoint().len()..],
+            ["--env", "A=1=2", "--env", "B=x y"]
         );
     }
 }

@@ -39,7 +39,7 @@ const KILL_RELAY: &str = "for d in /proc/[0-9]*; do \
      if tr '\\000' ' ' < \"$d/cmdline\" 2>/dev/null | grep -q '^/.sandbox/sandbox-agent relay'; then \
      kill -9 \"${d#/proc/}\"; fi; done";
 
-fn agent_binary() -> PathBuf {
+pub(crate) fn agent_binary() -> PathBuf {
     let path = std::env::var_os("SANDBOX_AGENT_BIN").map(PathBuf::from).expect(
         "SANDBOX_AGENT_BIN must name a static build of sandbox-agent (`cargo xtask agent` prints it)",
     );
@@ -54,9 +54,10 @@ fn agent_binary() -> PathBuf {
 /// A unix socket in front of the engine's that counts exec creations (`POST
 /// /v*/containers/<id>/exec`). Request heads are read off each connection's client side until
 /// the connection is hijacked (an exec start), after which bytes only pass through. Shared with
-/// `agent_files`, whose provider reaches the engine through it (`DockerConfig.host`).
+/// `agent_exec` and `agent_files`, whose providers reach the engine through it
+/// (`DockerConfig.host`).
 pub(crate) struct CountingProxy {
-    path: PathBuf,
+    pub(crate) path: PathBuf,
     exec_creates: Arc<AtomicUsize>,
     _dir: tempfile::TempDir,
 }

@@ -1,6 +1,6 @@
 //! The Docker adapter's own tests beyond conformance, one test binary with a module per topic
-//! so they link once. `agent`, `agent_files`, `channel`, `engine`, `registry` and `tcp_tls` need the Docker engine (and
-//! `agent`, `agent_files` and `channel` the static agent, `SANDBOX_AGENT_BIN`) (`#[ignore]`d
+//! so they link once. `agent`, `agent_exec`, `agent_files`, `channel`, `engine`, `registry` and `tcp_tls` need the Docker engine (and
+//! `agent`, `agent_exec`, `agent_files` and `channel` the static agent, `SANDBOX_AGENT_BIN`) (`#[ignore]`d
 //! without it; `cargo xtask test` runs them in its docker engine stage); `egress` needs root and
 //! iptables besides, and runs alone in the egress stage (`-E 'test(/^egress::/)' -j 1`);
 //! `tcp_guard` is hermetic and runs with the hermetic tier.
@@ -8,6 +8,7 @@
 mod support;
 
 mod agent;
+mod agent_exec;
 mod agent_files;
 mod channel;
 mod egress;

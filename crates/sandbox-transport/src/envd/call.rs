@@ -223,6 +223,34 @@ where
         })
     }
 
+    /// The same client acting as the Unix `user` (RPCs and file transfers run as that user):
+    /// it shares this client's connection pool, so on a one-connection transport (a relay
+    /// stream) every user's calls are streams on the same connection.
+    pub fn as_user(&self, user: &str) -> Result<Self, Error> {
+        let config = self
+            .inner
+            .config
+            .clone()
+            .with_user(user)
+            .map_err(|e| self.tag(e))?;
+        let credentials = base64::engine::general_purpose::STANDARD.encode(format!("{user}:"));
+        let basic_auth = HeaderValue::from_str(&format!("Basic {credentials}")).map_err(|_| {
+            self.tag(transported(Error::invalid_request(
+                Operation::new("configure"),
+                "the user cannot be sent in a header",
+            )))
+        })?;
+        Ok(EnvdClient {
+            inner: Arc::new(Inner {
+                http: self.inner.http.clone(),
+                config,
+                token: self.inner.token.clone(),
+                basic_auth: Some(basic_auth),
+                sandbox_id: self.inner.sandbox_id.clone(),
+            }),
+        })
+    }
+
     /// The settings in force.
     pub fn config(&self) -> &EnvdConfig {
         &self.inner.config
