@@ -57,8 +57,14 @@ pub(crate) const ARGV_FALLBACK_SCRIPT: &str = "exec \"$@\"";
 pub(crate) const SHELL_NAME: &str = "sandbox-exec";
 
 /// The most stdin sent in one `SendInput` (base64 in a JSON message: well under the 4 MiB
-/// message limit).
-const STDIN_CHUNK: usize = 1024 * 1024;
+/// message limit). A quarter of the agent's default per-process stdin buffer, so a chunk fits
+/// as soon as the process has read part of the previous ones.
+const STDIN_CHUNK: usize = 256 * 1024;
+/// The first wait before a chunk the agent refused as over its stdin buffer is sent again; it
+/// doubles up to [`STDIN_RETRY_MAX`]. The process drains the buffer as it reads, so the refusal
+/// is back-pressure, not failure.
+const STDIN_RETRY_FIRST: Duration = Duration::from_millis(2);
+const STDIN_RETRY_MAX: Duration = Duration::from_millis(100);
 /// While no `start` event has come, the container is checked this often for a pause (a paused
 /// agent answers nothing, and the call would otherwise wait for its whole budget).
 const PAUSE_CHECK_EVERY: Duration = Duration::from_secs(2);
@@ -291,15 +297,27 @@ impl Call<'_> {
                 return;
             };
             for chunk in data.chunks(STDIN_CHUNK) {
-                let input = ProcessInput::stdin(chunk.to_vec());
-                if self
-                    .client
-                    .send_input(process.clone(), input, CallOptions::new())
-                    .await
-                    .is_err()
-                {
-                    // The process is gone or stopped reading; the read ends the call.
-                    return;
+                let mut wait = STDIN_RETRY_FIRST;
+                loop {
+                    let input = ProcessInput::stdin(chunk.to_vec());
+                    match self
+                        .client
+                        .send_input(process.clone(), input, CallOptions::new())
+                        .await
+                    {
+                        Ok(_) => break,
+                        // The agent's stdin buffer for the process is full: it has not read
+                        // the earlier chunks yet. Wait and send the same chunk again; the
+                        // call's deadline (the read side) bounds the waiting.
+                        Err(e) if e.kind() == ErrorKind::Capacity => {
+                            tokio::time::sleep(wait).await;
+                            wait = (wait * 2).min(STDIN_RETRY_MAX);
+                        }
+                        // The process is gone or stopped reading; the read ends the call.
+                        // Stdin is left open rather than closed: a command must never see a
+                        // cut input as its whole input.
+                        Err(_) => return,
+                    }
                 }
             }
             // Always closed, so a command reading stdin sees end of file.

@@ -157,6 +157,17 @@ async fn stdin_env_cwd_user_and_exit_statuses_are_exec_modes() {
         .unwrap();
     assert_eq!(r.exit_code, 0);
     assert!(r.stdout == payload, "3 MiB of stdin came back altered");
+    // A reader that starts late: the agent's stdin buffer (1 MiB) fills and refuses more until
+    // the process reads; that is back-pressure, and every byte still arrives, then end of file.
+    let r = p
+        .exec(
+            &h,
+            ExecRequest::argv("sh", ["-c", "sleep 1; cat"]).stdin(payload.clone()),
+        )
+        .await
+        .unwrap();
+    assert_eq!((r.exit_code, r.killed), (0, false), "{}", r.stderr_lossy());
+    assert!(r.stdout == payload, "late-read stdin came back altered");
     let r = p
         .exec(&h, ExecRequest::argv("wc", ["-c"]).stdin(Vec::new()))
         .await
