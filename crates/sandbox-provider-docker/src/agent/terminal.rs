@@ -253,14 +253,31 @@ impl TerminalInput for AgentTerminalInput {
         if self.closed.load(Ordering::Acquire) {
             return Err(sandbox_core::terminal::terminal_closed());
         }
-        self.client
-            .send_input(
-                ProcessSelector::pid(self.pid),
-                ProcessInput::pty(data.to_vec()),
-                CallOptions::new().timeout(IO_TIMEOUT),
-            )
-            .await
-            .map_err(Self::io_error)
+        // A paste larger than what the shell has read yet fills the agent's input buffer,
+        // which refuses more (`Capacity`) until the shell reads: wait and send again, within
+        // the write's bound, as a terminal's own line discipline would block the writer.
+        let deadline = tokio::time::Instant::now() + IO_TIMEOUT;
+        let mut wait = Duration::from_millis(2);
+        loop {
+            let sent = self
+                .client
+                .send_input(
+                    ProcessSelector::pid(self.pid),
+                    ProcessInput::pty(data.to_vec()),
+                    CallOptions::new().timeout(IO_TIMEOUT),
+                )
+                .await;
+            match sent {
+                Err(e)
+                    if e.kind() == sandbox_core::ErrorKind::Capacity
+                        && tokio::time::Instant::now() + wait < deadline =>
+                {
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(Duration::from_millis(100));
+                }
+                other => return other.map_err(Self::io_error),
+            }
+        }
     }
 
     async fn resize(&self, size: TerminalSize) -> Result<(), Error> {
