@@ -583,8 +583,9 @@ fn docker_engine_stage(
         counted_nextest_env(ctx, main, &agent_env, counts)
     });
     steps.run("failover (store failpoints)", || {
-        counted_nextest(ctx, failover, counts)
+        counted_nextest_env(ctx, failover, &agent_env, counts)
     });
+    // `cargo xtask serve` builds (here: finds up to date) the static agent itself.
     steps.run("README run command", || counted_nextest(ctx, serve, counts));
     Verdict::Passed
 }

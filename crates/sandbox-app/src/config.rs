@@ -651,15 +651,15 @@ pub const ENV_VARS: &[EnvVar] = &[
         "SANDBOX_DOCKER_DATA_PLANE",
         "docker.data_plane",
         Text,
-        "exec",
-        "`exec`, or `agent`: sandbox-agent copied into every sandbox as its PID 1 (commands and terminals through it; files still use `docker exec` for now)",
+        "agent",
+        "`agent`: sandbox-agent is copied into every sandbox as its PID 1, and commands, files and terminals travel over one kept exec channel to it; `exec`: the declared fallback, a `docker exec` for each (no silent switch between them: an unusable agent fails the start)",
     ),
     var(
         "SANDBOX_DOCKER_AGENT_PATH",
         "docker.agent_path",
         Text,
         "",
-        "the static sandbox-agent agent mode installs (unset: `sandbox-agent` beside the running binary)",
+        "the static sandbox-agent agent mode installs (unset: `sandbox-agent` beside the running binary; `cargo xtask agent` builds it, and `cargo xtask serve` builds it and sets this)",
     ),
     var(
         "SANDBOX_UPLOAD_MAX_BYTES",

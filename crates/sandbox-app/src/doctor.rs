@@ -204,7 +204,9 @@ async fn data_plane(section: &sandbox_provider_docker::DockerConfig) -> (Check, 
         DataPlane::Exec => (
             Check::pass(
                 NAME,
-                "exec: every command, file operation and terminal is a docker exec                  (docker.data_plane = \"agent\" runs sandbox-agent as each sandbox's PID 1)",
+                "exec: every command, file operation and terminal is a docker exec (the declared \
+                 fallback; the default, docker.data_plane = \"agent\", runs sandbox-agent as each \
+                 sandbox's PID 1)",
             ),
             true,
         ),
@@ -213,7 +215,9 @@ async fn data_plane(section: &sandbox_provider_docker::DockerConfig) -> (Check, 
                 Check::pass(
                     NAME,
                     format!(
-                        "agent: {} (version {}, statically linked, {} bytes) is copied into                          every sandbox at create and runs as its PID 1; commands, files and                          terminals still go through docker exec",
+                        "agent: {} (version {}, statically linked, {} bytes) is copied into \
+                         every sandbox at create and runs as its PID 1; commands, files and \
+                         terminals go over one kept exec channel to it",
                         agent.path().display(),
                         agent.version(),
                         agent.bytes().len()
@@ -436,9 +440,20 @@ mod tests {
 
         #[tokio::test]
         async fn the_data_plane_is_reported_and_an_unusable_agent_fails_with_the_fix() {
-            let (check, ok) = data_plane(&sandbox_provider_docker::DockerConfig::default()).await;
+            let exec = sandbox_provider_docker::DockerConfig {
+                data_plane: sandbox_provider_docker::DataPlane::Exec,
+                ..Default::default()
+            };
+            let (check, ok) = data_plane(&exec).await;
             assert!(
                 ok && check.ok && check.detail.starts_with("exec:"),
+                "{check:?}"
+            );
+            assert!(!check.detail.contains("  "), "one line of prose: {check:?}");
+            // The default is agent mode: with no agent beside the test binary, it fails.
+            let (check, ok) = data_plane(&sandbox_provider_docker::DockerConfig::default()).await;
+            assert!(
+                !ok && !check.ok && check.detail.contains("there is no agent at"),
                 "{check:?}"
             );
             let (check, ok) = data_plane(&agent_mode("/nonexistent/sandbox-agent")).await;

@@ -123,12 +123,13 @@ impl<'de> Deserialize<'de> for NetworkMode {
 #[serde(rename_all = "lowercase")]
 pub enum DataPlane {
     /// Every command, file operation and terminal is a `docker exec`; the container's PID 1 is
-    /// the engine's init running a shell that idles (`sleep infinity`).
-    #[default]
+    /// the engine's init running a shell that idles (`sleep infinity`). The declared fallback
+    /// for engines or images where the agent cannot run.
     Exec,
     /// `sandbox-agent` is copied into every container at create and runs as its PID 1
-    /// (`crate::agent`). In this increment commands, files and terminals still go through
-    /// `docker exec`; routing them through the agent is the next step (issue 16's channel).
+    /// (`crate::agent`); commands, files and terminals travel over one kept exec channel to it
+    /// (`crate::channel`) instead of an exec each.
+    #[default]
     Agent,
 }
 
@@ -202,10 +203,8 @@ pub struct DockerConfig {
     pub build_missing_image: bool,
     /// The statically linked busybox the local image is built from (Debian's busybox-static).
     pub busybox_path: PathBuf,
-    /// `exec` (default) or `agent`. The default stays `exec` while commands, files and
-    /// terminals still travel through `docker exec` in both modes; it becomes `agent` once the
-    /// kept channel to the agent carries them (issue 16). Agent mode never falls back to exec
-    /// silently: a missing or unusable agent fails the adapter's start.
+    /// `agent` (default) or `exec`. Agent mode never falls back to exec silently: a missing or
+    /// unusable agent fails the adapter's start with the fix named.
     pub data_plane: DataPlane,
     /// The static `sandbox-agent` binary agent mode copies into every container; unset means
     /// `sandbox-agent` beside the running executable (`cargo xtask agent` builds it).
@@ -547,8 +546,8 @@ mod tests {
     }
 
     #[test]
-    fn the_data_plane_is_exec_by_default_and_parses_both_modes() {
-        assert_eq!(DockerConfig::default().data_plane, DataPlane::Exec);
+    fn the_data_plane_is_agent_by_default_and_parses_both_modes() {
+        assert_eq!(DockerConfig::default().data_plane, DataPlane::Agent);
         assert_eq!(DockerConfig::default().agent_path, None);
         assert_eq!(DataPlane::parse("agent").unwrap(), DataPlane::Agent);
         assert_eq!(DataPlane::parse(" exec ").unwrap(), DataPlane::Exec);

@@ -992,9 +992,25 @@ impl KeepAlive for DockerProvider {
 impl ConnectProbe for DockerProvider {
     /// Connect already inspects the container (dead ⇒ terminal, missing ⇒ not_found) and resumes
     /// a stopped one, so the probe is the connect itself.
+    ///
+    /// In agent mode a container connected once before is probed by the channel's health call
+    /// instead of an inspect ([`Channel::connected`]): the answer proves what the inspect
+    /// would (it runs, unpaused; its labels were checked and cannot change). Anything short of
+    /// an answer falls back to the full connect, which starts, unpauses or refuses it.
     async fn connect_session(&self, request: ConnectRequest) -> Result<SandboxHandle, Error> {
-        self.connect_inner(Operation::CONNECT_SESSION, request)
-            .await
+        let channel = self.channel(request.sandbox_id.as_str());
+        if let Some(channel) = &channel
+            && let Some(handle) = channel.connected().await
+        {
+            return Ok(handle.with_traffic_token(request.traffic_token));
+        }
+        let handle = self
+            .connect_inner(Operation::CONNECT_SESSION, request)
+            .await?;
+        if let Some(channel) = channel {
+            channel.remember_connected(&handle);
+        }
+        Ok(handle)
     }
 }
 

@@ -20,6 +20,7 @@ fn doctor(namespace: &str) -> (i32, String) {
         .env_remove("DOCKER_HOST")
         .env("SANDBOX_DOCKER_ENABLED", "true")
         .env("SANDBOX_DOCKER_IMAGE", "sandbox-busybox:test")
+        .env("SANDBOX_DOCKER_AGENT_PATH", crate::support::agent_bin())
         .env("SANDBOX_DOCKER_NAMESPACE", namespace)
         .env("SANDBOX_DOCKER_NETWORK", "none")
         .output()
@@ -100,6 +101,7 @@ fn doctor_fails_a_runtime_the_engine_does_not_have() {
         .env_remove("DOCKER_HOST")
         .env("SANDBOX_DOCKER_ENABLED", "true")
         .env("SANDBOX_DOCKER_IMAGE", "sandbox-busybox:test")
+        .env("SANDBOX_DOCKER_AGENT_PATH", crate::support::agent_bin())
         .env(
             "SANDBOX_DOCKER_NAMESPACE",
             format!("tdoc-{:08x}", fastrand::u32(..)),
@@ -151,7 +153,7 @@ fn doctor_reports_the_agent_data_plane_and_fails_an_agent_that_is_not_this_one()
     assert!(
         plane.contains(&format!("agent: {}", agent.display()))
             && plane.contains(env!("CARGO_PKG_VERSION"))
-            && plane.contains("still go through docker exec"),
+            && plane.contains("go over one kept exec channel"),
         "{out}"
     );
 

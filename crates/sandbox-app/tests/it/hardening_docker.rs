@@ -687,6 +687,7 @@ async fn live_work_keeps_its_sandbox_and_a_vanished_one_says_so() {
         &s.namespace,
     );
     config.enabled = true;
+    config.agent_path = Some(support::agent_bin());
     config.network = sandbox_provider_docker::NetworkMode::None;
     config.idle_sweep = false;
     let sweeper = sandbox_provider_docker::DockerProvider::connect(config)

@@ -209,6 +209,7 @@ fn doctor(env: &[(&str, &str)]) -> (bool, String) {
         .env_remove("SANDBOX_CONFIG")
         .env_remove("DOCKER_HOST")
         .env("SANDBOX_DOCKER_ENABLED", "true")
+        .env("SANDBOX_DOCKER_AGENT_PATH", crate::support::agent_bin())
         .env("NO_COLOR", "1")
         .envs(env.iter().copied())
         .output()

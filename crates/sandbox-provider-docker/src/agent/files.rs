@@ -39,9 +39,11 @@ use time::OffsetDateTime;
 use crate::channel::{Channel, Lease};
 use crate::files::{FILE_TIMEOUT, MAX_FILE_BYTES, MAX_TREE_DEPTH, check_path};
 
-/// The size of the chunks a write is sent in: hyper takes one at a time, so the upload holds
-/// the caller's buffer and a chunk in flight, never a second copy of the file.
+/// The size of the chunks a write is sent in: each is copied from the caller's buffer only as
+/// the body is pulled, so an upload never holds a second copy of the file.
 const UPLOAD_CHUNK: usize = 256 * 1024;
+/// Chunks copied ahead of the upload body (see [`write`]).
+const UPLOAD_QUEUE: usize = 4;
 
 async fn lease(channel: &Arc<Channel>, op: Operation) -> Result<Lease, Error> {
     channel
@@ -84,25 +86,40 @@ pub(crate) async fn write(
         return Err(Error::invalid_request(op, "/: is a directory").with_provider(Provider::Docker));
     }
     let lease = lease(channel, op).await?;
-    // One copy into shared bytes (the upload body must own what it sends), then zero-copy
-    // slices of it, one per chunk.
-    let data = Bytes::copy_from_slice(content);
-    let len = data.len();
-    let chunks = (0..len.div_ceil(UPLOAD_CHUNK)).map(move |i| {
-        let start = i * UPLOAD_CHUNK;
-        Ok(data.slice(start..len.min(start + UPLOAD_CHUNK)))
+    // The upload body must own what it sends, but the caller's buffer is only borrowed: a
+    // whole copy would hold every upload twice. So the chunks are copied as the body is
+    // pulled, through a queue of UPLOAD_QUEUE chunks: an upload holds at most that much more
+    // than the caller's buffer, however large the file.
+    let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<Bytes>>(UPLOAD_QUEUE);
+    let body = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|chunk| (chunk, rx))
     });
-    let max = u64::try_from(len).unwrap_or(u64::MAX);
-    lease
-        .client()
-        .upload_stream(
-            path.as_str(),
-            futures_util::stream::iter(chunks),
-            max,
-            CallOptions::new().timeout(FILE_TIMEOUT),
-        )
-        .await
-        .map_err(|e| classify(op, e))?;
+    let max = u64::try_from(content.len()).unwrap_or(u64::MAX);
+    let upload = lease.client().upload_stream(
+        path.as_str(),
+        body,
+        max,
+        CallOptions::new().timeout(FILE_TIMEOUT),
+    );
+    let feed = async move {
+        for chunk in content.chunks(UPLOAD_CHUNK) {
+            // A closed queue means the upload ended early; its own result says why.
+            if tx.send(Ok(Bytes::copy_from_slice(chunk))).await.is_err() {
+                break;
+            }
+        }
+    };
+    // The feed runs beside the upload and is dropped when the upload ends, whatever the
+    // body's fate inside hyper: a refused upload can never leave it waiting on a full queue.
+    tokio::pin!(upload, feed);
+    let mut fed = false;
+    let uploaded = loop {
+        tokio::select! {
+            result = &mut upload => break result,
+            () = &mut feed, if !fed => fed = true,
+        }
+    };
+    uploaded.map_err(|e| classify(op, e))?;
     Ok(())
 }
 

@@ -20,9 +20,8 @@
 //! - `terminal.rs`: terminals through the agent, a PTY process with exec mode's hang-up on
 //!   close.
 //!
-//! What this increment does not do yet: agent mode is not the default (`docker.data_plane`
-//! stays `exec` until the rest of issue 16 lands: the SDK through the production path, the
-//! restart and two-replica tests, the benchmarks).
+//! Agent mode is the default data plane; exec mode (`docker.data_plane = "exec"`) is the
+//! declared fallback, never switched to silently.
 
 pub mod binary;
 pub(crate) mod exec;

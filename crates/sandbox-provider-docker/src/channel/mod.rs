@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 
 use bollard::Docker;
 use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
-use sandbox_core::{Error, ErrorCode, ErrorKind, Operation, Provider};
+use sandbox_core::{Error, ErrorCode, ErrorKind, Operation, Provider, SandboxHandle};
 use sandbox_transport::envd::{CallOptions, EnvdClient, EnvdConfig, HttpVersion};
 use sandbox_transport::relay::RelayConnector;
 
@@ -157,6 +157,8 @@ pub struct Channel {
     slot: tokio::sync::Mutex<Option<Arc<Generation>>>,
     /// Execs this channel created, for diagnostics and tests.
     opened: std::sync::atomic::AtomicU64,
+    /// The handle of the last full connect (see [`Channel::remember_connected`]).
+    connected: Mutex<Option<SandboxHandle>>,
 }
 
 impl Channel {
@@ -168,6 +170,7 @@ impl Channel {
             config,
             slot: tokio::sync::Mutex::new(None),
             opened: std::sync::atomic::AtomicU64::new(0),
+            connected: Mutex::new(None),
         })
     }
 
@@ -235,6 +238,43 @@ impl Channel {
             client: current.client.clone(),
             _hold: Arc::clone(&current.leases),
         })
+    }
+
+    /// Remembers `handle` (its traffic token dropped: the caller's own rides along on each
+    /// connect) as the answer of a full connect of this container: the engine's inspect showed
+    /// it exists, runs, and carries this adapter's labels. Labels never change after create
+    /// and a container ID is never reused, so from here on only "does it still run" is in
+    /// question, which [`Channel::connected`] answers with a health call instead of another
+    /// inspect.
+    pub fn remember_connected(&self, handle: &SandboxHandle) {
+        if handle.id().as_str() != self.container {
+            return;
+        }
+        if let Ok(mut slot) = self.connected.lock() {
+            *slot = Some(handle.clone().with_traffic_token(None));
+        }
+    }
+
+    /// The remembered connect (see [`Channel::remember_connected`]) when the agent answers a
+    /// health call on this channel within [`ChannelConfig::health_timeout`]: an answer from
+    /// PID 1 through an exec proves the container runs and is not paused (the engine refuses
+    /// exec on a stopped or paused container, and a frozen agent answers nothing). `None`
+    /// means the caller must connect the full way: nothing remembered, the channel cannot
+    /// open (stopped, paused, deleted), or the check failed, in which case the channel's exec
+    /// is dropped as suspect.
+    pub async fn connected(self: &Arc<Self>) -> Option<SandboxHandle> {
+        let remembered = self.connected.lock().ok()?.clone()?;
+        let lease = self.lease().await.ok()?;
+        let check = CallOptions::new().timeout(self.config.health_timeout);
+        match lease.client.health(check).await {
+            Ok(()) => Some(remembered),
+            Err(e) => {
+                tracing::debug!(container = %self.container, error = %e, "the agent channel failed the connect's health check");
+                drop(lease);
+                self.invalidate().await;
+                None
+            }
+        }
     }
 
     /// Drops the current exec (a call on it failed in a way that leaves it suspect); the next

@@ -20,7 +20,7 @@ use sandbox_core::{
 use sandbox_provider_docker::agent::{self, AgentBinary};
 use sandbox_provider_docker::{DataPlane, DockerConfig, DockerProvider};
 
-use support::{IMAGE, config, namespace};
+use support::{IMAGE, config, engine_sh, exec_config, namespace};
 
 const ENV_AGENT_BIN: &str = "SANDBOX_AGENT_BIN";
 
@@ -55,38 +55,6 @@ async fn sh(p: &DockerProvider, h: &SandboxHandle, script: &str) -> String {
     let r = p.exec(h, ExecRequest::shell(script)).await.unwrap();
     assert_eq!(r.exit_code, 0, "{script}: {}", r.stderr_lossy());
     r.stdout_lossy().trim().to_owned()
-}
-
-/// `script` as a plain engine exec (agent mode's commands go through the agent instead).
-async fn engine_sh(p: &DockerProvider, h: &SandboxHandle, script: &str) -> String {
-    use bollard::exec::{CreateExecOptions, StartExecResults};
-    use futures_util::StreamExt;
-    let created = p
-        .docker()
-        .create_exec(
-            h.id().as_str(),
-            CreateExecOptions {
-                cmd: Some(vec![
-                    "/bin/sh".to_owned(),
-                    "-c".to_owned(),
-                    script.to_owned(),
-                ]),
-                attach_stdout: Some(true),
-                attach_stderr: Some(true),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
-    let mut out = Vec::new();
-    if let StartExecResults::Attached { mut output, .. } =
-        p.docker().start_exec(&created.id, None).await.unwrap()
-    {
-        while let Some(Ok(frame)) = output.next().await {
-            out.extend_from_slice(&frame.into_bytes());
-        }
-    }
-    String::from_utf8_lossy(&out).trim().to_owned()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -326,8 +294,19 @@ async fn a_created_sandbox_answers_through_the_channel() {
         "serving through the channel touches the marker"
     );
     // Exec mode has no channels at all.
-    let exec_mode = DockerProvider::connect(config(&ns)).await.unwrap();
+    let exec_mode = DockerProvider::connect(exec_config(&ns)).await.unwrap();
     assert_eq!(exec_mode.data_plane(), DataPlane::Exec);
     assert!(exec_mode.channel(h.id().as_str()).is_none());
+    // And keeps the engine's init as PID 1.
+    let plain = exec_mode
+        .create(CreateRequest::new(TemplateId::new(IMAGE).unwrap()))
+        .await
+        .unwrap();
+    let inspect = exec_mode
+        .docker()
+        .inspect_container(plain.id().as_str(), None::<InspectContainerOptions>)
+        .await
+        .unwrap();
+    assert_eq!(inspect.host_config.and_then(|h| h.init), Some(true));
     cleanup(&p).await;
 }

@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 
 use bollard::query_parameters::RemoveContainerOptions;
 use sandbox_core::{
-    CreateRequest, ErrorCode, ErrorKind, ExecRequest, ExecTimeout, ListFilter, SandboxHandle,
-    SandboxPath, SandboxProvider, TemplateId, TerminalEvent, TerminalOptions, TerminalSize,
-    Terminals,
+    ConnectRequest, CreateRequest, ErrorCode, ErrorKind, ExecRequest, ExecTimeout, ListFilter,
+    SandboxHandle, SandboxPath, SandboxProvider, Secret, TemplateId, TerminalEvent,
+    TerminalOptions, TerminalSize, Terminals,
 };
 use sandbox_provider_docker::{DataPlane, DockerConfig, DockerProvider};
 
@@ -348,6 +348,83 @@ async fn a_paused_sandbox_is_reported_paused_and_a_removed_one_gone() {
     let err = outcome.expect_err("an exec whose container was removed returned a result");
     assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
     assert_eq!(err.code(), Some(ErrorCode::SandboxGone), "{err}");
+    cleanup(&p).await;
+}
+
+/// A resolve (the session layer's connect-and-probe) of a container connected once before is
+/// one health call on the channel, not a container inspect; whatever the health call cannot
+/// prove (a pause, a stop, a removal made behind the service's back) still goes the full way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Docker engine, the sandbox-busybox:test image and SANDBOX_AGENT_BIN: cargo xtask test runs it"]
+async fn a_resolve_is_a_health_call_on_the_channel_not_an_inspect() {
+    let (proxy, p, h) = agent_sandbox("arh").await;
+    let id = h.id().as_str().to_owned();
+    let probe = p.as_connect_probe().expect("docker probes connects");
+    let request = |token: &str| ConnectRequest {
+        sandbox_id: h.id().clone(),
+        traffic_token: Some(Secret::new(token)),
+    };
+    // The first connect is the full one: the engine is asked about the container.
+    let before = proxy.inspects();
+    let first = probe.connect_session(request("t1")).await.unwrap();
+    assert!(
+        proxy.inspects() > before,
+        "the first connect inspected nothing"
+    );
+    assert_eq!(first.id(), h.id());
+    assert_eq!(sh(&p, &h, "echo up").await, "up");
+    // From then on: no inspect, no exec create, the caller's token carried, the same handle.
+    let (inspects, execs) = (proxy.inspects(), proxy.exec_creates());
+    for i in 0..20 {
+        let token = format!("t{i}");
+        let again = probe.connect_session(request(&token)).await.unwrap();
+        assert_eq!(again.id(), h.id());
+        assert_eq!(again.metadata(), first.metadata());
+        assert_eq!(
+            again.traffic_token().map(|t| t.expose()),
+            Some(token.as_str())
+        );
+    }
+    assert_eq!(
+        proxy.inspects(),
+        inspects,
+        "a resolve inspected the container"
+    );
+    assert_eq!(proxy.exec_creates(), execs, "a resolve created an exec");
+
+    // Paused behind the service's back: the health call gets no answer, and the full connect
+    // unpauses it, as in exec mode.
+    p.docker().pause_container(&id).await.unwrap();
+    let resumed = probe.connect_session(request("p")).await.unwrap();
+    assert_eq!(resumed.id(), h.id());
+    assert!(
+        proxy.inspects() > inspects,
+        "a paused sandbox was not inspected"
+    );
+    assert_eq!(sh(&p, &h, "echo unpaused").await, "unpaused");
+    // Stopped: the full connect starts it again (its channel's exec ended with it).
+    p.docker()
+        .stop_container(&id, None::<bollard::query_parameters::StopContainerOptions>)
+        .await
+        .unwrap();
+    probe.connect_session(request("s")).await.unwrap();
+    assert_eq!(sh(&p, &h, "echo restarted").await, "restarted");
+    // Removed: gone, not a remembered handle.
+    p.docker()
+        .remove_container(
+            &id,
+            Some(RemoveContainerOptions {
+                force: true,
+                ..Default::default()
+            }),
+        )
+        .await
+        .unwrap();
+    let err = probe
+        .connect_session(request("r"))
+        .await
+        .expect_err("a removed sandbox connected");
+    assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
     cleanup(&p).await;
 }
 

@@ -21,7 +21,7 @@ use sandbox_core::{
 use sandbox_provider_docker::{DataPlane, DockerConfig, DockerProvider};
 
 use crate::channel::CountingProxy;
-use crate::support::{IMAGE, config, namespace};
+use crate::support::{IMAGE, config, exec_config, namespace};
 
 fn agent_bin() -> PathBuf {
     std::env::var_os("SANDBOX_AGENT_BIN")
@@ -47,8 +47,7 @@ async fn agent_provider(ns: &str, proxy: &CountingProxy) -> Checked<DockerProvid
 
 /// An exec-mode provider on the same namespace: it reaches the same containers by exec.
 async fn exec_provider(ns: &str) -> Checked<DockerProvider> {
-    let c = config(ns);
-    assert_eq!(c.data_plane, DataPlane::Exec, "exec stays the default");
+    let c = exec_config(ns);
     DockerProvider::connect(c)
         .await
         .expect("connect in exec mode")

@@ -59,6 +59,7 @@ pub(crate) fn agent_binary() -> PathBuf {
 pub(crate) struct CountingProxy {
     pub(crate) path: PathBuf,
     exec_creates: Arc<AtomicUsize>,
+    inspects: Arc<AtomicUsize>,
     _dir: tempfile::TempDir,
 }
 
@@ -68,27 +69,34 @@ impl CountingProxy {
         let path = dir.path().join("docker.sock");
         let listener = UnixListener::bind(&path).unwrap();
         let exec_creates = Arc::new(AtomicUsize::new(0));
-        let count = Arc::clone(&exec_creates);
+        let inspects = Arc::new(AtomicUsize::new(0));
+        let counts = (Arc::clone(&exec_creates), Arc::clone(&inspects));
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
-                let count = Arc::clone(&count);
+                let counts = (Arc::clone(&counts.0), Arc::clone(&counts.1));
                 tokio::spawn(async move {
                     let Ok(engine) = UnixStream::connect(ENGINE_SOCKET).await else {
                         return;
                     };
-                    proxy(client, engine, count).await;
+                    proxy(client, engine, counts).await;
                 });
             }
         });
         CountingProxy {
             path,
             exec_creates,
+            inspects,
             _dir: dir,
         }
     }
 
     pub(crate) fn exec_creates(&self) -> usize {
         self.exec_creates.load(Ordering::SeqCst)
+    }
+
+    /// Container inspects (`GET /containers/<id>/json`) the engine was asked for.
+    pub(crate) fn inspects(&self) -> usize {
+        self.inspects.load(Ordering::SeqCst)
     }
 
     /// The proxy's socket.
@@ -109,7 +117,11 @@ impl CountingProxy {
     }
 }
 
-async fn proxy(client: UnixStream, engine: UnixStream, count: Arc<AtomicUsize>) {
+async fn proxy(
+    client: UnixStream,
+    engine: UnixStream,
+    (count, inspects): (Arc<AtomicUsize>, Arc<AtomicUsize>),
+) {
     let (mut client_read, mut client_write) = client.into_split();
     let (mut engine_read, mut engine_write) = engine.into_split();
     let up = async move {
@@ -137,6 +149,9 @@ async fn proxy(client: UnixStream, engine: UnixStream, count: Arc<AtomicUsize>) 
                     match (method, parts.as_slice()) {
                         ("POST", ["containers", _, "exec"]) => {
                             count.fetch_add(1, Ordering::SeqCst);
+                        }
+                        ("GET", ["containers", _, "json"]) => {
+                            inspects.fetch_add(1, Ordering::SeqCst);
                         }
                         ("POST", ["exec", _, "start"]) => hijacked = true,
                         _ => {}

@@ -95,7 +95,19 @@ async fn create_applies_isolation_defaults_and_ownership_labels() {
         host.security_opt,
         Some(vec!["no-new-privileges".to_owned()])
     );
-    assert_eq!(host.init, Some(true));
+    // The default data plane runs the agent as PID 1, so the engine's init is off (the agent
+    // reaps orphans itself); exec mode keeps it (`agent::the_agent_is_pid_1…` and the exec
+    // conformance run cover both).
+    assert_eq!(host.init, Some(false));
+    assert_eq!(
+        inspect
+            .config
+            .as_ref()
+            .and_then(|c| c.entrypoint.as_ref())
+            .and_then(|e| e.first())
+            .map(String::as_str),
+        Some(sandbox_provider_docker::agent::AGENT_PATH)
+    );
     assert_eq!(
         host.memory,
         Some(sandbox_provider_docker::config::DEFAULT_MEMORY_BYTES)
@@ -346,13 +358,16 @@ async fn a_dropped_exec_leaves_no_process_behind() {
     cleanup(&p).await;
 }
 
+/// Dates the activity marker through a plain engine exec that has ended when this returns:
+/// neither a command through the agent (a request it serves touches the marker) nor a running
+/// exec (the channel's relay, which the sweeper counts as work) is left to blur the sweep.
 async fn set_marker(p: &DockerProvider, h: &sandbox_core::SandboxHandle, date: &str) {
     let script = format!(
-        "touch -d '{date}' {}",
-        sandbox_provider_docker::exec::ACTIVITY_MARKER
+        "touch -d '{date}' {marker} && date -r {marker} +%Y",
+        marker = sandbox_provider_docker::exec::ACTIVITY_MARKER
     );
-    let r = p.exec(h, ExecRequest::shell(script)).await.unwrap();
-    assert_eq!(r.exit_code, 0, "{}", r.stderr_lossy());
+    let year = support::engine_sh(p, h, &script).await;
+    assert_eq!(year, &date[..4], "{script}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -832,10 +847,10 @@ async fn a_tree_of_1000_directories_is_one_quick_walk() {
     assert_eq!(cut.entries.len(), 10);
     // A deadline stops the walk too, with what it had.
     let mut hurried = sandbox_core::TreeLimits::depth(4);
-    hurried.deadline = Duration::from_millis(50);
+    hurried.deadline = Duration::from_millis(1);
     let started = Instant::now();
     let cut = p.list_tree(&h, &root, hurried).await.unwrap();
-    assert!(cut.truncated, "a 50 ms walk of 1,001 entries was complete");
+    assert!(cut.truncated, "a 1 ms walk of 1,001 entries was complete");
     assert!(cut.entries.len() < 1001);
     assert!(
         started.elapsed() < Duration::from_secs(2),
@@ -1055,10 +1070,30 @@ async fn the_idle_sweeper_keeps_a_container_whose_command_still_runs() {
         .expect("the command survives the sweep");
     assert_eq!((r.exit_code, r.stdout_lossy().as_str()), (0, "finished\n"));
 
-    // Its command done, the same container is idle like any other.
+    // Its command done, its channel still open: the channel's relay is an exec the engine
+    // reports running, so the container is kept (at most the channel's idle timeout longer
+    // than its TTL: the channel closes after that long without a call).
     let report = sweeper::sweep(&sweeping).await.unwrap();
-    let reaped: Vec<_> = report.reaped.iter().map(|id| id.as_str()).collect();
-    assert_eq!(reaped, vec![busy.id().as_str()]);
+    assert!(report.reaped.is_empty(), "{report:?}");
+    // Its channel closed, the same container is idle like any other.
+    p.channel(busy.id().as_str())
+        .expect("agent mode")
+        .invalidate()
+        .await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let report = sweeper::sweep(&sweeping).await.unwrap();
+        let reaped: Vec<_> = report.reaped.iter().map(|id| id.as_str()).collect();
+        if !reaped.is_empty() {
+            assert_eq!(reaped, vec![busy.id().as_str()]);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "a closed channel's relay still held the container"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     cleanup(&p).await;
 }
 

@@ -87,6 +87,7 @@ async fn provider(policy: PullPolicy) -> sandbox_core::Checked<DockerProvider> {
         &format!("treg-{:08x}", fastrand::u32(..)),
     );
     c.enabled = true;
+    c.agent_path = Some(crate::support::agent_bin());
     c.pull_policy = policy;
     c.network = NetworkMode::None;
     c.idle_sweep = false;

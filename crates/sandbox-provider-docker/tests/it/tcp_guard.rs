@@ -87,6 +87,7 @@ async fn connect_full(
         &format!("tguard-{:08x}", fastrand::u32(..)),
     );
     config.enabled = true;
+    config.agent_path = Some(crate::support::agent_bin());
     config.pull_policy = PullPolicy::Never;
     config.network = network;
     config.idle_sweep = false;

@@ -25,6 +25,23 @@ use serde_json::Value;
 /// The image the service's test sandboxes boot (built locally by xtask, never pulled).
 pub(crate) const IMAGE: &str = sandbox_app::image::DEFAULT_IMAGE;
 
+/// The static agent the default data plane (agent mode) installs in every test sandbox: the
+/// docker engine stage of `cargo xtask test` passes the one it built (`cargo xtask agent`
+/// prints its path).
+pub(crate) fn agent_bin() -> std::path::PathBuf {
+    let path = std::env::var_os("SANDBOX_AGENT_BIN")
+        .map(std::path::PathBuf::from)
+        .expect(
+            "SANDBOX_AGENT_BIN must name a static build of sandbox-agent (`cargo xtask agent` prints it)",
+        );
+    assert!(
+        path.is_file(),
+        "SANDBOX_AGENT_BIN={} is not a file",
+        path.display()
+    );
+    path
+}
+
 /// A request body: whole (`full`) or streamed.
 pub(crate) type ReqBody = BoxBody<Bytes, Infallible>;
 
@@ -55,6 +72,7 @@ pub(crate) async fn start_with(
     let mut cfg = ServiceConfig::load(None, &BTreeMap::new()).unwrap();
     cfg.listen = "127.0.0.1:0".parse().unwrap();
     cfg.docker.enabled = true;
+    cfg.docker.agent_path = Some(agent_bin());
     cfg.docker.network = sandbox_provider_docker::NetworkMode::None;
     cfg.docker.namespace = namespace.clone();
     cfg.tenants = (1..)

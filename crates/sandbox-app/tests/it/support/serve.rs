@@ -61,6 +61,7 @@ impl Service {
             .env("SANDBOX_DOCKER_ENABLED", "true")
             .env("SANDBOX_DOCKER_NETWORK", "none")
             .env("SANDBOX_DOCKER_NAMESPACE", namespace)
+            .env("SANDBOX_DOCKER_AGENT_PATH", super::agent_bin())
             .env("SANDBOX_DEV_TOKEN_FILE", token_file)
             // Plain text: the tests read the log.
             .env("NO_COLOR", "1")

@@ -19,10 +19,31 @@ pub(crate) fn namespace(tag: &str) -> String {
     format!("t{tag}-{:08x}", fastrand::u32(..))
 }
 
-/// The adapter's settings for a test sandbox in namespace `ns` on the default engine.
+/// The static agent every agent-mode test installs: the docker engine stage of `cargo xtask
+/// test` passes the one it built (`cargo xtask agent` prints its path).
+pub(crate) fn agent_bin() -> PathBuf {
+    let path = std::env::var_os("SANDBOX_AGENT_BIN").map(PathBuf::from).expect(
+        "SANDBOX_AGENT_BIN must name a static build of sandbox-agent (`cargo xtask agent` prints it)",
+    );
+    assert!(
+        path.is_file(),
+        "SANDBOX_AGENT_BIN={} is not a file",
+        path.display()
+    );
+    path
+}
+
+/// The adapter's settings for a test sandbox in namespace `ns` on the default engine, in the
+/// default data plane (agent mode, with [`agent_bin`]).
 pub(crate) fn config(ns: &str) -> sandbox_provider_docker::DockerConfig {
     use sandbox_provider_docker::{DockerConfig, NetworkMode, PullPolicy};
     let mut c = DockerConfig::new(sandbox_core::TemplateId::new(IMAGE).unwrap(), ns);
+    assert_eq!(
+        c.data_plane,
+        sandbox_provider_docker::DataPlane::Agent,
+        "agent mode is the default"
+    );
+    c.agent_path = Some(agent_bin());
     c.enabled = true;
     c.pull_policy = PullPolicy::Never;
     c.network = NetworkMode::None;
@@ -30,6 +51,50 @@ pub(crate) fn config(ns: &str) -> sandbox_provider_docker::DockerConfig {
     c.extra_labels
         .insert("sandbox.test".to_owned(), "1".to_owned());
     c
+}
+
+/// [`config`] in the exec data plane, the declared fallback.
+pub(crate) fn exec_config(ns: &str) -> sandbox_provider_docker::DockerConfig {
+    let mut c = config(ns);
+    c.data_plane = sandbox_provider_docker::DataPlane::Exec;
+    c.agent_path = None;
+    c
+}
+
+/// `script` as a plain engine exec (agent mode's commands go through the agent instead).
+pub(crate) async fn engine_sh(
+    p: &sandbox_provider_docker::DockerProvider,
+    h: &sandbox_core::SandboxHandle,
+    script: &str,
+) -> String {
+    use bollard::exec::{CreateExecOptions, StartExecResults};
+    use futures_util::StreamExt;
+    let created = p
+        .docker()
+        .create_exec(
+            h.id().as_str(),
+            CreateExecOptions {
+                cmd: Some(vec![
+                    "/bin/sh".to_owned(),
+                    "-c".to_owned(),
+                    script.to_owned(),
+                ]),
+                attach_stdout: Some(true),
+                attach_stderr: Some(true),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    if let StartExecResults::Attached { mut output, .. } =
+        p.docker().start_exec(&created.id, None).await.unwrap()
+    {
+        while let Some(Ok(frame)) = output.next().await {
+            out.extend_from_slice(&frame.into_bytes());
+        }
+    }
+    String::from_utf8_lossy(&out).trim().to_owned()
 }
 
 /// A certificate authority made for one test.
