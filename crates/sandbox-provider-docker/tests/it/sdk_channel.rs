@@ -10,7 +10,8 @@
 //! The sandbox is the Docker adapter's: its agent runs with no `--default-user`, so commands
 //! run as root with root's home. The provider's engine client goes through the counting proxy
 //! of `channel.rs`, so the test also sees that the whole scenario made no exec-create beyond
-//! the channel's own.
+//! the channel's own. Afterwards, through the same router, the agent's `/sandbox-agent/`
+//! endpoints answer 404 and a paused sandbox answers 409 `session_sandbox_paused`.
 //!
 //! Needs the engine, the Debian image (`SANDBOX_TEST_DEBIAN_IMAGE`, `cargo xtask debian-image`),
 //! the static agent (`SANDBOX_AGENT_BIN`, `cargo xtask agent`) and the SDK's venv
@@ -93,6 +94,38 @@ fn published(id: &str) -> (String, String, String) {
     )
 }
 
+fn docker_cli(args: &[&str]) {
+    let out = std::process::Command::new("docker")
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "docker {args:?}: {out:?}");
+}
+
+/// One `GET path` to the router over a fresh connection: the status and the body.
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let head = format!("GET {path} HTTP/1.1\r\nHost: router\r\nConnection: close\r\n\r\n");
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        stream.read_to_end(&mut answer),
+    )
+    .await
+    .expect("the router answers")
+    .unwrap();
+    let text = String::from_utf8_lossy(&answer).into_owned();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP answer: {text:?}"));
+    let body = text.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned();
+    (status, body)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the Docker engine, the Debian image (SANDBOX_TEST_DEBIAN_IMAGE), the static agent (SANDBOX_AGENT_BIN) and the SDK venv (the e2b sdk stage)"]
 async fn the_official_python_sdk_passes_its_scenario_through_the_agent_channel() {
@@ -146,7 +179,8 @@ async fn the_official_python_sdk_passes_its_scenario_through_the_agent_channel()
     assert_eq!(made.exit_code, 0, "{}", made.stderr_lossy());
 
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
+    let addr = listener.local_addr().unwrap();
+    let url = format!("http://{addr}");
     let served = Arc::new(AtomicUsize::new(0));
     let router = tokio::spawn(serve(
         listener,
@@ -186,7 +220,6 @@ async fn the_official_python_sdk_passes_its_scenario_through_the_agent_channel()
     })
     .await
     .unwrap();
-    router.abort();
 
     // All 15 steps, and the summary line says so.
     let last = stdout.lines().last().unwrap_or_default();
@@ -216,6 +249,28 @@ async fn the_official_python_sdk_passes_its_scenario_through_the_agent_channel()
     );
     assert!(matches!(ports.as_str(), "null" | "{}"), "ports {ports}");
     assert_eq!(network, "none");
+
+    // Through the same router: the agent's own endpoints are not reachable, and a paused
+    // sandbox is an answer saying so (the next lease reopens the channel, which the engine
+    // refuses while paused), not a hang.
+    let (status, body) = http_get(addr, "/sandbox-agent/version").await;
+    assert_eq!(status, 404, "{body}");
+    assert!(body.contains("\"code\":\"not_found\""), "{body}");
+    channel.invalidate().await;
+    docker_cli(&["pause", &id]);
+    let (status, body) = http_get(addr, "/health").await;
+    docker_cli(&["unpause", &id]);
+    assert_eq!(status, 409, "{body}");
+    assert!(
+        body.contains("\"code\":\"session_sandbox_paused\""),
+        "{body}"
+    );
+    let (status, _) = http_get(addr, "/health").await;
+    assert!(
+        (200..300).contains(&status),
+        "unpaused, the agent answers again"
+    );
+    router.abort();
 
     for s in provider
         .list(&ListFilter::default())
