@@ -293,18 +293,44 @@ pub fn error_response(error: &Error) -> Response<ForwardBody> {
     response
 }
 
-/// The service's status and code for `error` (the API's classification, for the errors a
-/// forward meets): a specific code first, then the kind.
+/// The service's status and code for `error`: the same table as the API's own
+/// classification (`sandbox-app`'s `http::error::classify`, which this crate cannot reach),
+/// a specific code first, then the kind. A `CONNECT`, the one `unsupported` a forward makes
+/// itself, is 405.
 pub fn status_and_code(error: &Error) -> (StatusCode, &'static str) {
     if let Some(code) = error.code() {
         let status = match code {
-            ErrorCode::SandboxPaused => StatusCode::CONFLICT,
-            ErrorCode::SandboxGone | ErrorCode::NoLiveSandbox => StatusCode::NOT_FOUND,
-            ErrorCode::UnsafeOutboundUrl | ErrorCode::InvalidPath => StatusCode::BAD_REQUEST,
+            ErrorCode::InvalidPath
+            | ErrorCode::InvalidTimeout
+            | ErrorCode::InvalidCommand
+            | ErrorCode::InvalidBindingKey
+            | ErrorCode::UnknownSandboxType
+            | ErrorCode::ConfigIncomplete
+            | ErrorCode::UnsafeOutboundUrl
+            | ErrorCode::SecurityViolation
+            | ErrorCode::ImageNotPresent
+            | ErrorCode::NotARegularFile
+            | ErrorCode::FileTooLarge => StatusCode::BAD_REQUEST,
+            ErrorCode::SessionDeleted
+            | ErrorCode::NoLiveSandbox
+            | ErrorCode::SnapshotNotFound
+            | ErrorCode::SandboxGone => StatusCode::NOT_FOUND,
+            ErrorCode::QuotaExceeded => StatusCode::TOO_MANY_REQUESTS,
+            ErrorCode::SandboxPaused
+            | ErrorCode::SessionRewindLocked
+            | ErrorCode::SessionTurnActive
+            | ErrorCode::SessionWorkActive => StatusCode::CONFLICT,
+            ErrorCode::TerminalUnsupported | ErrorCode::DesktopUnsupported => {
+                StatusCode::NOT_IMPLEMENTED
+            }
+            ErrorCode::BackendDisabled
+            | ErrorCode::EgressProtectionUnavailable
+            | ErrorCode::LockOwnershipLost => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         return (status, code.as_str());
     }
+    let from_store = error.origin() == sandbox_core::Origin::Store;
     match error.kind() {
         ErrorKind::NotFound => (StatusCode::NOT_FOUND, "not_found"),
         ErrorKind::Terminal => (StatusCode::NOT_FOUND, "sandbox_gone"),
@@ -315,8 +341,13 @@ pub fn status_and_code(error: &Error) -> (StatusCode, &'static str) {
         ErrorKind::Unsupported => (StatusCode::NOT_IMPLEMENTED, "unsupported"),
         ErrorKind::Conflict => (StatusCode::CONFLICT, "conflict"),
         ErrorKind::Capacity => (StatusCode::TOO_MANY_REQUESTS, "capacity"),
+        ErrorKind::Timeout if from_store => (StatusCode::GATEWAY_TIMEOUT, "store_timeout"),
         ErrorKind::Timeout => (StatusCode::GATEWAY_TIMEOUT, "provider_timeout"),
+        ErrorKind::Unavailable if from_store => {
+            (StatusCode::SERVICE_UNAVAILABLE, "store_unavailable")
+        }
         ErrorKind::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, "provider_unavailable"),
+        // The provider refused *our* credentials: a deployment problem, not the caller's.
         ErrorKind::Authentication => (StatusCode::BAD_GATEWAY, "provider_authentication"),
         ErrorKind::Internal => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
     }
@@ -349,3 +380,110 @@ impl<B: HttpBody + Unpin, H> HttpBody for Holding<B, H> {
 }
 
 impl<B, H> Unpin for Holding<B, H> where B: Unpin {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn agent_extensions_are_found_under_any_spelling() {
+        for path in [
+            "/sandbox-agent/version",
+            "/sandbox-agent",
+            "/SANDBOX-AGENT/tunnel/22",
+            "/%73andbox-agent/version",
+            "/sandbox%2Dagent/version",
+            "//sandbox-agent/version",
+            "/./sandbox-agent/version",
+            "/files/../sandbox-agent/version",
+            "/../../sandbox-agent/version",
+        ] {
+            assert!(reaches_agent_extension(path), "{path}");
+        }
+        for path in [
+            "/files",
+            "/health",
+            "/process.Process/Start",
+            "/sandbox-agents/version",
+            "/files/sandbox-agent/x",
+            "/%zz/sandbox-agent",
+            "/",
+        ] {
+            assert!(!reaches_agent_extension(path), "{path}");
+        }
+    }
+
+    #[test]
+    fn hop_by_hop_headers_go_and_te_trailers_stays_on_requests_only() {
+        let mut h = HeaderMap::new();
+        for (k, v) in [
+            ("connection", "x-a, Keep-Alive"),
+            ("x-a", "1"),
+            ("keep-alive", "5"),
+            ("te", "gzip, trailers;q=1"),
+            ("upgrade", "h2c"),
+            ("proxy-authenticate", "Basic"),
+            ("x-b", "2"),
+        ] {
+            h.insert(HeaderName::from_static(k), HeaderValue::from_static(v));
+        }
+        let mut response = h.clone();
+        strip_hop_by_hop(&mut h, true);
+        let mut names: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["te", "x-b"]);
+        assert_eq!(
+            h.get(header::TE).map(HeaderValue::as_bytes),
+            Some(&b"trailers"[..])
+        );
+        strip_hop_by_hop(&mut response, false);
+        assert_eq!(
+            response.keys().map(HeaderName::as_str).collect::<Vec<_>>(),
+            ["x-b"]
+        );
+        // A TE without trailers goes entirely.
+        let mut h = HeaderMap::new();
+        h.insert(header::TE, HeaderValue::from_static("gzip"));
+        strip_hop_by_hop(&mut h, true);
+        assert!(h.is_empty());
+    }
+
+    #[test]
+    fn errors_answer_with_the_services_status_and_code() {
+        let paused = Error::unavailable(Operation::new("open_channel"), "paused")
+            .with_code(ErrorCode::SandboxPaused);
+        assert_eq!(
+            status_and_code(&paused),
+            (StatusCode::CONFLICT, "session_sandbox_paused")
+        );
+        let down = Error::unavailable(OP_FORWARD, "cut");
+        assert_eq!(
+            status_and_code(&down),
+            (StatusCode::SERVICE_UNAVAILABLE, "provider_unavailable")
+        );
+        let slow = Error::timeout(OP_FORWARD, "slow");
+        assert_eq!(
+            status_and_code(&slow),
+            (StatusCode::GATEWAY_TIMEOUT, "provider_timeout")
+        );
+        let connect = Error::unsupported(OP_FORWARD, "CONNECT");
+        assert_eq!(status_and_code(&connect).0, StatusCode::METHOD_NOT_ALLOWED);
+        let response = error_response(&paused);
+        assert_eq!(response.status(), StatusCode::CONFLICT);
+        assert_eq!(
+            response
+                .headers()
+                .get(header::CONTENT_TYPE)
+                .map(HeaderValue::as_bytes),
+            Some(&b"application/json"[..])
+        );
+    }
+
+    #[test]
+    fn long_targets_are_cut_in_messages() {
+        let long = "x".repeat(1000);
+        let shown = printable(&long);
+        assert!(shown.chars().count() < 210, "{shown}");
+        assert!(shown.contains('…'));
+    }
+}
