@@ -34,7 +34,7 @@ const HERMETIC_FILTER: &str = "not binary(conformance) and not (package(sandbox-
 /// The tests that need the Docker engine beyond conformance, run by the docker stage: the
 /// adapter's engine, registry and `tcp://` TLS modules (egress runs in a stage of its own), the
 /// session manager over the real adapter and the service's engine tests.
-const DOCKER_ENGINE_FILTER: &str = "(package(sandbox-provider-docker) and binary(it) and not test(/^egress::/) and not test(/^tcp_guard::/)) | (package(sandbox-session) and binary(it)) | (package(sandbox-app) and binary(it)) | (package(sandbox-agent) and binary(it) and test(/^pid1_docker::/))";
+const DOCKER_ENGINE_FILTER: &str = "(package(sandbox-provider-docker) and binary(it) and not test(/^egress::/) and not test(/^tcp_guard::/) and not test(/^sdk_channel::/)) | (package(sandbox-session) and binary(it)) | (package(sandbox-app) and binary(it)) | (package(sandbox-agent) and binary(it) and test(/^pid1_docker::/))";
 
 /// The tests that need the Redis fixtures beyond conformance, run by the redis stage: the Redis
 /// store's `it` binary and xtask's own check of the fixtures.
@@ -47,9 +47,9 @@ const EGRESS_FILTER: &str = "package(sandbox-provider-docker) and binary(it) and
 const SERVE_FILTER: &str = "package(xtask) and binary(it) and test(/^serve_docker::/)";
 
 /// The official E2B Python SDK's scenario against the agent, on the host and as PID 1 of a
-/// container of the Debian image, run by the e2b sdk stage.
-const SDK_FILTER: &str =
-    "package(sandbox-agent) and binary(it) and (test(/^sdk::/) | test(/^sdk_debian::/))";
+/// container of the Debian image, and through the Docker adapter's agent channel (a Debian
+/// sandbox in agent mode behind a loopback router), run by the e2b sdk stage.
+const SDK_FILTER: &str = "(package(sandbox-agent) and binary(it) and (test(/^sdk::/) | test(/^sdk_debian::/))) | (package(sandbox-provider-docker) and binary(it) and test(/^sdk_channel::/))";
 
 /// The agent's `/files` on real filesystems it mounts in a namespace of its own (root only),
 /// run by the agent filesystems stage.
@@ -593,7 +593,8 @@ fn docker_engine_stage(
 /// The official E2B Python SDK (PyPI `e2b`, from the hashed lock's venv) as a real client of the
 /// agent: its scenario runs against the agent started on the host by the test, and against the
 /// static agent (from the agent stage) as PID 1 of a container of the Debian image (from the
-/// fixtures stage).
+/// fixtures stage), and through the Docker adapter's production path: a Debian sandbox in agent
+/// mode, reached only over its kept channel behind a loopback router.
 fn sdk_stage(
     ctx: &Ctx,
     fixtures: &mut Fixtures,
@@ -935,6 +936,8 @@ mod tests {
             (REDIS_FILTER, "xtask/tests/it", "redis_fixture"),
             (SDK_FILTER, "crates/sandbox-agent/tests/it", "sdk"),
             (SDK_FILTER, "crates/sandbox-agent/tests/it", "sdk_debian"),
+            (SDK_FILTER, docker, "sdk_channel"),
+            (DOCKER_ENGINE_FILTER, docker, "sdk_channel"),
             (AGENT_FS_FILTER, "crates/sandbox-agent/tests/it", "fs_edges"),
             (
                 DOCKER_ENGINE_FILTER,

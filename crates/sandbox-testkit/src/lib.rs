@@ -7,10 +7,12 @@
 //! - [`fake`]: the in-memory fake provider (conformance adapter `fake`) with failure injection.
 //! - [`faults`]: a fault-injecting wrapper for any `BindingStore`.
 //! - [`forward`]: the forwarding helper test doubles change a few methods through.
+//! - [`e2b_sdk`]: the driver of the official E2B Python SDK's scenario against an agent.
 //!
 //! This crate is a dev-dependency only; `cargo xtask tidy` refuses it as a normal dependency.
 
 pub mod conformance;
+pub mod e2b_sdk;
 pub mod fake;
 pub mod faults;
 pub mod forward;

@@ -5,19 +5,17 @@
 //! version gate open). The scenario asserts each SDK result itself; this test asserts that it
 //! ran to its last line with nothing failed.
 //!
-//! Needs the venv's python in `SANDBOX_TEST_E2B_PYTHON` (`cargo xtask sdk-venv` makes the venv
+//! The driver is `sandbox_testkit::e2b_sdk`, shared with `sdk_debian` and the Docker adapter's
+//! channel test. Needs the venv's python in `SANDBOX_TEST_E2B_PYTHON` (`cargo xtask sdk-venv` makes the venv
 //! and prints the line), so it is ignored in a plain `cargo test`.
 
 use std::fs::File;
 use std::io::Read as _;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
 
-/// The venv's python, set by xtask.
-const ENV_PYTHON: &str = "SANDBOX_TEST_E2B_PYTHON";
-/// The whole scenario, 50 MiB both ways included, on a slow machine.
-const SCENARIO_DEADLINE: Duration = Duration::from_secs(300);
+use sandbox_testkit::e2b_sdk::{Expected, run_scenario, venv_python};
 
 /// Kills and reaps the agent, and removes its temporary home, however the test ends.
 struct Agent {
@@ -85,106 +83,6 @@ fn temp_home() -> PathBuf {
     let dir = std::env::temp_dir().join(format!("agent-sdk-{}-{nanos}", std::process::id()));
     std::fs::create_dir_all(dir.join("scenario")).unwrap();
     dir
-}
-
-/// Waits for `child` up to `deadline`; `None` when it had to be killed.
-fn wait_deadline(child: &mut Child, deadline: Duration) -> Option<ExitStatus> {
-    let start = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return Some(status);
-        }
-        if start.elapsed() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-/// The venv's python from [`ENV_PYTHON`], checked; a clear panic when it is missing.
-pub(crate) fn venv_python() -> PathBuf {
-    let python = PathBuf::from(std::env::var_os(ENV_PYTHON).unwrap_or_else(|| {
-        panic!("{ENV_PYTHON} is not set: run `cargo xtask sdk-venv`, which makes the venv and prints it")
-    }));
-    assert!(
-        python.is_absolute() && python.is_file(),
-        "{ENV_PYTHON}={}: not an absolute path to a file (`cargo xtask sdk-venv` prints the venv's)",
-        python.display()
-    );
-    python
-}
-
-/// Who the scenario must find its commands running as: the agent's default user and,
-/// when known, that user's home.
-pub(crate) struct Expected<'a> {
-    pub(crate) user: &'a str,
-    pub(crate) home: Option<&'a str>,
-}
-
-/// Runs the scenario with the venv's python against the agent at `url`, with `work` (a path
-/// inside the sandbox, existing and empty) as its directory. `context` tells where the agent
-/// is when something fails (its log, its container). Panics unless the scenario ran to its
-/// summary line with nothing failed; its stdout otherwise.
-pub(crate) fn run_scenario(
-    url: &str,
-    work: &Path,
-    expected: &Expected<'_>,
-    context: &dyn Fn() -> String,
-) -> String {
-    let python = venv_python();
-    let scenario = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/scenario.py");
-    let mut run = Command::new(&python);
-    run.arg(&scenario)
-        .env("E2B_DEBUG", "true")
-        .env("E2B_SANDBOX_URL", url)
-        .env("SANDBOX_SCENARIO_DIR", work)
-        .env("SANDBOX_SCENARIO_USER", expected.user)
-        .env_remove("SANDBOX_SCENARIO_HOME")
-        .env_remove("E2B_API_KEY")
-        .env_remove("E2B_ACCESS_TOKEN")
-        .env_remove("SANDBOX_SCENARIO_STEPS")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    if let Some(home) = expected.home {
-        run.env("SANDBOX_SCENARIO_HOME", home);
-    }
-    let mut child = run.spawn().unwrap();
-    // Read both pipes on threads, so a chatty scenario cannot fill one and stall.
-    let mut stdout = child.stdout.take().unwrap();
-    let mut stderr = child.stderr.take().unwrap();
-    let out_reader = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = stdout.read_to_string(&mut s);
-        s
-    });
-    let err_reader = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = stderr.read_to_string(&mut s);
-        s
-    });
-    let status = wait_deadline(&mut child, SCENARIO_DEADLINE);
-    let stdout = out_reader.join().unwrap();
-    let stderr = err_reader.join().unwrap();
-    let report = format!(
-        "scenario status: {status:?}\n--- scenario stdout\n{stdout}\n--- scenario stderr\n{stderr}\n{}",
-        context()
-    );
-    let Some(status) = status else {
-        panic!(
-            "the scenario did not finish within {}s\n{report}",
-            SCENARIO_DEADLINE.as_secs()
-        );
-    };
-    assert!(status.success(), "the scenario failed\n{report}");
-    let last = stdout.lines().last().unwrap_or("");
-    assert!(
-        last.starts_with("scenario: ") && last.ends_with(" passed, 0 failed"),
-        "the scenario did not end on its summary line\n{report}"
-    );
-    stdout
 }
 
 #[test]

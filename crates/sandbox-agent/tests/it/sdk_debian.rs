@@ -153,7 +153,7 @@ fn copy_agent(id: &str, bin: &Path) {
 #[test]
 #[ignore = "needs the Docker engine, the Debian image (SANDBOX_TEST_DEBIAN_IMAGE), the static agent (SANDBOX_AGENT_BIN) and the SDK venv (the e2b sdk stage)"]
 fn the_official_python_sdk_passes_its_scenario_in_the_debian_image() {
-    crate::sdk::venv_python();
+    sandbox_testkit::e2b_sdk::venv_python();
     let agent = DebianAgent::start();
     let init = docker(&["exec", &agent.id, "cat", "/proc/1/cmdline"]);
     assert!(
@@ -161,12 +161,14 @@ fn the_official_python_sdk_passes_its_scenario_in_the_debian_image() {
         "PID 1 is {init:?}, not the agent"
     );
     docker(&["exec", "-u", USER, &agent.id, "mkdir", "-p", WORK]);
-    let expected = crate::sdk::Expected {
+    let expected = sandbox_testkit::e2b_sdk::Expected {
         user: USER,
         home: Some(HOME),
     };
     let stdout =
-        crate::sdk::run_scenario(&agent.url, Path::new(WORK), &expected, &|| agent.context());
+        sandbox_testkit::e2b_sdk::run_scenario(&agent.url, Path::new(WORK), &expected, &|| {
+            agent.context()
+        });
     drop(agent);
     // Shown with --nocapture: the SDK's round trip against the agent in the Debian image.
     println!("{stdout}");

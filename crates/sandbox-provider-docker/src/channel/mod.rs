@@ -27,6 +27,9 @@
 //!   bounds a response head to 16 KiB and its flow-control windows bound what is buffered. The
 //!   version answer is read up to [`VERSION_ANSWER_LIMIT`]. The relay's stderr is kept up to
 //!   [`stream::STDERR_TAIL_BYTES`]. Nothing the agent says leaves this channel's sandbox.
+//! - **Forwarding.** [`Channel::forward`] relays a caller's own HTTP request (an envd SDK's,
+//!   through a router) to the agent on the kept channel, streamed both ways: the router in
+//!   front of Docker sandboxes needs nothing else.
 //! - **Bounded memory.** [`Channels`] keeps at most [`ChannelConfig::max_channels`] channels,
 //!   one per container, evicting the least recently used.
 
@@ -39,7 +42,9 @@ use std::time::{Duration, Instant};
 use bollard::Docker;
 use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
 use sandbox_core::{Error, ErrorCode, ErrorKind, Operation, Provider, SandboxHandle};
-use sandbox_transport::envd::{CallOptions, EnvdClient, EnvdConfig, HttpVersion};
+use sandbox_transport::envd::{
+    CallOptions, EnvdClient, EnvdConfig, ForwardBody, HttpVersion, error_response,
+};
 use sandbox_transport::relay::RelayConnector;
 
 pub use self::map::Channels;
@@ -145,6 +150,19 @@ impl Lease {
     /// The envd client on the channel.
     pub fn client(&self) -> &ChannelClient {
         &self.client
+    }
+
+    /// Forwards a caller's own HTTP request (an SDK's) to the agent over this channel,
+    /// streamed both ways ([`EnvdClient::forward`]: origin form only, hop-by-hop headers
+    /// dropped, the agent's `/sandbox-agent/` endpoints refused, failures as JSON answers).
+    /// The answer's body holds a clone of this lease until it is over, so a long stream keeps
+    /// the channel from being closed as idle under it.
+    pub async fn forward<B>(&self, request: hyper::Request<B>) -> hyper::Response<ForwardBody>
+    where
+        B: hyper::body::Body<Data = bytes::Bytes> + Send + 'static,
+        B::Error: Into<sandbox_transport::connector::BoxError>,
+    {
+        self.client.forward_holding(request, self.clone()).await
     }
 }
 
@@ -273,6 +291,28 @@ impl Channel {
                 drop(lease);
                 self.invalidate().await;
                 None
+            }
+        }
+    }
+
+    /// Forwards a caller's HTTP request to this container's agent: a lease (opening the
+    /// channel when needed), then [`Lease::forward`]. A channel that cannot be opened is an
+    /// answer too, in the service's error shape: a paused container is 409
+    /// `session_sandbox_paused`, an agent that cannot be reached 503 `provider_unavailable`.
+    pub async fn forward<B>(
+        self: &Arc<Self>,
+        request: hyper::Request<B>,
+    ) -> hyper::Response<ForwardBody>
+    where
+        B: hyper::body::Body<Data = bytes::Bytes> + Send + 'static,
+        B::Error: Into<sandbox_transport::connector::BoxError>,
+    {
+        match self.lease().await {
+            Ok(lease) => lease.forward(request).await,
+            Err(e) => {
+                let mut answer = error_response(&e);
+                *answer.version_mut() = request.version();
+                answer
             }
         }
     }

@@ -693,3 +693,68 @@ async fn a_container_without_a_listening_agent_fails_with_the_relays_words() {
     assert!(started.elapsed() < Duration::from_secs(10));
     assert!(!channel.is_open().await);
 }
+
+/// A caller's request forwarded on the channel (`Channel::forward`, what a router in front of
+/// the sandbox calls): a `Start` server stream whose answer is read slowly keeps the channel
+/// open past its idle timeout, because the answer's body holds the lease, and lets it close
+/// once the body is dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the Docker engine and SANDBOX_AGENT_BIN (the docker engine stage)"]
+async fn a_forwarded_stream_holds_its_lease_past_the_idle_timeout() {
+    use http_body_util::BodyExt;
+    let engine = engine().await;
+    let container = AgentContainer::start(&engine).await;
+    let mut config = ChannelConfig::default();
+    config.idle_timeout = Duration::from_millis(300);
+    let channel = Channel::new(engine, &container.id, config);
+    drop(first_lease(&channel).await);
+    let opened = channel.execs_opened();
+
+    let start = command("sh", &["-c", "sleep 2; echo held"]);
+    let body = sandbox_envd::Envelope::from_message(&start)
+        .unwrap()
+        .to_bytes()
+        .unwrap();
+    let request = hyper::Request::builder()
+        .method("POST")
+        .uri("/process.Process/Start")
+        .header("content-type", sandbox_envd::CONTENT_TYPE_CONNECT_JSON)
+        .header(
+            sandbox_envd::HEADER_PROTOCOL_VERSION,
+            sandbox_envd::PROTOCOL_VERSION,
+        )
+        .body(http_body_util::Full::new(body))
+        .unwrap();
+    let response = channel.forward(request).await;
+    assert_eq!(response.status(), 200);
+    // Well past the idle timeout, with only the answer's body holding the channel.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert!(
+        channel.is_open().await,
+        "the channel was closed under a stream being read"
+    );
+    let mut body = response.into_body();
+    let mut read = Vec::new();
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame.unwrap().into_data() {
+            read.extend_from_slice(&data);
+        }
+    }
+    let text = String::from_utf8_lossy(&read);
+    // `held\n` in the Connect JSON codec's base64.
+    assert!(text.contains("aGVsZAo="), "{text}");
+    assert_eq!(
+        channel.execs_opened(),
+        opened,
+        "the stream ran on the kept exec"
+    );
+    drop(body);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while channel.is_open().await {
+        assert!(
+            Instant::now() < deadline,
+            "the idle channel stayed open after the stream's body was dropped"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -3,7 +3,8 @@
 //! `agent`, `agent_exec`, `agent_files` and `channel` the static agent, `SANDBOX_AGENT_BIN`) (`#[ignore]`d
 //! without it; `cargo xtask test` runs them in its docker engine stage); `egress` needs root and
 //! iptables besides, and runs alone in the egress stage (`-E 'test(/^egress::/)' -j 1`);
-//! `tcp_guard` is hermetic and runs with the hermetic tier.
+//! `tcp_guard` is hermetic and runs with the hermetic tier; `sdk_channel` needs the E2B SDK's
+//! venv and the Debian image besides, and runs in the e2b sdk stage.
 
 mod support;
 
@@ -14,5 +15,6 @@ mod channel;
 mod egress;
 mod engine;
 mod registry;
+mod sdk_channel;
 mod tcp_guard;
 mod tcp_tls;

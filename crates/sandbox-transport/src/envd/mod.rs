@@ -25,12 +25,15 @@
 //!   no keepalive) is declared dead rather than waited on forever.
 //! - **Cancellation.** Dropping a [`ServerStream`] closes it: the HTTP/2 stream is reset, an
 //!   HTTP/1.1 connection is closed (never returned to the pool half-read).
+//! - **Forwarding.** [`EnvdClient::forward`] relays a caller's own HTTP request (an SDK's, through
+//!   a router) to envd, streamed both ways (`forward.rs`).
 //! - **Authentication.** The access token goes in `X-Access-Token` on every request; the Unix
 //!   user in `Authorization: Basic base64("<user>:")` on RPCs and in `username` on `/files`.
 
 mod call;
 mod config;
 mod files;
+mod forward;
 mod get;
 mod services;
 mod stream;
@@ -38,6 +41,10 @@ mod stream;
 pub use call::{CallOptions, ClientStream, EnvdClient};
 pub use config::{ENVD_PORT, EnvdConfig, HttpVersion};
 pub use files::{Download, UploadFile};
+pub use forward::{
+    AGENT_EXTENSION_PREFIX, ForwardBody, HOP_BY_HOP, OP_FORWARD, error_response, status_and_code,
+    strip_hop_by_hop,
+};
 pub use services::InputStream;
 pub use stream::ServerStream;
 
