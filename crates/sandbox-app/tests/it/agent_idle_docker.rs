@@ -95,7 +95,7 @@ async fn a_sandbox_used_only_through_the_agent_survives_sweeps_and_is_reaped_onc
             closed_between += 1;
         }
         n += 1;
-        if n % 2 == 0 {
+        if n.is_multiple_of(2) {
             let (status, out) = s
                 .service
                 .call(
