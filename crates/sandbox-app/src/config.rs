@@ -620,6 +620,13 @@ pub const ENV_VARS: &[EnvVar] = &[
         "an idle sandbox is reclaimed after this long",
     ),
     var(
+        "SANDBOX_DOCKER_SWEEP_INTERVAL_SECONDS",
+        "docker.sweep_interval_seconds",
+        Seconds,
+        "60",
+        "the idle sweep runs at most this often (on a create or connect)",
+    ),
+    var(
         "SANDBOX_DOCKER_LOG_MAX_BYTES",
         "docker.log_max_bytes",
         Bytes,
@@ -1018,6 +1025,7 @@ mod tests {
                 ),
                 ("SANDBOX_REDIS_PASSWORD", "hunter2"),
                 ("SANDBOX_DOCKER_IDLE_TTL_SECONDS", "90"),
+                ("SANDBOX_DOCKER_SWEEP_INTERVAL_SECONDS", "7"),
             ]),
         )
         .unwrap();
@@ -1033,6 +1041,7 @@ mod tests {
             Some("hunter2")
         );
         assert_eq!(c.docker.idle_ttl, std::time::Duration::from_secs(90));
+        assert_eq!(c.docker.sweep_interval, std::time::Duration::from_secs(7));
         let debug = format!("{c:?}");
         assert!(
             !debug.contains("hunter2"),

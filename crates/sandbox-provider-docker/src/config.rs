@@ -31,6 +31,8 @@ pub const DEFAULT_PIDS_LIMIT: i64 = 512;
 /// has no TTL of its own, so this is all that stands between an abandoned session and a
 /// container living until the host runs out of memory.
 pub const DEFAULT_IDLE_TTL: Duration = Duration::from_secs(30 * 60);
+/// How often at most the idle sweep runs against one daemon when the config names no interval.
+pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(60);
 /// Bound on one short Engine API call (inspect, create, list). Streams (exec output, pulls,
 /// commits) use their own deadlines.
 pub const DEFAULT_RPC_TIMEOUT: Duration = Duration::from_secs(30);
@@ -231,8 +233,12 @@ pub struct DockerConfig {
     /// still editing must never delete containers a working config owns.
     #[serde(skip)]
     pub idle_sweep: bool,
-    /// How often at most the idle sweep runs against one daemon.
-    #[serde(skip)]
+    /// How often at most the idle sweep runs against one daemon (file key
+    /// `sweep_interval_seconds`). Each create or connect of a sandbox starts one when this long
+    /// has passed since the last, so a sandbox is reclaimed within its idle TTL plus about this
+    /// long (given some traffic to the service): an operator who shortens the TTL shortens this
+    /// too.
+    #[serde(rename = "sweep_interval_seconds", deserialize_with = "seconds")]
     pub sweep_interval: Duration,
     /// Shared by every provider of a process, so the interval holds per daemon, not per
     /// provider instance.
@@ -272,7 +278,7 @@ impl Default for DockerConfig {
             max_output_bytes: crate::exec::DEFAULT_MAX_OUTPUT,
             extra_labels: BTreeMap::new(),
             idle_sweep: true,
-            sweep_interval: Duration::from_secs(60),
+            sweep_interval: DEFAULT_SWEEP_INTERVAL,
             sweep_throttle: Arc::new(crate::sweeper::SweepThrottle::default()),
             clock: Arc::new(SystemClock),
         }
@@ -516,6 +522,7 @@ mod tests {
             "network": "none",
             "pull_policy": "always",
             "idle_ttl_seconds": 0,
+            "sweep_interval_seconds": 5,
             "runtime": "  ",
             "tls_cert_path": "/etc/docker/certs",
         }))
@@ -527,6 +534,11 @@ mod tests {
             c.idle_ttl,
             Duration::from_secs(1),
             "a sweep needs a positive TTL"
+        );
+        assert_eq!(c.sweep_interval, Duration::from_secs(5));
+        assert_eq!(
+            DockerConfig::default().sweep_interval,
+            DEFAULT_SWEEP_INTERVAL
         );
         assert_eq!(c.runtime, None, "blank means the engine's default");
         assert_eq!(c.namespace, "default");

@@ -164,9 +164,12 @@ impl DockerProvider {
             NetworkMode::Bridge => Some(EgressGuard::new(docker.clone(), &config.namespace)?),
             NetworkMode::None => None,
         };
+        // A channel open past the idle TTL would keep an idle sandbox from the sweep.
+        let mut channel_config = ChannelConfig::default();
+        channel_config.idle_timeout = crate::channel::idle_timeout_for(config.idle_ttl);
         let channels = agent
             .is_some()
-            .then(|| Channels::new(docker.clone(), ChannelConfig::default()));
+            .then(|| Channels::new(docker.clone(), channel_config));
         Ok(Checked::new(DockerProvider {
             inner: Arc::new(Inner {
                 docker,
@@ -991,13 +994,16 @@ impl KeepAlive for DockerProvider {
 #[async_trait]
 impl ConnectProbe for DockerProvider {
     /// Connect already inspects the container (dead ⇒ terminal, missing ⇒ not_found) and resumes
-    /// a stopped one, so the probe is the connect itself.
+    /// a stopped one, so the probe is the connect itself. It starts the idle sweep as a connect
+    /// does: every request to a bound session comes through here, so without it a service
+    /// whose traffic goes to existing sessions only would never reclaim an abandoned one.
     ///
     /// In agent mode a container connected once before is probed by the channel's health call
     /// instead of an inspect ([`Channel::connected`]): the answer proves what the inspect
     /// would (it runs, unpaused; its labels were checked and cannot change). Anything short of
     /// an answer falls back to the full connect, which starts, unpauses or refuses it.
     async fn connect_session(&self, request: ConnectRequest) -> Result<SandboxHandle, Error> {
+        crate::sweeper::trigger(self);
         let channel = self.channel(request.sandbox_id.as_str());
         if let Some(channel) = &channel
             && let Some(handle) = channel.connected().await

@@ -12,12 +12,10 @@
 //! sandbox). That signal is the engine's own: code inside the sandbox cannot create Docker
 //! execs, so unlike the marker's mtime it cannot be forged from inside. Execs end — every
 //! command carries its timeout — and terminals, which are execs too, have their own idle
-//! disconnect, so a running exec holds a container only as long as someone's work does.
-//!
-//! In agent mode a command is a request the agent serves (it touches the marker) over the
-//! channel, whose relay is one exec per replica: running while a call is in flight, and for at
-//! most the channel's idle timeout after the last one. So the same rule holds there, and an
-//! agent-mode sandbox is reaped at most that timeout later than its TTL says.
+//! disconnect, so a running exec holds a container only as long as someone's work does. In
+//! agent mode the channel to the agent is an exec too, open while calls use it and closed
+//! within a quarter of the idle TTL after the last ([`crate::channel::idle_timeout_for`]): it
+//! holds a container a little past its work, never a whole TTL.
 //!
 //! Idleness (marker and execs) is checked again right before each delete, because an exec may
 //! have arrived while the sweep ran. The sweep only ever lists containers labelled with this

@@ -680,8 +680,10 @@ async fn live_work_keeps_its_sandbox_and_a_vanished_one_says_so() {
         .call("POST", "/v1/sessions/live/exec", r#"{"command":"true"}"#)
         .await;
     assert_eq!(status, 200);
-    // A command that runs for several idle TTLs, while the sweeper runs over and over.
-    let long = exec_in_background(&s, "live", "sleep 8; echo finished");
+    // A command that runs for several idle TTLs, while the sweeper runs over and over. It
+    // outlasts the four sweeps below by seconds: one that ran after it ended would rightly
+    // reap the then idle sandbox (a loaded machine delays the sweeps).
+    let long = exec_in_background(&s, "live", "sleep 12; echo finished");
     let mut config = sandbox_provider_docker::DockerConfig::new(
         sandbox_core::TemplateId::new(support::IMAGE).unwrap(),
         &s.namespace,

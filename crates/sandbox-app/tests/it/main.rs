@@ -6,6 +6,7 @@
 
 mod support;
 
+mod agent_idle_docker;
 mod cli_docker;
 mod doctor_docker;
 mod engine_fault_docker;

@@ -2,7 +2,10 @@
 //! Docker engine, as real processes: concurrent first execs of one session spread over both
 //! create exactly one container; distinct sessions get one container each; with Redis down the
 //! API answers 503 `store_unavailable` and neither creates nor deletes anything, and once
-//! Redis is back the same replicas serve again without being restarted.
+//! Redis is back the same replicas serve again without being restarted. In each data plane,
+//! the two replicas serve one session alternately, each answer checked whole (a token of its
+//! own, output spanning many frames, stderr and exit code): in agent mode each replica has a
+//! channel (an exec) of its own into the one sandbox, so neither can read the other's bytes.
 //!
 //! Needs the engine, the `sandbox-busybox:test` image and `redis-server`: ignored in a plain
 //! `cargo test`, run by `cargo xtask test`.
@@ -12,6 +15,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Test binary: a failed unwrap is a failed test.
 
 use crate::support;
+use support::agent_mode;
 use support::container_ids;
 use support::redis::RedisServer;
 use support::serve::{START_DEADLINE, Service, temp_dir};
@@ -40,6 +44,11 @@ impl Drop for Cluster {
 }
 
 async fn replicas(redis: &RedisServer, prefix: &str) -> Cluster {
+    replicas_with(redis, prefix, &[]).await
+}
+
+/// [`replicas`] with `mode` (the data plane's settings) on top.
+async fn replicas_with(redis: &RedisServer, prefix: &str, mode: &[(&str, &str)]) -> Cluster {
     let namespace = format!("{prefix}-{:08x}", fastrand::u32(..));
     let dir = temp_dir();
     let token_file = dir.join("dev-token");
@@ -55,6 +64,7 @@ async fn replicas(redis: &RedisServer, prefix: &str) -> Cluster {
         ("SANDBOX_QUOTA_MAX_SANDBOXES", "0"),
         ("SANDBOX_QUOTA_MAX_CONCURRENT_EXECS", "0"),
     ];
+    let env: Vec<(&str, &str)> = env.iter().chain(mode).copied().collect();
     let mut replicas = Vec::new();
     for n in 0..2 {
         let log = dir.join(format!("replica-{n}.log"));
@@ -226,4 +236,105 @@ async fn redis_down_fails_closed_and_the_replicas_recover_when_it_returns() {
     assert!(container_ids(&c.namespace).await.contains(&before[0]));
     remove_containers(&c.namespace);
     let _ = Path::new(&c._dir);
+}
+
+/// Execs per replica in the alternating test.
+const ALTERNATING_EXECS: usize = 100;
+/// Concurrent lanes in the alternating test; each alternates between the replicas.
+const ALTERNATING_LANES: usize = 4;
+/// Stdout of each alternating exec: many frames of the channel and of the envd stream.
+const ALTERNATING_STDOUT_BYTES: usize = 64 * 1024;
+
+/// What exec `token` prints on stdout: `token` and a newline, over and over, cut to the size.
+fn pattern(token: &str) -> String {
+    format!("{token}\n")
+        .repeat(ALTERNATING_STDOUT_BYTES / (token.len() + 1) + 1)
+        .chars()
+        .take(ALTERNATING_STDOUT_BYTES)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs a Docker engine, the sandbox-busybox:test image, redis-server and SANDBOX_AGENT_BIN: cargo xtask test runs it"]
+async fn two_replicas_serve_one_session_alternately_through_the_agent() {
+    alternate("trepl4", &agent_mode::env(), true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs a Docker engine, the sandbox-busybox:test image and redis-server: cargo xtask test runs it"]
+async fn two_replicas_serve_one_session_alternately_through_exec() {
+    alternate("trepl5", &agent_mode::exec_env(), false).await;
+}
+
+/// Two replicas serve one session alternately, [`ALTERNATING_EXECS`] execs each over
+/// [`ALTERNATING_LANES`] concurrent lanes; every answer is the one its own command gives.
+async fn alternate(prefix: &str, mode: &[(&'static str, String)], agent: bool) {
+    let redis = RedisServer::start();
+    let c = replicas_with(&redis, prefix, &agent_mode::borrowed(mode)).await;
+    let run = format!("{:08x}", fastrand::u32(..));
+    let per_lane = 2 * ALTERNATING_EXECS / ALTERNATING_LANES;
+    let lanes: Vec<_> = (0..ALTERNATING_LANES)
+        .map(|lane| {
+            let replicas = c.replicas.clone();
+            let run = run.clone();
+            tokio::spawn(async move {
+                let mut served = [0_usize; 2];
+                for i in 0..per_lane {
+                    // Lanes start on different replicas, so both serve at once too.
+                    let r = (lane + i) % 2;
+                    let token = format!("{run}-{lane}-{i}-r{r}");
+                    let code = 1 + (lane * per_lane + i) % 100;
+                    let body = serde_json::json!({
+                        "command": "sh",
+                        "args": [
+                            "-c",
+                            "yes \"$0\" | head -c $2; echo \"err-$0\" >&2; exit $1",
+                            token,
+                            code.to_string(),
+                            ALTERNATING_STDOUT_BYTES.to_string(),
+                        ],
+                    });
+                    let (status, out) = exec(&replicas[r], "shared", &body.to_string()).await;
+                    assert_eq!(status, 200, "{token}: {out}");
+                    let stdout = out["stdout"].as_str().unwrap_or_default();
+                    assert!(
+                        stdout == pattern(&token),
+                        "{token}: stdout of {} bytes is not its own (starts {:?})",
+                        stdout.len(),
+                        stdout.chars().take(80).collect::<String>()
+                    );
+                    assert_eq!(
+                        (out["stderr"].as_str(), out["exit_code"].as_u64()),
+                        (Some(format!("err-{token}\n").as_str()), Some(code as u64)),
+                        "{token}"
+                    );
+                    assert_ne!(out["truncated"], true, "{token}");
+                    served[r] += 1;
+                }
+                served
+            })
+        })
+        .collect();
+    let mut served = [0_usize; 2];
+    for lane in lanes {
+        let lane = lane.await.unwrap();
+        served[0] += lane[0];
+        served[1] += lane[1];
+    }
+    assert_eq!(
+        served,
+        [ALTERNATING_EXECS, ALTERNATING_EXECS],
+        "each replica answered its share, every answer its own"
+    );
+    let ids = container_ids(&c.namespace).await;
+    assert_eq!(ids.len(), 1, "one session, one sandbox: {ids:?}");
+    let relays = agent_mode::relay_pids(&ids[0]);
+    if agent {
+        // Each replica reached the sandbox through a channel of its own (never a shared one):
+        // two relay execs, both still open.
+        assert_eq!(relays.len(), 2, "one channel per replica: {relays:?}");
+    } else {
+        assert!(relays.is_empty(), "no channel in exec mode: {relays:?}");
+    }
+    remove_containers(&c.namespace);
 }

@@ -64,6 +64,8 @@ pub const VERSION_ANSWER_LIMIT: usize = 4 * 1024;
 
 /// A channel with no lease for this long is closed.
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// The channel of an idle TTL closes after at most this share of it ([`idle_timeout_for`]).
+pub const IDLE_TTL_SHARE: u32 = 4;
 /// A channel unused for this long is health-checked before its next lease.
 pub const DEFAULT_HEALTH_AFTER: Duration = Duration::from_secs(5);
 /// The health check's bound.
@@ -463,6 +465,18 @@ impl Channel {
     }
 }
 
+/// How long a channel of a sandbox with idle TTL `idle_ttl` stays open without a lease: the
+/// default, or a quarter of the TTL when that is shorter. An open channel is a running exec,
+/// which the idle sweep counts as work in progress (it keeps a container with a running exec,
+/// whatever its activity marker says), so a channel kept open past the TTL would hold an idle
+/// sandbox for as long again: closed after a fraction of the TTL, the sandbox is judged by
+/// its marker (which the agent touches on every request) soon after its last request. The
+/// provider passes its configured TTL (every sandbox `sandbox serve` creates has it); a sandbox
+/// created with a shorter TTL of its own is still held up to this timeout past it.
+pub fn idle_timeout_for(idle_ttl: Duration) -> Duration {
+    DEFAULT_IDLE_TIMEOUT.min(idle_ttl / IDLE_TTL_SHARE)
+}
+
 /// The version answer's fields the channel reads (others, such as `envd`, are ignored here).
 #[derive(Debug, serde::Deserialize)]
 struct AgentVersion {
@@ -576,6 +590,15 @@ mod tests {
             },
         );
         assert!(!errors::is_paused(&not_running));
+    }
+
+    #[test]
+    fn a_short_idle_ttl_closes_the_channel_within_a_share_of_it() {
+        let ttl = |s| Duration::from_secs(s);
+        assert_eq!(idle_timeout_for(ttl(1800)), DEFAULT_IDLE_TIMEOUT);
+        assert_eq!(idle_timeout_for(ttl(240)), DEFAULT_IDLE_TIMEOUT);
+        assert_eq!(idle_timeout_for(ttl(4)), ttl(1));
+        assert!(idle_timeout_for(ttl(1)) < ttl(1));
     }
 
     #[test]
