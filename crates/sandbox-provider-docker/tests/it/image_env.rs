@@ -13,7 +13,9 @@
 use std::collections::BTreeMap;
 
 use bollard::Docker;
-use bollard::query_parameters::{BuildImageOptionsBuilder, RemoveImageOptionsBuilder};
+use bollard::query_parameters::{
+    BuildImageOptionsBuilder, RemoveImageOptionsBuilder, StopContainerOptions,
+};
 use futures_util::StreamExt as _;
 use sandbox_core::{
     CreateRequest, ExecRequest, ListFilter, SandboxHandle, SandboxProvider, Snapshots, TemplateId,
@@ -154,10 +156,7 @@ async fn check(data_plane: DataPlane, tag: &str) {
 
     // A stopped sandbox that the next command starts again has the same environment.
     p.docker()
-        .stop_container(
-            h.id().as_str(),
-            None::<bollard::query_parameters::StopContainerOptions>,
-        )
+        .stop_container(h.id().as_str(), None::<StopContainerOptions>)
         .await
         .unwrap();
     assert_eq!(seen(&p, &h).await, expected, "after a restart");
