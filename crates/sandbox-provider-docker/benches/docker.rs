@@ -482,8 +482,14 @@ impl Bench<'_> {
     /// The adapter's create then first exec, in the data plane of `side`.
     async fn create_adapter(&mut self, side: Side, record: bool) -> Res<()> {
         let (provider, keys) = match side {
-            Side::Agent => (self.agent, ["a_agent", "a_agent_create", "a_agent_first_exec"]),
-            _ => (self.provider, ["a_ours", "a_ours_create", "a_ours_first_exec"]),
+            Side::Agent => (
+                self.agent,
+                ["a_agent", "a_agent_create", "a_agent_first_exec"],
+            ),
+            _ => (
+                self.provider,
+                ["a_ours", "a_ours_create", "a_ours_first_exec"],
+            ),
         };
         let what = side_name(side);
         let request = CreateRequest::new(TemplateId::new(IMAGE).map_err(|e| e.to_string())?);
@@ -956,7 +962,11 @@ fn report(measured: &Measured) {
         let ours = samples.get(&format!("{tag}_ours"));
         let agent = samples.get(&format!("{tag}_agent"));
         for (p, pname) in [(0.5, "p50"), (0.9, "p90")] {
-            let (r, o, a) = (percentile(raw, p), percentile(ours, p), percentile(agent, p));
+            let (r, o, a) = (
+                percentile(raw, p),
+                percentile(ours, p),
+                percentile(agent, p),
+            );
             let ratio = o / r;
             println!(
                 "{key} {pname}: raw {r:.2} ms, exec mode {o:.2} ms, ratio {ratio:.2} (goal <= {goal}: {}); \
@@ -1006,11 +1016,18 @@ fn report(measured: &Measured) {
     headline.push(format!("agent_channel_rtt_p90_ms={h90:.2}"));
 
     let raw_d = measured.bursts.get("d_raw");
-    for (side, name) in [("raw", "raw"), ("ours", "exec mode"), ("agent", "agent mode")] {
+    for (side, name) in [
+        ("raw", "raw"),
+        ("ours", "exec mode"),
+        ("agent", "agent mode"),
+    ] {
         let Some(b) = measured.bursts.get(format!("d_{side}").as_str()) else {
             continue;
         };
-        let (p50, p99) = (percentile(&b.latencies, 0.5), percentile(&b.latencies, 0.99));
+        let (p50, p99) = (
+            percentile(&b.latencies, 0.5),
+            percentile(&b.latencies, 0.99),
+        );
         let rate = b.execs_per_s();
         println!(
             "parallel {PARALLEL} execs, {name}: {} execs in {:.2} s of bursts, {rate:.1} execs/s; \
@@ -1032,7 +1049,9 @@ fn report(measured: &Measured) {
             headline.push(format!(
                 "parallel{PARALLEL}_{side}_throughput_ratio={throughput:.2}"
             ));
-            headline.push(format!("parallel{PARALLEL}_{side}_ratio_p50={ratio_p50:.3}"));
+            headline.push(format!(
+                "parallel{PARALLEL}_{side}_ratio_p50={ratio_p50:.3}"
+            ));
         }
     }
     for line in headline {
