@@ -87,7 +87,9 @@ async fn connect_full(
         &format!("tguard-{:08x}", fastrand::u32(..)),
     );
     config.enabled = true;
-    config.agent_path = Some(crate::support::agent_bin());
+    // The guard is judged before any engine call in either data plane; exec mode needs no
+    // agent binary, which this hermetic test does not have.
+    config.data_plane = sandbox_provider_docker::DataPlane::Exec;
     config.pull_policy = PullPolicy::Never;
     config.network = network;
     config.idle_sweep = false;
