@@ -23,7 +23,7 @@ use sandbox_core::{
 use sandbox_provider_docker::{DataPlane, DockerConfig, DockerProvider};
 
 use crate::channel::agent_binary;
-use crate::support::{IMAGE, config, namespace};
+use crate::support::{IMAGE, config, exec_config, namespace};
 
 /// What the image says; `SBX_LAYERED` and `SBX_COMMAND` are overridden above it. A value with
 /// a space and an `=`, so nothing splits it on the way.
@@ -126,9 +126,11 @@ async fn seen(p: &DockerProvider, h: &SandboxHandle) -> Vec<String> {
 /// One data plane's run: a create over the image, a restart and a restore.
 async fn check(data_plane: DataPlane, tag: &str) {
     let image = EnvImage::build().await;
-    let mut c: DockerConfig = config(&namespace(tag));
+    let mut c: DockerConfig = match data_plane {
+        DataPlane::Agent => config(&namespace(tag)),
+        DataPlane::Exec => exec_config(&namespace(tag)),
+    };
     if data_plane == DataPlane::Agent {
-        c.data_plane = DataPlane::Agent;
         c.agent_path = Some(agent_binary());
     }
     let p = DockerProvider::connect(c).await.unwrap();

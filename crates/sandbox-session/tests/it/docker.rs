@@ -27,6 +27,8 @@ const IMAGE: &str = "sandbox-busybox:test";
 async fn docker(namespace: &str) -> sandbox_core::Checked<DockerProvider> {
     let mut c = DockerConfig::new(TemplateId::new(IMAGE).unwrap(), namespace);
     c.enabled = true;
+    // The default data plane: the static agent the docker engine stage built.
+    c.agent_path = Some(sandbox_testkit::static_agent::agent_bin());
     c.pull_policy = PullPolicy::Never;
     c.network = NetworkMode::None;
     c.idle_sweep = false;
