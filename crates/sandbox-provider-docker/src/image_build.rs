@@ -100,11 +100,11 @@ impl DockerProvider {
             .networkmode("none")
             .labels(&labels)
             .build();
-        let mut steps = Vec::new();
+        let mut steps = StepImages::default();
         let built = self.run_build(image, busybox, options, context, progress, &mut steps);
         let outcome = built.await;
         if outcome.is_err() {
-            self.remove_step_images(&steps).await;
+            self.remove_step_images(&steps.committed).await;
         }
         outcome
     }
@@ -132,7 +132,7 @@ impl DockerProvider {
         options: bollard::query_parameters::BuildImageOptions,
         context: Vec<u8>,
         progress: &mut (dyn FnMut(&str) + Send),
-        steps: &mut Vec<String>,
+        steps: &mut StepImages,
     ) -> Result<(), Error> {
         let mut stream =
             self.docker()
@@ -167,9 +167,7 @@ impl DockerProvider {
             }
             for line in info.stream.iter().flat_map(|s| s.lines()) {
                 let line = plain(line);
-                if let Some(id) = step_image(&line) {
-                    steps.push(id.to_owned());
-                }
+                steps.see(&line);
                 if !line.is_empty() {
                     progress(&line);
                     last = line;
@@ -187,7 +185,28 @@ impl DockerProvider {
     }
 }
 
-/// The image a legacy build step committed (` ---> 3f1c2d4e5a6b`), if the line names one.
+/// The images this build's steps committed, read from the legacy builder's output. A step the
+/// cache answered (` ---> Using cache` before its id) committed nothing: its image belongs to an
+/// earlier build, perhaps one a healthy image still layers on, so it is not this build's to remove.
+#[derive(Default)]
+struct StepImages {
+    committed: Vec<String>,
+    cached: bool,
+}
+
+impl StepImages {
+    fn see(&mut self, line: &str) {
+        if line.trim() == "---> Using cache" {
+            self.cached = true;
+        } else if let Some(id) = step_image(line) {
+            if !std::mem::take(&mut self.cached) {
+                self.committed.push(id.to_owned());
+            }
+        }
+    }
+}
+
+/// The image a legacy build step produced (` ---> 3f1c2d4e5a6b`), if the line names one.
 fn step_image(line: &str) -> Option<&str> {
     let id = line.trim().strip_prefix("---> ")?;
     (id.len() >= 12 && id.bytes().all(|b| b.is_ascii_hexdigit())).then_some(id)
@@ -243,6 +262,24 @@ mod tests {
         assert_eq!(step_image(" ---> Using cache"), None);
         assert_eq!(step_image("Step 2/3 : COPY busybox /bin/busybox"), None);
         assert_eq!(step_image(" ---> abc"), None);
+    }
+
+    #[test]
+    fn a_step_the_cache_answered_committed_nothing() {
+        let mut steps = StepImages::default();
+        for line in [
+            "Step 1/4 : FROM scratch",
+            " ---> ",
+            "Step 2/4 : COPY busybox /bin/busybox",
+            " ---> Using cache",
+            " ---> 72dadbecdb1a",
+            "Step 3/4 : RUN [\"/bin/busybox\", \"--install\", \"-s\", \"/bin\"]",
+            " ---> Running in 73d2a8b97590",
+            " ---> 3f1c2d4e5a6b",
+        ] {
+            steps.see(line);
+        }
+        assert_eq!(steps.committed, ["3f1c2d4e5a6b"]);
     }
 
     #[test]

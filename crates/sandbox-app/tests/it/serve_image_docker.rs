@@ -187,11 +187,20 @@ async fn a_missing_busybox_fails_the_start_naming_the_package() {
 #[ignore = "needs a Docker engine: cargo xtask test runs it"]
 async fn a_dynamically_linked_busybox_fails_the_start_naming_the_package() {
     // Any dynamically linked program stands in for Debian's non-static `busybox` package: in a
-    // `FROM scratch` image it has no loader, so the build's RUN step fails.
-    let text = start_fails_naming_the_package("dynamic-busybox", "/bin/ls").await;
+    // `FROM scratch` image it has no loader, so the build's RUN step fails. A few random bytes
+    // after the ELF make this run's COPY layer its own: a cache hit from an earlier build would
+    // commit nothing, and this case is about what a failed build commits.
+    let dir = temp_dir();
+    let busybox = dir.join("busybox");
+    let mut binary = std::fs::read("/bin/ls").unwrap();
+    binary.extend(fastrand::u64(..).to_le_bytes());
+    std::fs::write(&busybox, binary).unwrap();
+    let text = start_fails_naming_the_package("dynamic-busybox", busybox.to_str().unwrap()).await;
+    let _ = std::fs::remove_dir_all(&dir);
     assert!(text.contains("must be statically linked"), "{text}");
     // The COPY step committed an image before RUN failed, and it was removed (checked above).
     assert!(!step_images(&text).is_empty(), "no step image in:\n{text}");
+    assert!(!text.contains("Using cache"), "the COPY step ran:\n{text}");
 }
 
 /// The images the build steps committed, from the build output in the log (` ---> <id>`).
