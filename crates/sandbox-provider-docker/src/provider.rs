@@ -37,7 +37,9 @@ use crate::{files, isolation, labels, snapshots};
 /// Capabilities linux containers on a Docker engine give: everything but `timeout_refresh` (the
 /// daemon has no TTL to refresh; idle reclamation is the adapter's own sweep), `volumes` (not
 /// mapped onto named volumes yet: advertising it would let a tenant configure mounts that never
-/// appear) and `desktop` (no gateway to the container's websockify port yet).
+/// appear), `desktop` (no gateway to the container's websockify port yet), and `processes`,
+/// `streamed_files` and `watch` (issue 17: the exec fallback cannot serve them honestly, and
+/// the agent plane, which can, does not implement them yet).
 pub fn docker_capabilities() -> Capabilities {
     Capabilities::from_slice(&[
         Capability::Reconnect,
@@ -1025,13 +1027,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn declares_every_capability_but_timeout_refresh_volumes_desktop() {
+    fn declares_every_capability_but_timeout_refresh_volumes_desktop_and_issue_17s() {
         let expected = Capability::ALL
             .into_iter()
             .filter(|c| {
                 !matches!(
                     c,
-                    Capability::TimeoutRefresh | Capability::Volumes | Capability::Desktop
+                    Capability::TimeoutRefresh
+                        | Capability::Volumes
+                        | Capability::Desktop
+                        | Capability::Processes
+                        | Capability::StreamedFiles
+                        | Capability::Watch
                 )
             })
             .fold(Capabilities::NONE, |set, c| set.with(c, true));

@@ -38,16 +38,27 @@ fn data_plane() -> Result<(DataPlane, Option<std::path::PathBuf>), String> {
 }
 
 /// The capability set this adapter must declare, written out here rather than read from the
-/// adapter: every flag except `timeout_refresh`, `volumes` and `desktop`. Cases are registered
-/// from this set, so an adapter declaring less fails `declared_capabilities_match` instead of
-/// quietly dropping cases.
+/// adapter: every flag except `timeout_refresh`, `volumes`, `desktop`, and issue 17's
+/// `processes`, `streamed_files` and `watch`. Cases are registered from this set, so an adapter
+/// declaring less fails `declared_capabilities_match` instead of quietly dropping cases.
+///
+/// The three issue-17 capabilities are pinned as not applicable on both data planes for now:
+/// the exec fallback cannot honestly serve them (a background process there would be a
+/// `docker exec` whose output nobody keeps once the call that started it ends, and there is no
+/// event stream for a watch), and the agent plane does not implement them yet. When it does,
+/// only the agent plane's set gains them; the exec plane's stays as it is.
 fn required() -> Capabilities {
     Capability::ALL
         .into_iter()
         .filter(|c| {
             !matches!(
                 c,
-                Capability::TimeoutRefresh | Capability::Volumes | Capability::Desktop
+                Capability::TimeoutRefresh
+                    | Capability::Volumes
+                    | Capability::Desktop
+                    | Capability::Processes
+                    | Capability::StreamedFiles
+                    | Capability::Watch
             )
         })
         .fold(Capabilities::NONE, |set, c| set.with(c, true))

@@ -85,16 +85,23 @@ pub fn classify(err: &Error) -> (StatusCode, &'static str) {
             | ErrorCode::SecurityViolation
             | ErrorCode::ImageNotPresent
             | ErrorCode::NotARegularFile
-            | ErrorCode::FileTooLarge => StatusCode::BAD_REQUEST,
+            | ErrorCode::FileTooLarge
+            | ErrorCode::InvalidSignal
+            | ErrorCode::InvalidOffset
+            | ErrorCode::NotADirectory => StatusCode::BAD_REQUEST,
             ErrorCode::SessionDeleted
             | ErrorCode::NoLiveSandbox
             | ErrorCode::SnapshotNotFound
-            | ErrorCode::SandboxGone => StatusCode::NOT_FOUND,
-            ErrorCode::QuotaExceeded => StatusCode::TOO_MANY_REQUESTS,
+            | ErrorCode::SandboxGone
+            | ErrorCode::ProcessNotFound => StatusCode::NOT_FOUND,
+            ErrorCode::QuotaExceeded | ErrorCode::WatchOverflow => StatusCode::TOO_MANY_REQUESTS,
             ErrorCode::SandboxPaused
             | ErrorCode::SessionRewindLocked
             | ErrorCode::SessionTurnActive
-            | ErrorCode::SessionWorkActive => StatusCode::CONFLICT,
+            | ErrorCode::SessionWorkActive
+            | ErrorCode::ProcessExited
+            | ErrorCode::StdinClosed
+            | ErrorCode::ProcessTagInUse => StatusCode::CONFLICT,
             ErrorCode::TerminalUnsupported | ErrorCode::DesktopUnsupported => {
                 StatusCode::NOT_IMPLEMENTED
             }
@@ -240,6 +247,24 @@ mod tests {
             StatusCode::SERVICE_UNAVAILABLE,
             "backend_disabled",
         );
+        // The background-process and watch codes (issue 17): each has its own status, never
+        // the catch-all 500.
+        for (code, status) in [
+            (ErrorCode::ProcessNotFound, StatusCode::NOT_FOUND),
+            (ErrorCode::ProcessExited, StatusCode::CONFLICT),
+            (ErrorCode::StdinClosed, StatusCode::CONFLICT),
+            (ErrorCode::ProcessTagInUse, StatusCode::CONFLICT),
+            (ErrorCode::InvalidSignal, StatusCode::BAD_REQUEST),
+            (ErrorCode::InvalidOffset, StatusCode::BAD_REQUEST),
+            (ErrorCode::NotADirectory, StatusCode::BAD_REQUEST),
+            (ErrorCode::WatchOverflow, StatusCode::TOO_MANY_REQUESTS),
+        ] {
+            check(
+                Error::conflict(Operation::ATTACH_PROCESS, "x").with_code(code),
+                status,
+                code.as_str(),
+            );
+        }
         check(
             Error::not_found(Operation::READ_FILE, "x"),
             StatusCode::NOT_FOUND,

@@ -310,16 +310,23 @@ pub fn status_and_code(error: &Error) -> (StatusCode, &'static str) {
             | ErrorCode::SecurityViolation
             | ErrorCode::ImageNotPresent
             | ErrorCode::NotARegularFile
-            | ErrorCode::FileTooLarge => StatusCode::BAD_REQUEST,
+            | ErrorCode::FileTooLarge
+            | ErrorCode::InvalidSignal
+            | ErrorCode::InvalidOffset
+            | ErrorCode::NotADirectory => StatusCode::BAD_REQUEST,
             ErrorCode::SessionDeleted
             | ErrorCode::NoLiveSandbox
             | ErrorCode::SnapshotNotFound
-            | ErrorCode::SandboxGone => StatusCode::NOT_FOUND,
-            ErrorCode::QuotaExceeded => StatusCode::TOO_MANY_REQUESTS,
+            | ErrorCode::SandboxGone
+            | ErrorCode::ProcessNotFound => StatusCode::NOT_FOUND,
+            ErrorCode::QuotaExceeded | ErrorCode::WatchOverflow => StatusCode::TOO_MANY_REQUESTS,
             ErrorCode::SandboxPaused
             | ErrorCode::SessionRewindLocked
             | ErrorCode::SessionTurnActive
-            | ErrorCode::SessionWorkActive => StatusCode::CONFLICT,
+            | ErrorCode::SessionWorkActive
+            | ErrorCode::ProcessExited
+            | ErrorCode::StdinClosed
+            | ErrorCode::ProcessTagInUse => StatusCode::CONFLICT,
             ErrorCode::TerminalUnsupported | ErrorCode::DesktopUnsupported => {
                 StatusCode::NOT_IMPLEMENTED
             }
