@@ -23,8 +23,10 @@
 //!   reattaching terminal need not make a second call (during which the ring would move on);
 //! - an offset past what was produced is `invalid_request` with code `invalid_offset`.
 //!
-//! A slow reader is never a queue: it reads the ring at its own cursor, and when the ring moves
-//! past the cursor it gets a [`ProcessEvent::Gap`] too.
+//! A slow reader is never an unbounded queue: an adapter either holds the process's output
+//! back until the reader catches up (back-pressure on the process, as the agent does), or lets
+//! the ring move past the reader's cursor, who then gets a [`ProcessEvent::Gap`] too (as the
+//! fake does). Either way the memory an attach costs is the ring's.
 
 use std::collections::BTreeMap;
 use std::fmt;
