@@ -99,6 +99,34 @@ pub trait ProviderHooks: Send + Sync + fmt::Debug {
     async fn delete_snapshot(&self, next: &dyn Snapshots, id: &SnapshotId) -> Result<(), Error> {
         next.delete_snapshot(id).await
     }
+    async fn attach_process(
+        &self,
+        next: &dyn Processes,
+        sandbox: &SandboxHandle,
+        target: &ProcessSelector,
+        from: Option<u64>,
+    ) -> Result<ProcessStream, Error> {
+        next.attach_process(sandbox, target, from).await
+    }
+    async fn write_stream(
+        &self,
+        next: &dyn StreamedFiles,
+        sandbox: &SandboxHandle,
+        path: &SandboxPath,
+        source: ReadStream,
+        max_bytes: u64,
+    ) -> Result<u64, Error> {
+        next.write_stream(sandbox, path, source, max_bytes).await
+    }
+    async fn watch_dir(
+        &self,
+        next: &dyn Watch,
+        sandbox: &SandboxHandle,
+        dir: &SandboxPath,
+        recursive: bool,
+    ) -> Result<WatchStream, Error> {
+        next.watch_dir(sandbox, dir, recursive).await
+    }
 }
 
 /// A provider double: `inner` with `hooks` applied.
@@ -373,7 +401,7 @@ impl<H: ProviderHooks> Processes for Forward<H> {
     ) -> Result<ProcessStream, Error> {
         let next = self.inner.as_processes();
         let next = next.ok_or_else(|| self.missing(Operation::ATTACH_PROCESS))?;
-        next.attach_process(sandbox, target, from).await
+        self.hooks.attach_process(next, sandbox, target, from).await
     }
     async fn send_input(
         &self,
@@ -428,7 +456,9 @@ impl<H: ProviderHooks> StreamedFiles for Forward<H> {
     ) -> Result<u64, Error> {
         let next = self.inner.as_streamed_files();
         let next = next.ok_or_else(|| self.missing(Operation::WRITE_FILE_STREAM))?;
-        next.write_stream(sandbox, path, source, max_bytes).await
+        self.hooks
+            .write_stream(next, sandbox, path, source, max_bytes)
+            .await
     }
     async fn rename_path(
         &self,
@@ -453,7 +483,7 @@ impl<H: ProviderHooks> Watch for Forward<H> {
     ) -> Result<WatchStream, Error> {
         let next = self.inner.as_watch();
         let next = next.ok_or_else(|| self.missing(Operation::WATCH_DIR))?;
-        next.watch_dir(sandbox, dir, recursive).await
+        self.hooks.watch_dir(next, sandbox, dir, recursive).await
     }
 }
 
