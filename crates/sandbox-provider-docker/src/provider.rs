@@ -21,7 +21,8 @@ use sandbox_core::{
     Error, ErrorCode, ErrorKind, ExecRequest, ExecResult, IdleTimeout, KeepAlive, ListFilter,
     NetworkField, NetworkFields, Operation, Provider, ReadStream, SandboxHandle, SandboxId,
     SandboxPath, SandboxProvider, SandboxState, SandboxSummary, Snapshots, StatEntry,
-    TemplateCatalog, TemplateId, Terminals, TimeoutAction, TreeLimits, TreeListing, owner_metadata,
+    StreamedFiles, TemplateCatalog, TemplateId, Terminals, TimeoutAction, TreeLimits, TreeListing,
+    owner_metadata,
 };
 
 use crate::agent::{self, AgentBinary};
@@ -54,6 +55,17 @@ pub fn docker_capabilities() -> Capabilities {
         Capability::Pty,
         Capability::PosixShell,
     ])
+}
+
+/// The capabilities of one data plane: [`docker_capabilities`], plus `streamed_files` on the
+/// agent plane, whose channel streams files both ways. (`processes` and `watch` the agent
+/// serves too, but the adapter does not map them yet: issue 17's next step.)
+pub fn docker_capabilities_for(plane: DataPlane) -> Capabilities {
+    let base = docker_capabilities();
+    match plane {
+        DataPlane::Exec => base,
+        DataPlane::Agent => base.with(Capability::StreamedFiles, true),
+    }
 }
 
 /// The network-policy fields this backend enforces: only the internet switch (off: no network at
@@ -571,7 +583,7 @@ impl SandboxProvider for DockerProvider {
     }
 
     fn capabilities(&self) -> Capabilities {
-        docker_capabilities()
+        docker_capabilities_for(self.data_plane())
     }
 
     fn network_fields(&self) -> NetworkFields {
@@ -969,6 +981,56 @@ impl SandboxProvider for DockerProvider {
     fn as_connect_probe(&self) -> Option<&dyn ConnectProbe> {
         Some(self)
     }
+    fn as_streamed_files(&self) -> Option<&dyn StreamedFiles> {
+        (self.data_plane() == DataPlane::Agent).then_some(self as &dyn StreamedFiles)
+    }
+}
+
+/// Streamed files over the agent's channel (agent plane only; see [`docker_capabilities_for`]).
+#[async_trait]
+impl StreamedFiles for DockerProvider {
+    async fn read_stream(
+        &self,
+        sandbox: &SandboxHandle,
+        path: &SandboxPath,
+        max_bytes: u64,
+    ) -> Result<ReadStream, Error> {
+        let channel = self.agent_channel(sandbox, Operation::READ_FILE_STREAM)?;
+        let stream =
+            agent::files::read_stream(&channel, path, max_bytes, files::STREAM_TIMEOUT).await?;
+        Ok(Box::new(stream))
+    }
+
+    async fn write_stream(
+        &self,
+        sandbox: &SandboxHandle,
+        path: &SandboxPath,
+        source: ReadStream,
+        max_bytes: u64,
+    ) -> Result<u64, Error> {
+        let channel = self.agent_channel(sandbox, Operation::WRITE_FILE_STREAM)?;
+        agent::files::write_stream(&channel, path, source, max_bytes).await
+    }
+
+    async fn rename_path(
+        &self,
+        sandbox: &SandboxHandle,
+        from: &SandboxPath,
+        to: &SandboxPath,
+    ) -> Result<(), Error> {
+        let channel = self.agent_channel(sandbox, Operation::RENAME_PATH)?;
+        agent::files::rename(&channel, from, to).await
+    }
+}
+
+impl DockerProvider {
+    /// The sandbox's agent channel, for the capabilities only the agent plane serves.
+    fn agent_channel(&self, sandbox: &SandboxHandle, op: Operation) -> Result<Arc<Channel>, Error> {
+        self.channel(sandbox.id().as_str()).ok_or_else(|| {
+            Error::unsupported(op, "this capability needs the agent data plane")
+                .with_provider(Provider::Docker)
+        })
+    }
 }
 
 #[async_trait]
@@ -1043,6 +1105,12 @@ mod tests {
             })
             .fold(Capabilities::NONE, |set, c| set.with(c, true));
         assert_eq!(docker_capabilities(), expected);
+        assert_eq!(docker_capabilities_for(DataPlane::Exec), expected);
+        // The agent plane streams files; nothing else differs.
+        assert_eq!(
+            docker_capabilities_for(DataPlane::Agent),
+            expected.with(Capability::StreamedFiles, true)
+        );
     }
 
     #[test]

@@ -37,18 +37,19 @@ fn data_plane() -> Result<(DataPlane, Option<std::path::PathBuf>), String> {
     Ok((plane, agent))
 }
 
-/// The capability set this adapter must declare, written out here rather than read from the
-/// adapter: every flag except `timeout_refresh`, `volumes`, `desktop`, and issue 17's
-/// `processes`, `streamed_files` and `watch`. Cases are registered from this set, so an adapter
-/// declaring less fails `declared_capabilities_match` instead of quietly dropping cases.
+/// The capability set this adapter must declare on `plane`, written out here rather than read
+/// from the adapter: every flag except `timeout_refresh`, `volumes`, `desktop`, and issue 17's
+/// `processes`, `streamed_files` and `watch`; the agent plane adds `streamed_files`. Cases are
+/// registered from this set, so an adapter declaring less fails `declared_capabilities_match`
+/// instead of quietly dropping cases.
 ///
-/// The three issue-17 capabilities are pinned as not applicable on both data planes for now:
-/// the exec fallback cannot honestly serve them (a background process there would be a
-/// `docker exec` whose output nobody keeps once the call that started it ends, and there is no
-/// event stream for a watch), and the agent plane does not implement them yet. When it does,
-/// only the agent plane's set gains them; the exec plane's stays as it is.
-fn required() -> Capabilities {
-    Capability::ALL
+/// The exec fallback is pinned without the three issue-17 capabilities: it cannot honestly
+/// serve them (a background process there would be a `docker exec` whose output nobody keeps
+/// once the call that started it ends, there is no event stream for a watch, and its writes
+/// are whole buffers). The agent plane serves streamed files; `processes` and `watch` it gains
+/// when the adapter maps them.
+fn required(plane: DataPlane) -> Capabilities {
+    let base = Capability::ALL
         .into_iter()
         .filter(|c| {
             !matches!(
@@ -61,13 +62,25 @@ fn required() -> Capabilities {
                     | Capability::Watch
             )
         })
-        .fold(Capabilities::NONE, |set, c| set.with(c, true))
+        .fold(Capabilities::NONE, |set, c| set.with(c, true));
+    match plane {
+        DataPlane::Exec => base,
+        DataPlane::Agent => base.with(Capability::StreamedFiles, true),
+    }
+}
+
+/// The plane the pinned set is for: the selected one (a bad selection fails in the factory).
+fn pinned_plane() -> DataPlane {
+    std::env::var("SANDBOX_DOCKER_DATA_PLANE")
+        .ok()
+        .and_then(|raw| DataPlane::parse(&raw).ok())
+        .unwrap_or(DataPlane::Exec)
 }
 
 fn main() -> ExitCode {
     run_main_when_selected(
         "docker",
-        required(),
+        required(pinned_plane()),
         Arc::new(|namespace: String| {
             Box::pin(async move {
                 let image = TemplateId::new(TEST_IMAGE).map_err(|e| e.to_string())?;
@@ -78,6 +91,7 @@ fn main() -> ExitCode {
                 config.network = NetworkMode::None;
                 config.idle_sweep = false;
                 (config.data_plane, config.agent_path) = data_plane()?;
+                let declared = required(config.data_plane);
                 config
                     .extra_labels
                     .insert("sandbox.test".to_owned(), "1".to_owned());
@@ -87,7 +101,7 @@ fn main() -> ExitCode {
                 Ok(Target {
                     provider: Arc::new(provider),
                     template: image,
-                    declared: required(),
+                    declared,
                 })
             })
         }),

@@ -123,6 +123,134 @@ pub(crate) async fn write(
     Ok(())
 }
 
+/// A streamed write (`StreamedFiles::write_stream`): the caller's source is uploaded, as it is
+/// pulled, to a hidden sibling of the target, which is renamed over the target once the source
+/// ended cleanly within `max_bytes`. So a reader of the target sees the old file or the new one,
+/// never a part; a failed upload removes the sibling. (A call dropped mid-upload can leave the
+/// sibling, `.<name>.sandbox-upload-<random>`, behind; never a partial target.)
+pub(crate) async fn write_stream(
+    channel: &Arc<Channel>,
+    path: &SandboxPath,
+    mut source: sandbox_core::ReadStream,
+    max_bytes: u64,
+) -> Result<u64, Error> {
+    let op = Operation::WRITE_FILE_STREAM;
+    check_path(op, path)?;
+    let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(Error::invalid_request(op, "/: is a directory").with_provider(Provider::Docker));
+    };
+    let staging = parent
+        .join(&format!(
+            ".{name}.sandbox-upload-{:016x}",
+            fastrand::u64(..)
+        ))
+        .map_err(|e| e.with_operation(op).with_provider(Provider::Docker))?;
+    let lease = lease(channel, op).await?;
+    let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<Bytes>>(UPLOAD_QUEUE);
+    let body = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|chunk| (chunk, rx))
+    });
+    let upload = lease.client().upload_stream(
+        staging.as_str(),
+        body,
+        max_bytes,
+        CallOptions::new().timeout(crate::files::STREAM_TIMEOUT),
+    );
+    // The source's own failure, kept as the caller's error (the upload only sees its text).
+    let source_failure: std::sync::Mutex<Option<Error>> = std::sync::Mutex::new(None);
+    let sent = std::sync::atomic::AtomicU64::new(0);
+    let feed = async {
+        while let Some(chunk) = source.next_chunk().await {
+            match chunk {
+                Ok(bytes) => {
+                    sent.fetch_add(bytes.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                    // A closed queue means the upload ended early; its result says why.
+                    if tx.send(Ok(Bytes::from(bytes))).await.is_err() {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    let text = e.to_string();
+                    if let Ok(mut slot) = source_failure.lock() {
+                        *slot = Some(e);
+                    }
+                    let _ = tx.send(Err(std::io::Error::other(text))).await;
+                    return;
+                }
+            }
+        }
+        // Dropping the sender ends the body.
+        drop(tx);
+    };
+    tokio::pin!(upload, feed);
+    let mut fed = false;
+    let uploaded = loop {
+        tokio::select! {
+            result = &mut upload => break result,
+            () = &mut feed, if !fed => fed = true,
+        }
+    };
+    let failure = source_failure.lock().ok().and_then(|mut f| f.take());
+    let outcome = match (uploaded, failure) {
+        (_, Some(cause)) => Err(cause.with_operation(op)),
+        (Err(e), None) => Err(classify(op, e)),
+        (Ok(_), None) => lease
+            .client()
+            .rename(staging.as_str(), path.as_str(), options())
+            .await
+            .map(drop)
+            .map_err(|e| classify(op, e)),
+    };
+    if outcome.is_err() {
+        // Best effort: the sibling is hidden and never the target, so a failed removal leaves
+        // litter, not a wrong file.
+        let _ = lease.client().remove(staging.as_str(), options()).await;
+    }
+    outcome?;
+    Ok(sent.load(std::sync::atomic::Ordering::Relaxed))
+}
+
+/// A rename (`StreamedFiles::rename_path`), with the port's rules checked before the agent's
+/// `Move` (a plain `rename(2)`): `/`, a target inside the source and an existing directory as
+/// the target are `invalid_path`; a missing source is `not_found`.
+pub(crate) async fn rename(
+    channel: &Arc<Channel>,
+    from: &SandboxPath,
+    to: &SandboxPath,
+) -> Result<(), Error> {
+    let op = Operation::RENAME_PATH;
+    check_path(op, from)?;
+    check_path(op, to)?;
+    let invalid = |why: String| {
+        Error::invalid_request(op, why)
+            .with_code(ErrorCode::InvalidPath)
+            .with_provider(Provider::Docker)
+    };
+    if from.is_root() || to.is_root() {
+        return Err(invalid(
+            "/ cannot be renamed, nor be a rename's target".to_owned(),
+        ));
+    }
+    if to.is_strictly_under(from) {
+        return Err(invalid(format!("{to} is inside {from}")));
+    }
+    match stat(channel, to).await {
+        Ok(entry) if entry.kind == EntryKind::Dir && from != to => {
+            return Err(invalid(format!("{to} is an existing directory")));
+        }
+        Ok(_) => {}
+        Err(e) if e.kind() == ErrorKind::NotFound => {}
+        Err(e) => return Err(e.with_operation(op)),
+    }
+    let lease = lease(channel, op).await?;
+    lease
+        .client()
+        .rename(from.as_str(), to.as_str(), options())
+        .await
+        .map(drop)
+        .map_err(|e| classify(op, e))
+}
+
 /// A file's bytes as the agent sends them, pulled chunk by chunk; holds its lease on the
 /// channel for as long as it lives.
 pub(crate) struct AgentFileStream {
