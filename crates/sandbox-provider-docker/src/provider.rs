@@ -22,7 +22,7 @@ use sandbox_core::{
     NetworkField, NetworkFields, Operation, Provider, ReadStream, SandboxHandle, SandboxId,
     SandboxPath, SandboxProvider, SandboxState, SandboxSummary, Snapshots, StatEntry,
     StreamedFiles, TemplateCatalog, TemplateId, Terminals, TimeoutAction, TreeLimits, TreeListing,
-    owner_metadata,
+    Watch, WatchStream, owner_metadata,
 };
 
 use crate::agent::{self, AgentBinary};
@@ -57,14 +57,17 @@ pub fn docker_capabilities() -> Capabilities {
     ])
 }
 
-/// The capabilities of one data plane: [`docker_capabilities`], plus `streamed_files` on the
-/// agent plane, whose channel streams files both ways. (`processes` and `watch` the agent
-/// serves too, but the adapter does not map them yet: issue 17's next step.)
+/// The capabilities of one data plane: [`docker_capabilities`], plus `streamed_files` and
+/// `watch` on the agent plane, whose channel streams files both ways and carries the agent's
+/// inotify watches. (`processes` the agent serves too, but the adapter does not map it yet:
+/// issue 17's next step.)
 pub fn docker_capabilities_for(plane: DataPlane) -> Capabilities {
     let base = docker_capabilities();
     match plane {
         DataPlane::Exec => base,
-        DataPlane::Agent => base.with(Capability::StreamedFiles, true),
+        DataPlane::Agent => base
+            .with(Capability::StreamedFiles, true)
+            .with(Capability::Watch, true),
     }
 }
 
@@ -984,6 +987,24 @@ impl SandboxProvider for DockerProvider {
     fn as_streamed_files(&self) -> Option<&dyn StreamedFiles> {
         (self.data_plane() == DataPlane::Agent).then_some(self as &dyn StreamedFiles)
     }
+    fn as_watch(&self) -> Option<&dyn Watch> {
+        (self.data_plane() == DataPlane::Agent).then_some(self as &dyn Watch)
+    }
+}
+
+/// Directory watches over the agent's channel (agent plane only).
+#[async_trait]
+impl Watch for DockerProvider {
+    async fn watch_dir(
+        &self,
+        sandbox: &SandboxHandle,
+        dir: &SandboxPath,
+        recursive: bool,
+    ) -> Result<WatchStream, Error> {
+        let channel = self.agent_channel(sandbox, Operation::WATCH_DIR)?;
+        let watch = agent::files::watch_dir(&channel, dir, recursive).await?;
+        Ok(Box::new(watch))
+    }
 }
 
 /// Streamed files over the agent's channel (agent plane only; see [`docker_capabilities_for`]).
@@ -1106,10 +1127,12 @@ mod tests {
             .fold(Capabilities::NONE, |set, c| set.with(c, true));
         assert_eq!(docker_capabilities(), expected);
         assert_eq!(docker_capabilities_for(DataPlane::Exec), expected);
-        // The agent plane streams files; nothing else differs.
+        // The agent plane streams files and watches directories; nothing else differs.
         assert_eq!(
             docker_capabilities_for(DataPlane::Agent),
-            expected.with(Capability::StreamedFiles, true)
+            expected
+                .with(Capability::StreamedFiles, true)
+                .with(Capability::Watch, true)
         );
     }
 

@@ -39,15 +39,15 @@ fn data_plane() -> Result<(DataPlane, Option<std::path::PathBuf>), String> {
 
 /// The capability set this adapter must declare on `plane`, written out here rather than read
 /// from the adapter: every flag except `timeout_refresh`, `volumes`, `desktop`, and issue 17's
-/// `processes`, `streamed_files` and `watch`; the agent plane adds `streamed_files`. Cases are
+/// `processes`, `streamed_files` and `watch`; the agent plane adds `streamed_files` and `watch`. Cases are
 /// registered from this set, so an adapter declaring less fails `declared_capabilities_match`
 /// instead of quietly dropping cases.
 ///
 /// The exec fallback is pinned without the three issue-17 capabilities: it cannot honestly
 /// serve them (a background process there would be a `docker exec` whose output nobody keeps
 /// once the call that started it ends, there is no event stream for a watch, and its writes
-/// are whole buffers). The agent plane serves streamed files; `processes` and `watch` it gains
-/// when the adapter maps them.
+/// are whole buffers). The agent plane serves streamed files and watches; `processes` it gains
+/// when the adapter maps it.
 fn required(plane: DataPlane) -> Capabilities {
     let base = Capability::ALL
         .into_iter()
@@ -65,7 +65,9 @@ fn required(plane: DataPlane) -> Capabilities {
         .fold(Capabilities::NONE, |set, c| set.with(c, true));
     match plane {
         DataPlane::Exec => base,
-        DataPlane::Agent => base.with(Capability::StreamedFiles, true),
+        DataPlane::Agent => base
+            .with(Capability::StreamedFiles, true)
+            .with(Capability::Watch, true),
     }
 }
 

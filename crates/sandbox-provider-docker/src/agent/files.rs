@@ -251,6 +251,165 @@ pub(crate) async fn rename(
         .map_err(|e| classify(op, e))
 }
 
+/// How long the agent may take to arm a watch (its `start` event).
+const WATCH_ARM_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A directory watch (`Watch::watch_dir`) over the agent's `Filesystem/WatchDir` stream. The
+/// path is judged first (a missing one is `not_found`, anything but a directory
+/// `not_a_directory`), and the call returns only once the agent's `start` event said the
+/// watch is armed. The stream is pulled by the caller, so the agent's bounded queue (and
+/// inotify's) is the only buffer; an inotify overflow ends it with `watch_overflow`. It holds
+/// its lease on the channel for as long as it lives.
+pub(crate) async fn watch_dir(
+    channel: &Arc<Channel>,
+    dir: &SandboxPath,
+    recursive: bool,
+) -> Result<AgentWatch, Error> {
+    use sandbox_envd::filesystem::watch_dir_response::Event;
+    let op = Operation::WATCH_DIR;
+    check_path(op, dir)?;
+    let entry = stat(channel, dir).await.map_err(|e| e.with_operation(op))?;
+    if entry.kind != EntryKind::Dir {
+        return Err(
+            Error::invalid_request(op, format!("{dir}: not a directory"))
+                .with_code(ErrorCode::NotADirectory)
+                .with_provider(Provider::Docker),
+        );
+    }
+    let lease = lease(channel, op).await?;
+    let request = sandbox_envd::filesystem::WatchDirRequest {
+        path: dir.as_str().to_owned(),
+        recursive,
+        ..Default::default()
+    };
+    let mut stream = lease
+        .client()
+        .watch_dir(&request, CallOptions::new().no_timeout())
+        .await
+        .map_err(|e| classify(op, e))?;
+    let first = tokio::time::timeout(WATCH_ARM_TIMEOUT, stream.message())
+        .await
+        .map_err(|_| {
+            Error::timeout(
+                op,
+                format!("the agent did not arm the watch on {dir} in time"),
+            )
+            .with_provider(Provider::Docker)
+        })?
+        .map_err(|e| classify(op, e))?;
+    match first.and_then(|m| m.event) {
+        Some(Event::Start(_)) => {}
+        other => {
+            return Err(Error::internal(
+                op,
+                format!("the agent's watch on {dir} began with {other:?}, not start"),
+            )
+            .with_provider(Provider::Docker));
+        }
+    }
+    Ok(AgentWatch {
+        stream,
+        _lease: lease,
+        dir: dir.clone(),
+        done: false,
+    })
+}
+
+/// See [`watch_dir`].
+pub(crate) struct AgentWatch {
+    stream: sandbox_transport::envd::ServerStream<sandbox_envd::filesystem::WatchDirResponse>,
+    _lease: Lease,
+    dir: SandboxPath,
+    done: bool,
+}
+
+impl std::fmt::Debug for AgentWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentWatch")
+            .field("dir", &self.dir)
+            .field("done", &self.done)
+            .finish()
+    }
+}
+
+impl AgentWatch {
+    fn event(
+        &self,
+        change: sandbox_envd::filesystem::FilesystemEvent,
+    ) -> Option<Result<sandbox_core::WatchEvent, Error>> {
+        use sandbox_core::WatchEventKind as Kind;
+        use sandbox_envd::filesystem::EventType;
+        let kind = match change.r#type {
+            EventType::Create => Kind::Create,
+            EventType::Write => Kind::Write,
+            EventType::Remove => Kind::Remove,
+            EventType::Rename => Kind::Rename,
+            EventType::Chmod => Kind::Chmod,
+            // A kind this adapter does not know names nothing a caller could act on.
+            EventType::Unspecified | EventType::Unrecognized(_) => return None,
+        };
+        // Names are relative to the watched directory; one that no path below it can hold
+        // (absolute, traversing) is refused rather than reported somewhere else.
+        let path = if change.name.is_empty() {
+            Ok(self.dir.clone())
+        } else {
+            self.dir
+                .join(&change.name)
+                .ok()
+                .filter(|p| p.is_strictly_under(&self.dir))
+                .ok_or_else(|| {
+                    Error::internal(
+                        Operation::WATCH_DIR,
+                        format!(
+                            "the agent reported a change outside {}: {:?}",
+                            self.dir,
+                            change.name.chars().take(200).collect::<String>()
+                        ),
+                    )
+                    .with_provider(Provider::Docker)
+                })
+        };
+        Some(path.map(|path| sandbox_core::WatchEvent { kind, path }))
+    }
+}
+
+#[async_trait]
+impl sandbox_core::WatchEvents for AgentWatch {
+    async fn next_event(&mut self) -> Option<Result<sandbox_core::WatchEvent, Error>> {
+        use sandbox_envd::filesystem::watch_dir_response::Event;
+        if self.done {
+            return None;
+        }
+        loop {
+            match self.stream.message().await {
+                Ok(Some(message)) => match message.event {
+                    Some(Event::Filesystem(change)) => {
+                        if let Some(event) = self.event(change) {
+                            if event.is_err() {
+                                self.done = true;
+                            }
+                            return Some(event);
+                        }
+                    }
+                    Some(Event::Start(_) | Event::Keepalive(_)) | None => {}
+                },
+                Ok(None) => {
+                    self.done = true;
+                    return None;
+                }
+                Err(e) => {
+                    self.done = true;
+                    if e.message().contains("overflowed") {
+                        return Some(Err(sandbox_core::watch::watch_overflow(&self.dir)
+                            .with_provider(Provider::Docker)));
+                    }
+                    return Some(Err(classify(Operation::WATCH_DIR, e)));
+                }
+            }
+        }
+    }
+}
+
 /// A file's bytes as the agent sends them, pulled chunk by chunk; holds its lease on the
 /// channel for as long as it lives.
 pub(crate) struct AgentFileStream {
