@@ -27,13 +27,16 @@ pub const SUITES: &[Suite] = &[
     },
     // Needs a running Docker engine and the local `sandbox-busybox:test` image (`cargo xtask
     // test` provides both); `bench` starts no services, and the bench binary fails with a
-    // message saying so when they are missing.
+    // message saying so when they are missing. Raw, exec mode and agent mode in one run:
+    // `cargo xtask bench docker` builds the static agent first and names it
+    // (`SANDBOX_AGENT_BIN`, `bench_cmd.rs`).
     Suite {
         name: "docker",
         package: "sandbox-provider-docker",
         bench: "docker",
     },
-    // The HTTP API over the Docker provider called in-process; needs the engine and the image.
+    // The HTTP API over the Docker provider called in-process, in exec mode and agent mode
+    // (the agent built and named first, as for `docker`); needs the engine and the image.
     Suite {
         name: "api",
         package: "sandbox-app",

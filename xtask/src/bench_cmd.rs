@@ -85,11 +85,12 @@ pub(crate) fn run(ctx: &Ctx, suite: &Suite, smoke_flag: bool) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// What a suite's bench binary needs made first, named in its environment. The agent suite
-/// runs the static agent in the Debian image and drives it with the SDK: the same build,
-/// image and venv the pipeline makes (each reused when up to date).
+/// What a suite's bench binary needs made first, named in its environment. The docker and api
+/// suites measure agent mode next to exec mode: they get the static agent, built as the
+/// pipeline builds it (reused when up to date). The agent suite runs that agent in the Debian
+/// image and drives it with the SDK: the same build, image and venv the pipeline makes.
 fn suite_env(ctx: &Ctx, suite: &Suite) -> Result<Vec<(&'static str, String)>, String> {
-    if suite.name != "agent" {
+    if !needs_agent(suite) {
         return Ok(Vec::new());
     }
     let (_, verdict) = crate::prereq_stage::ensure(ctx, crate::agent::TOOLS, true);
@@ -97,16 +98,22 @@ fn suite_env(ctx: &Ctx, suite: &Suite) -> Result<Vec<(&'static str, String)>, St
         return Err(why);
     }
     let built = crate::agent::build(ctx)?;
-    let image = crate::debian::ensure(&ctx.target.join("xtask"))?;
-    let python = crate::sdk_venv::ensure(&ctx.root, &ctx.target)?;
-    Ok(vec![
-        (
-            xtask::agent_build::ENV_AGENT_BIN,
-            built.path.display().to_string(),
-        ),
-        (xtask::debian_image::ENV_IMAGE, image),
-        (xtask::e2b_sdk::ENV_PYTHON, python.display().to_string()),
-    ])
+    let mut env = vec![(
+        xtask::agent_build::ENV_AGENT_BIN,
+        built.path.display().to_string(),
+    )];
+    if suite.name == "agent" {
+        let image = crate::debian::ensure(&ctx.target.join("xtask"))?;
+        let python = crate::sdk_venv::ensure(&ctx.root, &ctx.target)?;
+        env.push((xtask::debian_image::ENV_IMAGE, image));
+        env.push((xtask::e2b_sdk::ENV_PYTHON, python.display().to_string()));
+    }
+    Ok(env)
+}
+
+/// The suites whose bench binary runs the static agent (`SANDBOX_AGENT_BIN`).
+fn needs_agent(suite: &Suite) -> bool {
+    matches!(suite.name, "agent" | "docker" | "api")
 }
 
 /// A clear error when the suite's package or bench target does not exist (yet).
@@ -143,5 +150,22 @@ fn bench_target_exists(ctx: &Ctx, suite: &Suite) -> Result<(), String> {
              [[bench]] name = \"{}\", harness = false)",
             suite.package, suite.bench, suite.bench, suite.bench
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_suites_that_measure_agent_mode_get_the_agent() {
+        for name in ["agent", "docker", "api"] {
+            let suite = xtask::bench::find(name).unwrap();
+            assert!(needs_agent(suite), "{name}");
+        }
+        for name in ["core", "session", "layers", "store", "transport"] {
+            let suite = xtask::bench::find(name).unwrap();
+            assert!(!needs_agent(suite), "{name}");
+        }
     }
 }

@@ -22,42 +22,33 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use rustix::process::{Pid, WaitOptions, WaitStatus};
+use sandbox_envd::ProcessStatus;
 use tokio::sync::oneshot;
 
 use crate::log;
 
-/// How a child ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ExitStatus {
-    /// It called `exit` with this code.
-    Exited(i32),
-    /// A signal ended it.
-    Signaled { signal: i32, core_dumped: bool },
+/// The status of a terminated child, from its raw wait status.
+fn status_of(status: WaitStatus) -> ProcessStatus {
+    decode(status.as_raw())
 }
 
-impl ExitStatus {
-    fn from_wait(status: WaitStatus) -> Self {
-        Self::from_raw(status.as_raw())
+/// Decodes a raw wait status of a terminated child (Linux's layout: the exit code in the
+/// second byte when the low seven bits are zero, else the signal in those bits and the
+/// core-dump flag in bit 0x80).
+fn decode(raw: i32) -> ProcessStatus {
+    if raw & 0x7f == 0 {
+        return ProcessStatus::Exited((raw >> 8) & 0xff);
     }
-
-    /// Decodes a raw wait status of a terminated child (Linux's layout: the exit code in the
-    /// second byte when the low seven bits are zero, else the signal in those bits and the
-    /// core-dump flag in bit 0x80).
-    fn from_raw(raw: i32) -> Self {
-        if raw & 0x7f == 0 {
-            return ExitStatus::Exited((raw >> 8) & 0xff);
-        }
-        ExitStatus::Signaled {
-            signal: raw & 0x7f,
-            core_dumped: raw & 0x80 != 0,
-        }
+    ProcessStatus::Signaled {
+        signal: raw & 0x7f,
+        core_dumped: raw & 0x80 != 0,
     }
 }
 
 /// The children the agent started, by pid, each waiting for its exit status.
 #[derive(Debug)]
 pub struct Children {
-    table: Mutex<HashMap<u32, oneshot::Sender<ExitStatus>>>,
+    table: Mutex<HashMap<u32, oneshot::Sender<ProcessStatus>>>,
     reap_orphans: bool,
     orphans_reaped: AtomicU64,
 }
@@ -75,7 +66,7 @@ impl Children {
         })
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<u32, oneshot::Sender<ExitStatus>>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<u32, oneshot::Sender<ProcessStatus>>> {
         // A panic while the table was held cannot leave it inconsistent (one insert or
         // remove at a time), so a poisoned lock is taken as it is.
         self.table
@@ -88,7 +79,7 @@ impl Children {
     pub fn spawn<T>(
         &self,
         spawn: impl FnOnce() -> io::Result<(u32, T)>,
-    ) -> io::Result<(u32, T, oneshot::Receiver<ExitStatus>)> {
+    ) -> io::Result<(u32, T, oneshot::Receiver<ProcessStatus>)> {
         let mut table = self.lock();
         let (pid, value) = spawn()?;
         let (tx, rx) = oneshot::channel();
@@ -106,7 +97,7 @@ impl Children {
                         let pid = pid.as_raw_nonzero().get() as u32;
                         match table.remove(&pid) {
                             Some(tx) => {
-                                let _ = tx.send(ExitStatus::from_wait(status));
+                                let _ = tx.send(status_of(status));
                             }
                             None => {
                                 self.orphans_reaped.fetch_add(1, Ordering::Relaxed);
@@ -128,7 +119,7 @@ impl Children {
                     rustix::process::waitpid(Some(raw), WaitOptions::NOHANG)
                     && let Some(tx) = table.remove(&pid)
                 {
-                    let _ = tx.send(ExitStatus::from_wait(status));
+                    let _ = tx.send(status_of(status));
                 }
             }
         }
@@ -207,24 +198,24 @@ mod tests {
         .await
         .unwrap();
         assert!(pid > 0);
-        assert_eq!(status, ExitStatus::Exited(7));
+        assert_eq!(status, ProcessStatus::Exited(7));
         assert_eq!(children.orphans_reaped(), 0);
     }
 
     #[test]
     fn signalled_statuses_keep_the_signal() {
         // Raw wait statuses: exit code in the second byte; a signal in the low seven bits.
-        assert_eq!(ExitStatus::from_raw(3 << 8), ExitStatus::Exited(3));
+        assert_eq!(decode(3 << 8), ProcessStatus::Exited(3));
         assert_eq!(
-            ExitStatus::from_raw(9),
-            ExitStatus::Signaled {
+            decode(9),
+            ProcessStatus::Signaled {
                 signal: 9,
                 core_dumped: false
             }
         );
         assert_eq!(
-            ExitStatus::from_raw(11 | 0x80),
-            ExitStatus::Signaled {
+            decode(11 | 0x80),
+            ProcessStatus::Signaled {
                 signal: 11,
                 core_dumped: true
             }

@@ -166,6 +166,31 @@ async fn uploads_into_reserved_trees_are_403_and_write_nothing() {
     assert_eq!(std::fs::read(p.env.path("home/ok.txt")).unwrap(), b"ok");
 }
 
+#[tokio::test]
+async fn uploads_through_a_hard_link_to_a_reserved_file_are_403_and_write_nothing() {
+    let p = Planted::new();
+    std::fs::hard_link(p.env.path("res/secret"), p.home("linked-secret")).unwrap();
+    std::fs::hard_link(p.env.path("marker"), p.home("linked-marker")).unwrap();
+    for name in ["linked-secret", "linked-marker"] {
+        let request = Request::post(format!("/files?{}", query(&p.home(name))))
+            .header("content-type", "application/octet-stream")
+            .body(Full::new(Bytes::from_static(b"overwritten")))
+            .unwrap();
+        let (status, message) = error_of(post_files(request, &p.ctx()).await).await;
+        assert_eq!(status, 403, "{name}: {message}");
+        assert!(message.contains("hard link"), "{message}");
+        p.untouched();
+    }
+    // A file linked twice outside the reserved trees is written as any other.
+    std::fs::hard_link(p.home("plain.txt"), p.home("plain-too.txt")).unwrap();
+    let request = Request::post(format!("/files?{}", query(&p.home("plain-too.txt"))))
+        .header("content-type", "application/octet-stream")
+        .body(Full::new(Bytes::from_static(b"both")))
+        .unwrap();
+    assert_eq!(post_files(request, &p.ctx()).await.status(), StatusCode::OK);
+    assert_eq!(std::fs::read(p.home("plain.txt")).unwrap(), b"both");
+}
+
 fn assert_denied(e: &sandbox_envd::ConnectError, what: &str) {
     assert_eq!(e.code, Code::PermissionDenied, "{what}: {e:?}");
     assert!(e.message.contains("reserved tree"), "{what}: {e:?}");

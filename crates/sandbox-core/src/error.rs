@@ -561,6 +561,67 @@ impl Error {
         self.http_status
     }
 
+    /// The HTTP status and machine-readable code the workspace's HTTP surfaces answer this
+    /// error with (the service's API, and the envd router that forwards to sandboxes): a
+    /// specific code first, then the kind; the origin tells a store failure from a provider
+    /// failure. One table, so no two surfaces can say different things about one error.
+    pub fn status_and_code(&self) -> (u16, &'static str) {
+        if let Some(code) = self.code {
+            let status = match code {
+                ErrorCode::InvalidPath
+                | ErrorCode::InvalidTimeout
+                | ErrorCode::InvalidCommand
+                | ErrorCode::InvalidBindingKey
+                | ErrorCode::UnknownSandboxType
+                | ErrorCode::ConfigIncomplete
+                | ErrorCode::UnsafeOutboundUrl
+                | ErrorCode::SecurityViolation
+                | ErrorCode::ImageNotPresent
+                | ErrorCode::NotARegularFile
+                | ErrorCode::FileTooLarge
+                | ErrorCode::InvalidSignal
+                | ErrorCode::InvalidOffset
+                | ErrorCode::NotADirectory => 400,
+                ErrorCode::SessionDeleted
+                | ErrorCode::NoLiveSandbox
+                | ErrorCode::SnapshotNotFound
+                | ErrorCode::SandboxGone
+                | ErrorCode::ProcessNotFound => 404,
+                ErrorCode::QuotaExceeded | ErrorCode::WatchOverflow => 429,
+                ErrorCode::SandboxPaused
+                | ErrorCode::SessionRewindLocked
+                | ErrorCode::SessionTurnActive
+                | ErrorCode::SessionWorkActive
+                | ErrorCode::ProcessExited
+                | ErrorCode::StdinClosed
+                | ErrorCode::ProcessTagInUse => 409,
+                ErrorCode::TerminalUnsupported | ErrorCode::DesktopUnsupported => 501,
+                ErrorCode::BackendDisabled
+                | ErrorCode::EgressProtectionUnavailable
+                | ErrorCode::LockOwnershipLost => 503,
+                // A binding the store cannot read is our fault, not the caller's.
+                ErrorCode::InvalidBinding => 500,
+            };
+            return (status, code.as_str());
+        }
+        let from_store = self.origin == Origin::Store;
+        match self.kind {
+            ErrorKind::NotFound => (404, "not_found"),
+            ErrorKind::Terminal => (404, "sandbox_gone"),
+            ErrorKind::InvalidRequest => (400, "invalid_request"),
+            ErrorKind::Unsupported => (501, "unsupported"),
+            ErrorKind::Conflict => (409, "conflict"),
+            ErrorKind::Capacity => (429, "capacity"),
+            ErrorKind::Timeout if from_store => (504, "store_timeout"),
+            ErrorKind::Timeout => (504, "provider_timeout"),
+            ErrorKind::Unavailable if from_store => (503, "store_unavailable"),
+            ErrorKind::Unavailable => (503, "provider_unavailable"),
+            // The provider refused *our* credentials: a deployment problem, not the caller's.
+            ErrorKind::Authentication => (502, "provider_authentication"),
+            ErrorKind::Internal => (500, "internal"),
+        }
+    }
+
     /// Whether this error proves the bound sandbox is permanently gone (allow-list: only
     /// `not_found` and `terminal`).
     pub fn can_replace_binding(&self) -> bool {

@@ -12,6 +12,8 @@
 //!   mapping written out by hand (no protobuf runtime, no code generation), plus each
 //!   service's method table ([`Method`], [`Rpc`]).
 //! - [`files`]: the plain HTTP file endpoints' parameters, upload answer and error body.
+//! - [`status`]: how a process ended ([`ProcessStatus`]), as the `end` event words it (Go's
+//!   `exit status 2`, `signal: killed`), produced by the agent and read back by clients.
 //! - [`envelope`]: the streaming framing, an incremental decoder that takes chunks cut anywhere
 //!   and an encoder.
 //! - [`Code`], [`ConnectError`], [`EndStreamMessage`]: Connect's error model, its HTTP statuses,
@@ -30,6 +32,7 @@ pub mod filesystem;
 mod json;
 pub mod process;
 mod service;
+pub mod status;
 mod timestamp;
 
 pub use code::Code;
@@ -42,4 +45,5 @@ pub use service::{
     HEADER_KEEPALIVE_PING_INTERVAL, HEADER_PROTOCOL_VERSION, HEADER_TIMEOUT_MS, Method, MethodKind,
     PROTOCOL_VERSION, Rpc, all_methods, method_by_path,
 };
+pub use status::ProcessStatus;
 pub use timestamp::{Timestamp, TimestampError};

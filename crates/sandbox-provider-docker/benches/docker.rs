@@ -1,32 +1,49 @@
 //! `cargo xtask bench docker`: what the Docker adapter costs over speaking the Engine API
-//! directly, as ratios against raw baselines measured in the same run.
+//! directly, in both data planes, as ratios against raw baselines measured in the same run.
 //!
-//! The baseline is raw hyper over the same unix socket, with a warm (pooled, kept-alive)
-//! connection, speaking the API version the adapter negotiated, JSON bodies by hand:
+//! Three sides, measured in one run on one engine:
+//!
+//! - **raw**: hyper over the same unix socket, with a warm (pooled, kept-alive) connection,
+//!   speaking the API version the adapter negotiated, JSON bodies by hand.
+//! - **ours** (exec mode, `docker.data_plane = "exec"`): every command and file operation is an
+//!   exec of its own.
+//! - **agent** (agent mode, `docker.data_plane = "agent"`): the agent (`SANDBOX_AGENT_BIN`,
+//!   which `cargo xtask bench docker` builds and names) is copied into each created container
+//!   and runs as its PID 1; commands and files go as envd calls over the one kept exec channel.
+//!
+//! The scenarios:
 //!
 //! - (a) `create_first_exec`: raw `POST /containers/create` (the adapter's own host config,
 //!   labels and entrypoint, read back from a container it created), `POST
 //!   /containers/{id}/start` and exec `true`, vs the adapter's `create` then its first
-//!   `exec(true)`. Each container is removed after its sample, untimed.
+//!   `exec(true)`. In agent mode the create adds the archive upload of the agent and the first
+//!   exec opens the channel (the relay's exec, the h2c handshake, the version exchange). Each
+//!   container is removed after its sample, untimed.
 //! - (b) `exec_true`: raw exec create + start + inspect of argv `["true"]`, vs the adapter's
-//!   `exec` of argv `true` (which wraps the command in `sh -c ... timeout -s KILL ...`, adds a
-//!   kill marker to its environment and touches the activity marker). Also measured, as a
-//!   decomposition: raw exec of the very argv and env the adapter sends (`raw_wrapped`), which
-//!   separates the in-container cost of the wrapper from the client-side cost.
+//!   `exec` of argv `true` (in exec mode wrapped in `sh -c ... timeout -s KILL ...`, with a kill
+//!   marker in its environment and the activity marker touched; in agent mode one envd `Start`
+//!   on the warm channel). Also measured, as a decomposition of exec mode: raw exec of the very
+//!   argv and env the adapter sends (`raw_wrapped`), which separates the in-container cost of
+//!   the wrapper from the client-side cost.
 //! - (c) `file_1mib`: raw exec `sh -c 'cat > /tmp/f'` with 1 MiB on stdin (hijacked connection)
 //!   plus raw exec `cat /tmp/f` reading it back, vs the adapter's `write_file` + `read_file` of
-//!   the same 1 MiB. Both sides' bytes are checked; a mismatch aborts the bench.
+//!   the same 1 MiB. Every side's bytes are checked; a mismatch aborts the bench.
+//! - (d) `parallel`: [`PARALLEL`] execs at once on one sandbox, each `echo <n>` with its own `n`
+//!   and its answer checked (a crossed or lost answer aborts the bench); the throughput is
+//!   execs over the wall time of the burst, and p50/p99 are over every exec of every burst.
 //!
-//! Raw and ours alternate sample by sample (and which goes first alternates too), so drift on
-//! the machine affects both. p50 and p90 (nearest rank) over the runs of each side.
+//! Raw and exec mode share one reference sandbox; agent mode has its own (its container runs
+//! the agent). The sides rotate sample by sample (which goes first rotates too), so drift on
+//! the machine affects all of them. p50 and p90 (nearest rank) over the runs of each side.
+//! Every exec's exit code is checked; `true`'s output must be empty.
 //!
-//! Needs a running Docker engine and the local image `sandbox-busybox:test` (`cargo xtask test`
-//! starts the one and builds the other); without them it fails at once with a message saying so.
-//! Every container it creates is in a namespace of its own, labelled `sandbox.test=1`, and
-//! removed at the end, also when the bench fails.
+//! Needs a running Docker engine, the local image `sandbox-busybox:test` (`cargo xtask test`
+//! starts the one and builds the other) and `SANDBOX_AGENT_BIN`; without them it fails at once
+//! with a message saying so. Every container it creates is in a namespace of its own, labelled
+//! `sandbox.test=1`, and removed at the end, also when the bench fails.
 //!
 //! Prints raw lines, then one `BENCH docker <key>=<value>` line per headline figure. `--smoke`
-//! runs 3 samples a side (CI only checks that the bench works).
+//! (or `CI=true`) runs 3 samples a side and one burst (CI only checks that the bench works).
 
 #![allow(
     clippy::print_stdout,
@@ -39,9 +56,11 @@ use std::collections::BTreeMap;
 use std::panic::AssertUnwindSafe;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use futures_util::FutureExt;
+use futures_util::future::join_all;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper::header::{CONNECTION, CONTENT_TYPE, UPGRADE};
@@ -54,7 +73,10 @@ use sandbox_core::{
 };
 use sandbox_provider_docker::engine::{self, Endpoint};
 use sandbox_provider_docker::exec::{ACTIVITY_MARKER, EXEC_MARKER_ENV};
-use sandbox_provider_docker::{DockerConfig, DockerProvider, NetworkMode, PullPolicy, labels};
+use sandbox_provider_docker::{
+    DataPlane, DockerConfig, DockerProvider, NetworkMode, PullPolicy, labels,
+};
+use sandbox_transport::envd::CallOptions;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -64,11 +86,19 @@ const RAW_FILE: &str = "/tmp/f";
 const OUR_FILE: &str = "/tmp/g";
 /// The adapter's default exec timeout in whole seconds, as its wrapper spells it.
 const WRAPPER_TIMEOUT_SECS: u64 = 60;
+/// Execs at once in one burst of scenario (d), and bursts per side (full run, smoke run).
+const PARALLEL: usize = 100;
+const BURSTS: usize = 5;
+const SMOKE_BURSTS: usize = 1;
+/// Where the agent binary comes from (`cargo xtask bench docker` builds it and sets this).
+const ENV_AGENT_BIN: &str = "SANDBOX_AGENT_BIN";
 
 /// Goals from the issue: ours/raw at most this much.
 const GOAL_CREATE: f64 = 1.2;
 const GOAL_EXEC: f64 = 1.15;
 const GOAL_FILE: f64 = 1.2;
+/// Issue 16's goal for exec `true` through the agent, in milliseconds at p50.
+const GOAL_AGENT_EXEC_MS: f64 = 2.0;
 
 type Res<T> = Result<T, String>;
 
@@ -79,7 +109,7 @@ struct Raw {
     /// `/v1.41`.
     prefix: String,
     /// How often an exec inspect still said "running" and was asked again.
-    inspect_retries: usize,
+    inspect_retries: AtomicUsize,
 }
 
 struct RawExec {
@@ -168,7 +198,7 @@ impl Raw {
     }
 
     /// Exec create + start (hijacked, stdin written while output is read) + inspect.
-    async fn exec(&mut self, container: &str, spec: &Value, stdin: Option<&[u8]>) -> Res<RawExec> {
+    async fn exec(&self, container: &str, spec: &Value, stdin: Option<&[u8]>) -> Res<RawExec> {
         let created = self
             .call(
                 Method::POST,
@@ -230,7 +260,7 @@ impl Raw {
 
     /// Same policy as the adapter: the stream can end a moment before the engine records the
     /// exit, so a still-running answer is asked again after 20 ms.
-    async fn exit_code(&mut self, exec_id: &str) -> Res<i64> {
+    async fn exit_code(&self, exec_id: &str) -> Res<i64> {
         for _ in 0..50 {
             let inspect = self
                 .call(Method::GET, &format!("/exec/{exec_id}/json"), None)
@@ -240,7 +270,7 @@ impl Raw {
             {
                 return Ok(code);
             }
-            self.inspect_retries += 1;
+            self.inspect_retries.fetch_add(1, Ordering::Relaxed);
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         Err(format!("raw exec {exec_id}: never reported its exit code"))
@@ -356,30 +386,64 @@ fn percentile(samples: &[Duration], p: f64) -> f64 {
     ms(sorted[rank - 1])
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Side {
     Raw,
+    /// The adapter in exec mode.
     Ours,
+    /// The adapter in agent mode.
+    Agent,
 }
 
-/// Raw first on even samples, ours first on odd ones.
-fn order(i: usize) -> [Side; 2] {
-    if i.is_multiple_of(2) {
-        [Side::Raw, Side::Ours]
+/// The sides rotated by one per sample, so each goes first, second and last in turn.
+fn order(i: usize) -> [Side; 3] {
+    let mut sides = [Side::Raw, Side::Ours, Side::Agent];
+    sides.rotate_left(i % 3);
+    sides
+}
+
+/// `true` must exit 0 and say nothing.
+fn ensure_silent_ok(what: &str, exit_code: i64, stdout: &[u8], stderr: &[u8]) -> Res<()> {
+    ensure_ok(what, exit_code, stderr)?;
+    if stdout.is_empty() && stderr.is_empty() {
+        Ok(())
     } else {
-        [Side::Ours, Side::Raw]
+        Err(format!(
+            "correctness check failed: {what} printed {} bytes on stdout and {} on stderr",
+            stdout.len(),
+            stderr.len()
+        ))
+    }
+}
+
+/// One burst of scenario (d): per-exec latencies and the burst's wall time.
+#[derive(Default)]
+struct Bursts {
+    latencies: Vec<Duration>,
+    wall: Duration,
+    execs: usize,
+}
+
+impl Bursts {
+    fn execs_per_s(&self) -> f64 {
+        self.execs as f64 / self.wall.as_secs_f64()
     }
 }
 
 struct Bench<'a> {
     provider: &'a DockerProvider,
+    agent: &'a DockerProvider,
     raw: Raw,
     namespace: String,
     /// Body of a raw container create, copied from the adapter's own container.
     template: Value,
+    /// The exec-mode sandbox raw and exec mode share.
     reference: SandboxHandle,
+    /// The agent-mode sandbox.
+    agent_reference: SandboxHandle,
     data: Vec<u8>,
     samples: Samples,
+    bursts: BTreeMap<&'static str, Bursts>,
 }
 
 impl Bench<'_> {
@@ -395,7 +459,12 @@ impl Bench<'_> {
                 .exec(&id, &exec_spec(&["true"], false), None)
                 .await?;
             let t2 = Instant::now();
-            ensure_ok("raw first exec true", out.exit_code, &out.stderr)?;
+            ensure_silent_ok(
+                "raw first exec true",
+                out.exit_code,
+                &out.stdout,
+                &out.stderr,
+            )?;
             Ok::<_, String>((t1, t2))
         }
         .await;
@@ -410,28 +479,43 @@ impl Bench<'_> {
         Ok(())
     }
 
-    async fn create_ours(&mut self, record: bool) -> Res<()> {
+    /// The adapter's create then first exec, in the data plane of `side`.
+    async fn create_adapter(&mut self, side: Side, record: bool) -> Res<()> {
+        let (provider, keys) = match side {
+            Side::Agent => (
+                self.agent,
+                ["a_agent", "a_agent_create", "a_agent_first_exec"],
+            ),
+            _ => (
+                self.provider,
+                ["a_ours", "a_ours_create", "a_ours_first_exec"],
+            ),
+        };
+        let what = side_name(side);
         let request = CreateRequest::new(TemplateId::new(IMAGE).map_err(|e| e.to_string())?);
         let t0 = Instant::now();
-        let handle = self
-            .provider
+        let handle = provider
             .create(request)
             .await
-            .map_err(|e| format!("our create: {e}"))?;
+            .map_err(|e| format!("{what} create: {e}"))?;
         let t1 = Instant::now();
-        let out = self
-            .provider
+        let out = provider
             .exec(&handle, ExecRequest::argv("true", Vec::<String>::new()))
             .await;
         let t2 = Instant::now();
-        let removed = self.provider.delete(handle.id()).await;
-        let out = out.map_err(|e| format!("our first exec: {e}"))?;
-        ensure_ok("our first exec true", out.exit_code.into(), &out.stderr)?;
-        removed.map_err(|e| format!("our delete: {e}"))?;
+        let removed = provider.delete(handle.id()).await;
+        let out = out.map_err(|e| format!("{what} first exec: {e}"))?;
+        ensure_silent_ok(
+            &format!("{what} first exec true"),
+            out.exit_code.into(),
+            &out.stdout,
+            &out.stderr,
+        )?;
+        removed.map_err(|e| format!("{what} delete: {e}"))?;
         if record {
-            self.samples.push("a_ours", t2 - t0);
-            self.samples.push("a_ours_create", t1 - t0);
-            self.samples.push("a_ours_first_exec", t2 - t1);
+            self.samples.push(keys[0], t2 - t0);
+            self.samples.push(keys[1], t1 - t0);
+            self.samples.push(keys[2], t2 - t1);
         }
         Ok(())
     }
@@ -444,13 +528,18 @@ impl Bench<'_> {
             .exec(&id, &exec_spec(&["true"], false), None)
             .await?;
         let d = t0.elapsed();
-        ensure_ok("raw exec true", out.exit_code, &out.stderr)?;
+        ensure_silent_ok("raw exec true", out.exit_code, &out.stdout, &out.stderr)?;
         // The decomposition: the adapter's argv and env, sent raw.
         let spec = wrapped_true_spec();
         let t0 = Instant::now();
         let wrapped = self.raw.exec(&id, &spec, None).await?;
         let dw = t0.elapsed();
-        ensure_ok("raw wrapped exec true", wrapped.exit_code, &wrapped.stderr)?;
+        ensure_silent_ok(
+            "raw wrapped exec true",
+            wrapped.exit_code,
+            &wrapped.stdout,
+            &wrapped.stderr,
+        )?;
         if record {
             self.samples.push("b_raw", d);
             self.samples.push("b_raw_wrapped", dw);
@@ -458,20 +547,55 @@ impl Bench<'_> {
         Ok(())
     }
 
-    async fn exec_ours(&mut self, record: bool) -> Res<()> {
+    async fn exec_adapter(&mut self, side: Side, record: bool) -> Res<()> {
+        let (provider, handle, key) = match side {
+            Side::Agent => (self.agent, &self.agent_reference, "b_agent"),
+            _ => (self.provider, &self.reference, "b_ours"),
+        };
+        let what = side_name(side);
         let t0 = Instant::now();
-        let out = self
-            .provider
-            .exec(
-                &self.reference,
-                ExecRequest::argv("true", Vec::<String>::new()),
-            )
+        let out = provider
+            .exec(handle, ExecRequest::argv("true", Vec::<String>::new()))
             .await
-            .map_err(|e| format!("our exec: {e}"))?;
+            .map_err(|e| format!("{what} exec: {e}"))?;
         let d = t0.elapsed();
-        ensure_ok("our exec true", out.exit_code.into(), &out.stderr)?;
+        ensure_silent_ok(
+            &format!("{what} exec true"),
+            out.exit_code.into(),
+            &out.stdout,
+            &out.stderr,
+        )?;
         if record {
-            self.samples.push("b_ours", d);
+            self.samples.push(key, d);
+        }
+        if side == Side::Agent {
+            self.channel_round_trip(record).await?;
+        }
+        Ok(())
+    }
+
+    /// The agent channel's own round trip, no process started: `GET /health` on the warm
+    /// channel (through the engine's hijacked exec stream, the relay and the agent's socket).
+    /// The gap between it and the exec is the agent's process start, wait and events.
+    async fn channel_round_trip(&mut self, record: bool) -> Res<()> {
+        let id = self.agent_reference.id().as_str();
+        let channel = self
+            .agent
+            .channel(id)
+            .ok_or("the agent-mode adapter has no channel")?;
+        let t0 = Instant::now();
+        let lease = channel
+            .lease()
+            .await
+            .map_err(|e| format!("agent channel lease: {e}"))?;
+        lease
+            .client()
+            .health(CallOptions::new())
+            .await
+            .map_err(|e| format!("agent channel health: {e}"))?;
+        let d = t0.elapsed();
+        if record {
+            self.samples.push("b_agent_channel_health", d);
         }
         Ok(())
     }
@@ -505,47 +629,126 @@ impl Bench<'_> {
         Ok(())
     }
 
-    async fn file_ours(&mut self, record: bool) -> Res<()> {
+    async fn file_adapter(&mut self, side: Side, record: bool) -> Res<()> {
+        let (provider, handle, keys) = match side {
+            Side::Agent => (
+                self.agent,
+                &self.agent_reference,
+                ["c_agent", "c_agent_write", "c_agent_read"],
+            ),
+            _ => (
+                self.provider,
+                &self.reference,
+                ["c_ours", "c_ours_write", "c_ours_read"],
+            ),
+        };
+        let what = side_name(side);
         let path = SandboxPath::new(OUR_FILE).map_err(|e| e.to_string())?;
         let t0 = Instant::now();
-        self.provider
-            .write_file(&self.reference, &path, &self.data)
+        provider
+            .write_file(handle, &path, &self.data)
             .await
-            .map_err(|e| format!("our write_file: {e}"))?;
+            .map_err(|e| format!("{what} write_file: {e}"))?;
         let t1 = Instant::now();
-        let back = self
-            .provider
-            .read_file(&self.reference, &path)
+        let back = provider
+            .read_file(handle, &path)
             .await
-            .map_err(|e| format!("our read_file: {e}"))?;
+            .map_err(|e| format!("{what} read_file: {e}"))?;
         let t2 = Instant::now();
-        check_bytes("our read_file", &back, &self.data)?;
+        check_bytes(&format!("{what} read_file"), &back, &self.data)?;
         if record {
-            self.samples.push("c_ours", t2 - t0);
-            self.samples.push("c_ours_write", t1 - t0);
-            self.samples.push("c_ours_read", t2 - t1);
+            self.samples.push(keys[0], t2 - t0);
+            self.samples.push(keys[1], t1 - t0);
+            self.samples.push(keys[2], t2 - t1);
         }
         Ok(())
     }
 
-    /// `warmup` unrecorded then `runs` recorded samples of one scenario, raw and ours
-    /// alternating.
+    /// One burst of [`PARALLEL`] execs of `echo <n>` at once on the side's sandbox, every
+    /// answer checked against its own `n`.
+    async fn parallel(&mut self, side: Side, record: bool) -> Res<()> {
+        let what = side_name(side);
+        let this = &*self;
+        let one = |n: usize| {
+            let word = format!("{n}");
+            async move {
+                let t0 = Instant::now();
+                let (exit_code, stdout, stderr) = match side {
+                    Side::Raw => {
+                        let id = this.reference.id().as_str();
+                        let out = this
+                            .raw
+                            .exec(id, &exec_spec(&["echo", &word], false), None)
+                            .await?;
+                        (out.exit_code, out.stdout, out.stderr)
+                    }
+                    Side::Ours | Side::Agent => {
+                        let (provider, handle) = if side == Side::Agent {
+                            (this.agent, &this.agent_reference)
+                        } else {
+                            (this.provider, &this.reference)
+                        };
+                        let out = provider
+                            .exec(handle, ExecRequest::argv("echo", [word.clone()]))
+                            .await
+                            .map_err(|e| format!("{what} parallel exec {n}: {e}"))?;
+                        (out.exit_code.into(), out.stdout, out.stderr)
+                    }
+                };
+                let d = t0.elapsed();
+                ensure_ok(&format!("{what} parallel echo {n}"), exit_code, &stderr)?;
+                check_bytes(
+                    &format!("{what} parallel echo {n}"),
+                    &stdout,
+                    format!("{word}\n").as_bytes(),
+                )?;
+                Ok::<_, String>(d)
+            }
+        };
+        let t0 = Instant::now();
+        let answers = join_all((0..PARALLEL).map(one)).await;
+        let wall = t0.elapsed();
+        let latencies = answers.into_iter().collect::<Res<Vec<Duration>>>()?;
+        if record {
+            let key = match side {
+                Side::Raw => "d_raw",
+                Side::Ours => "d_ours",
+                Side::Agent => "d_agent",
+            };
+            let b = self.bursts.entry(key).or_default();
+            b.execs += latencies.len();
+            b.latencies.extend(latencies);
+            b.wall += wall;
+        }
+        Ok(())
+    }
+
+    /// `warmup` unrecorded then `runs` recorded samples of one scenario, the sides rotating.
     async fn scenario(&mut self, which: char, warmup: usize, runs: usize) -> Res<()> {
         for i in 0..warmup + runs {
             let record = i >= warmup;
             for side in order(i) {
                 match (which, side) {
                     ('a', Side::Raw) => self.create_raw(record).await?,
-                    ('a', Side::Ours) => self.create_ours(record).await?,
+                    ('a', _) => self.create_adapter(side, record).await?,
                     ('b', Side::Raw) => self.exec_raw(record).await?,
-                    ('b', Side::Ours) => self.exec_ours(record).await?,
+                    ('b', _) => self.exec_adapter(side, record).await?,
                     ('c', Side::Raw) => self.file_raw(record).await?,
-                    (_, Side::Ours) => self.file_ours(record).await?,
-                    (_, Side::Raw) => return Err(format!("unknown scenario {which}")),
+                    ('c', _) => self.file_adapter(side, record).await?,
+                    ('d', _) => self.parallel(side, record).await?,
+                    _ => return Err(format!("unknown scenario {which}")),
                 }
             }
         }
         Ok(())
+    }
+}
+
+fn side_name(side: Side) -> &'static str {
+    match side {
+        Side::Raw => "raw",
+        Side::Ours => "exec mode",
+        Side::Agent => "agent mode",
     }
 }
 
@@ -572,15 +775,33 @@ async fn template_from(raw: &Raw, id: &str) -> Res<Value> {
     }))
 }
 
-async fn bench(provider: &DockerProvider, raw: Raw, namespace: &str, smoke: bool) -> Res<Samples> {
+/// What a run measured.
+struct Measured {
+    samples: Samples,
+    bursts: BTreeMap<&'static str, Bursts>,
+}
+
+async fn bench(
+    provider: &DockerProvider,
+    agent: &DockerProvider,
+    raw: Raw,
+    namespace: &str,
+    smoke: bool,
+) -> Res<Measured> {
     let (warmup, runs) = if smoke { (1, 3) } else { (3, 40) };
+    let bursts = if smoke { SMOKE_BURSTS } else { BURSTS };
     let reference = provider
         .create(CreateRequest::new(
             TemplateId::new(IMAGE).map_err(|e| e.to_string())?,
         ))
         .await
         .map_err(|e| format!("our create (reference sandbox): {e}"))?;
-    let mut raw = raw;
+    let agent_reference = agent
+        .create(CreateRequest::new(
+            TemplateId::new(IMAGE).map_err(|e| e.to_string())?,
+        ))
+        .await
+        .map_err(|e| format!("agent-mode create (reference sandbox): {e}"))?;
     let template = template_from(&raw, reference.id().as_str()).await?;
     // A scratch image has no /tmp; our write_file creates parents itself, the raw `cat > /tmp/f`
     // needs it made once (untimed).
@@ -603,19 +824,26 @@ async fn bench(provider: &DockerProvider, raw: Raw, namespace: &str, smoke: bool
     fastrand::fill(&mut data);
     let mut b = Bench {
         provider,
+        agent,
         raw,
         namespace: namespace.to_owned(),
         template,
         reference,
+        agent_reference,
         data,
         samples: Samples::default(),
+        bursts: BTreeMap::new(),
     };
     println!("mode: {}", if smoke { "smoke" } else { "full" });
-    println!("samples per side: {runs} (after {warmup} warm-up), raw and ours interleaved");
-    for (which, what) in [
-        ('a', "create + first exec"),
-        ('b', "exec true"),
-        ('c', "1 MiB write + read"),
+    println!(
+        "samples per side: {runs} (after {warmup} warm-up), raw, exec mode and agent mode rotating; \
+         parallel: {bursts} burst(s) of {PARALLEL} execs per side (after 1 warm-up burst)"
+    );
+    for (which, what, warmup, runs) in [
+        ('a', "create + first exec", warmup, runs),
+        ('b', "exec true", warmup, runs),
+        ('c', "1 MiB write + read", warmup, runs),
+        ('d', "parallel execs", 1, bursts),
     ] {
         let started = Instant::now();
         b.scenario(which, warmup, runs).await?;
@@ -626,9 +854,12 @@ async fn bench(provider: &DockerProvider, raw: Raw, namespace: &str, smoke: bool
     }
     println!(
         "raw exec inspects that still said running and were retried: {}",
-        b.raw.inspect_retries
+        b.raw.inspect_retries.load(Ordering::Relaxed)
     );
-    Ok(b.samples)
+    Ok(Measured {
+        samples: b.samples,
+        bursts: b.bursts,
+    })
 }
 
 /// Removes every container of the bench's namespace (the raw ones carry the same labels).
@@ -680,7 +911,7 @@ async fn cleanup(provider: &DockerProvider, raw: &Raw, namespace: &str) -> Res<u
     }
 }
 
-fn config(namespace: &str) -> Res<DockerConfig> {
+fn config(namespace: &str, data_plane: DataPlane, agent_bin: Option<PathBuf>) -> Res<DockerConfig> {
     let mut c = DockerConfig::new(
         TemplateId::new(IMAGE).map_err(|e| e.to_string())?,
         namespace,
@@ -689,23 +920,26 @@ fn config(namespace: &str) -> Res<DockerConfig> {
     c.pull_policy = PullPolicy::Never;
     c.network = NetworkMode::None;
     c.idle_sweep = false;
+    c.data_plane = data_plane;
+    c.agent_path = agent_bin;
     c.extra_labels
         .insert("sandbox.test".to_owned(), "1".to_owned());
     Ok(c)
 }
 
 const NEEDS: &str = "the docker bench needs a running Docker engine (on DOCKER_HOST or \
-/var/run/docker.sock) and the local image sandbox-busybox:test; `cargo xtask test` starts the \
-engine and builds the image, or start dockerd yourself and build the image (FROM scratch + \
-busybox, see xtask/src/fixtures.rs)";
+/var/run/docker.sock), the local image sandbox-busybox:test and the static agent named by \
+SANDBOX_AGENT_BIN; `cargo xtask bench docker` builds the agent and sets the variable, \
+`cargo xtask test` starts the engine and builds the image, or start dockerd yourself and build \
+the image (FROM scratch + busybox, see xtask/src/fixtures.rs)";
 
-fn report(samples: &Samples) {
-    let figures = [
-        ("create_first_exec", "a", GOAL_CREATE),
-        ("exec_true", "b", GOAL_EXEC),
-        ("file_1mib", "c", GOAL_FILE),
-    ];
-    println!("all figures in ms; p50/p90 nearest rank; ratio = ours / raw");
+fn met(ok: bool) -> &'static str {
+    if ok { "met" } else { "NOT met" }
+}
+
+fn report(measured: &Measured) {
+    let samples = &measured.samples;
+    println!("all figures in ms; p50/p90 nearest rank; ratio = adapter / raw");
     for (key, series) in samples.0.iter() {
         let line: Vec<String> = series.iter().map(|d| format!("{:.1}", ms(*d))).collect();
         println!(
@@ -718,24 +952,45 @@ fn report(samples: &Samples) {
         );
     }
     let mut headline = Vec::new();
+    let figures = [
+        ("create_first_exec", "a", GOAL_CREATE),
+        ("exec_true", "b", GOAL_EXEC),
+        ("file_1mib", "c", GOAL_FILE),
+    ];
     for (key, tag, goal) in figures {
         let raw = samples.get(&format!("{tag}_raw"));
         let ours = samples.get(&format!("{tag}_ours"));
+        let agent = samples.get(&format!("{tag}_agent"));
         for (p, pname) in [(0.5, "p50"), (0.9, "p90")] {
-            let (r, o) = (percentile(raw, p), percentile(ours, p));
+            let (r, o, a) = (
+                percentile(raw, p),
+                percentile(ours, p),
+                percentile(agent, p),
+            );
             let ratio = o / r;
             println!(
-                "{key} {pname}: raw {r:.2} ms, ours {o:.2} ms, ratio {ratio:.2} (goal <= {goal}: {})",
-                if ratio <= goal { "met" } else { "NOT met" }
+                "{key} {pname}: raw {r:.2} ms, exec mode {o:.2} ms, ratio {ratio:.2} (goal <= {goal}: {}); \
+                 agent mode {a:.2} ms, ratio {:.3}",
+                met(ratio <= goal),
+                a / r
             );
             headline.push(format!("{key}_raw_{pname}_ms={r:.2}"));
             headline.push(format!("{key}_ours_{pname}_ms={o:.2}"));
             headline.push(format!("{key}_ratio_{pname}={ratio:.2}"));
+            // Exec `true` through the agent carries the issue's own key names.
+            if tag == "b" {
+                headline.push(format!("agent_exec_{pname}_ms={a:.2}"));
+                headline.push(format!("agent_exec_ratio_{pname}={:.3}", a / r));
+            } else {
+                headline.push(format!("{key}_agent_{pname}_ms={a:.2}"));
+                headline.push(format!("{key}_agent_ratio_{pname}={:.3}", a / r));
+            }
         }
     }
     let wrapped = samples.get("b_raw_wrapped");
     let raw_b = percentile(samples.get("b_raw"), 0.5);
     let ours_b = percentile(samples.get("b_ours"), 0.5);
+    let agent_b = percentile(samples.get("b_agent"), 0.5);
     let wrapped_b = percentile(wrapped, 0.5);
     println!(
         "exec true decomposition (p50): raw {raw_b:.2} ms -> raw with our wrapper argv/env {wrapped_b:.2} ms \
@@ -743,7 +998,62 @@ fn report(samples: &Samples) {
         wrapped_b - raw_b,
         ours_b - wrapped_b
     );
+    println!(
+        "exec true through the agent (p50): {agent_b:.2} ms (goal <= {GOAL_AGENT_EXEC_MS} ms: {}), \
+         {:.1}x faster than raw exec {raw_b:.2} ms",
+        met(agent_b <= GOAL_AGENT_EXEC_MS),
+        raw_b / agent_b
+    );
     headline.push(format!("exec_true_raw_wrapped_p50_ms={wrapped_b:.2}"));
+    let health = samples.get("b_agent_channel_health");
+    let (h50, h90) = (percentile(health, 0.5), percentile(health, 0.9));
+    println!(
+        "agent channel round trip (GET /health on the warm channel): p50 {h50:.2} ms p90 {h90:.2} ms; \
+         exec true through the agent adds {:+.2} ms at p50 (process start, wait, events)",
+        agent_b - h50
+    );
+    headline.push(format!("agent_channel_rtt_p50_ms={h50:.2}"));
+    headline.push(format!("agent_channel_rtt_p90_ms={h90:.2}"));
+
+    let raw_d = measured.bursts.get("d_raw");
+    for (side, name) in [
+        ("raw", "raw"),
+        ("ours", "exec mode"),
+        ("agent", "agent mode"),
+    ] {
+        let Some(b) = measured.bursts.get(format!("d_{side}").as_str()) else {
+            continue;
+        };
+        let (p50, p99) = (
+            percentile(&b.latencies, 0.5),
+            percentile(&b.latencies, 0.99),
+        );
+        let rate = b.execs_per_s();
+        println!(
+            "parallel {PARALLEL} execs, {name}: {} execs in {:.2} s of bursts, {rate:.1} execs/s; \
+             per exec p50 {p50:.2} ms p99 {p99:.2} ms",
+            b.execs,
+            b.wall.as_secs_f64()
+        );
+        headline.push(format!("parallel{PARALLEL}_{side}_execs_per_s={rate:.1}"));
+        headline.push(format!("parallel{PARALLEL}_{side}_p50_ms={p50:.2}"));
+        headline.push(format!("parallel{PARALLEL}_{side}_p99_ms={p99:.2}"));
+        if let Some(r) = raw_d
+            && side != "raw"
+        {
+            let throughput = rate / r.execs_per_s();
+            let ratio_p50 = p50 / percentile(&r.latencies, 0.5);
+            println!(
+                "parallel {PARALLEL} execs, {name} against raw: throughput x{throughput:.2}, p50 ratio {ratio_p50:.3}"
+            );
+            headline.push(format!(
+                "parallel{PARALLEL}_{side}_throughput_ratio={throughput:.2}"
+            ));
+            headline.push(format!(
+                "parallel{PARALLEL}_{side}_ratio_p50={ratio_p50:.3}"
+            ));
+        }
+    }
     for line in headline {
         println!("BENCH docker {line}");
     }
@@ -751,17 +1061,38 @@ fn report(samples: &Samples) {
 
 async fn run(smoke: bool) -> ExitCode {
     let namespace = format!("bench-{:08x}", fastrand::u32(..));
-    let config = match config(&namespace) {
+    let Some(agent_bin) = std::env::var_os(ENV_AGENT_BIN).map(PathBuf::from) else {
+        eprintln!(
+            "error: {ENV_AGENT_BIN} is not set: the agent-mode side needs the static agent \
+             (run this suite with `cargo xtask bench docker`, which builds it and sets the variable)\n{NEEDS}"
+        );
+        return ExitCode::FAILURE;
+    };
+    let configs = config(&namespace, DataPlane::Exec, None).and_then(|exec| {
+        Ok((
+            exec,
+            config(&namespace, DataPlane::Agent, Some(agent_bin.clone()))?,
+        ))
+    });
+    let (exec_config, agent_config) = match configs {
         Ok(c) => c,
         Err(e) => {
             eprintln!("error: {e}");
             return ExitCode::FAILURE;
         }
     };
-    let provider = match DockerProvider::connect(config).await {
+    let provider = match DockerProvider::connect(exec_config).await {
         Ok(p) => p,
         Err(e) => {
             eprintln!("error: cannot reach the Docker engine: {e}\n{NEEDS}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // The agent-mode adapter checks the agent (a static ELF of this version) as it starts.
+    let agent = match DockerProvider::connect(agent_config).await {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("error: the agent-mode adapter cannot start: {e}\n{NEEDS}");
             return ExitCode::FAILURE;
         }
     };
@@ -784,13 +1115,18 @@ async fn run(smoke: bool) -> ExitCode {
         client: Client::unix(),
         socket,
         prefix: format!("/v{api}"),
-        inspect_retries: 0,
+        inspect_retries: AtomicUsize::new(0),
     };
     println!(
         "engine {} (API {}), negotiated API {api}, socket {}, image {IMAGE}, namespace {namespace}",
         provider.engine().version,
         provider.engine().api_version,
         raw.socket.display()
+    );
+    println!(
+        "agent mode: agent {} ({} bytes)",
+        agent_bin.display(),
+        std::fs::metadata(&agent_bin).map_or(0, |m| m.len())
     );
     if let Err(e) = raw
         .call(Method::GET, &format!("/images/{IMAGE}/json"), None)
@@ -804,9 +1140,9 @@ async fn run(smoke: bool) -> ExitCode {
         client: raw.client.clone(),
         socket: raw.socket.clone(),
         prefix: raw.prefix.clone(),
-        inspect_retries: 0,
+        inspect_retries: AtomicUsize::new(0),
     };
-    let outcome = AssertUnwindSafe(bench(&provider, raw, &namespace, smoke))
+    let outcome = AssertUnwindSafe(bench(&provider, &agent, raw, &namespace, smoke))
         .catch_unwind()
         .await;
     let cleaned = cleanup(&provider, &cleanup_raw, &namespace).await;
@@ -815,8 +1151,8 @@ async fn run(smoke: bool) -> ExitCode {
         Err(e) => eprintln!("warning: cleanup of namespace {namespace} failed: {e}"),
     }
     match outcome {
-        Ok(Ok(samples)) => {
-            report(&samples);
+        Ok(Ok(measured)) => {
+            report(&measured);
             if cleaned.is_err() {
                 return ExitCode::FAILURE;
             }
@@ -834,7 +1170,8 @@ async fn run(smoke: bool) -> ExitCode {
 }
 
 fn main() -> ExitCode {
-    let smoke = std::env::args().any(|a| a == "--smoke");
+    let smoke =
+        std::env::args().any(|a| a == "--smoke") || std::env::var("CI").is_ok_and(|v| v == "true");
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -629,7 +629,8 @@ impl SandboxProvider for DockerProvider {
         // snapshot of this namespace ([create.snapshot_owner]); it is never pulled.
         let restore =
             request.from_snapshot || snapshots::is_snapshot_ref(request.template.as_str());
-        let image = if restore {
+        // With the image's `ENV`, which agent mode hands to the agent (`agent::sandbox_env`).
+        let (image, image_env) = if restore {
             let tenant = request
                 .metadata
                 .get(owner_metadata::TENANT)
@@ -639,8 +640,9 @@ impl SandboxProvider for DockerProvider {
         } else {
             let image = request.template.as_str();
             let inspect = self.ensure_image(op, image).await?;
-            Self::refuse_snapshot_image(inspect.config.as_ref().and_then(|c| c.labels.as_ref()))?;
-            image.to_owned()
+            let config = inspect.config.unwrap_or_default();
+            Self::refuse_snapshot_image(config.labels.as_ref())?;
+            (image.to_owned(), config.env.unwrap_or_default())
         };
 
         // No egress at all when the policy denies it by default (a Docker network cannot
@@ -681,8 +683,12 @@ impl SandboxProvider for DockerProvider {
         // (it reaps orphans itself, so no init); the install also creates the marker.
         let (entrypoint, init) = match &self.inner.agent {
             // The agent starts processes with an environment of its own making, so the
-            // sandbox's environment is handed to it as its defaults.
-            Some(_) => (agent::entrypoint_with_env(&request.env), false),
+            // sandbox's environment (the image's `ENV` under the request's, as the engine gives
+            // exec mode's processes) is handed to it as its defaults.
+            Some(_) => (
+                agent::entrypoint_with_env(&agent::sandbox_env(&image_env, &request.env)),
+                false,
+            ),
             None => (
                 vec![
                     "/bin/sh".to_owned(),

@@ -134,15 +134,15 @@ impl DockerProvider {
         format!("{SNAPSHOT_REPO_PREFIX}{}", self.namespace())
     }
 
-    /// `[create.snapshot_owner]`: the image ID a restore of `template` for `tenant` boots, or
-    /// [`snapshot_not_found`]. Only a local inspect: nothing is pulled. Engine failures other
-    /// than "no such image" stay themselves (an engine that is down is no answer about the
-    /// snapshot, and says nothing about which images exist).
+    /// `[create.snapshot_owner]`: the image ID a restore of `template` for `tenant` boots, with
+    /// the image's `ENV` lines, or [`snapshot_not_found`]. Only a local inspect: nothing is
+    /// pulled. Engine failures other than "no such image" stay themselves (an engine that is
+    /// down is no answer about the snapshot, and says nothing about which images exist).
     pub(crate) async fn restorable_image(
         &self,
         template: &str,
         tenant: Option<&str>,
-    ) -> Result<String, Error> {
+    ) -> Result<(String, Vec<String>), Error> {
         if !is_tag_of(template, &self.snapshot_repo()) {
             return Err(snapshot_not_found());
         }
@@ -157,9 +157,11 @@ impl DockerProvider {
                 });
             }
         };
-        let image_labels = inspect.config.as_ref().and_then(|c| c.labels.as_ref());
+        let config = inspect.config.unwrap_or_default();
         match inspect.id {
-            Some(id) if restorable(image_labels, self.namespace(), tenant) => Ok(id),
+            Some(id) if restorable(config.labels.as_ref(), self.namespace(), tenant) => {
+                Ok((id, config.env.unwrap_or_default()))
+            }
             _ => Err(snapshot_not_found()),
         }
     }

@@ -16,6 +16,7 @@ pub mod e2b_sdk;
 pub mod fake;
 pub mod faults;
 pub mod forward;
+pub mod static_agent;
 
 pub use fake::{FakeOp, FakeProvider, fake_capabilities};
 pub use faults::{FaultyStore, StoreOp};

@@ -369,6 +369,11 @@ fn write_blocking(
     if !meta.is_file() {
         return Err(not_regular());
     }
+    // A hard link elsewhere to a reserved file has a path of its own: judged by its inode,
+    // before its owner, metadata or contents change.
+    reserved
+        .check_links(&meta, path)
+        .map_err(FilesError::refused)?;
     owner
         .apply_to_file(&file)
         .map_err(|e| FilesError::internal(format!("error changing file ownership: {e}")))?;

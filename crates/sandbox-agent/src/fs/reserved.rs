@@ -23,9 +23,15 @@
 //! removed.
 //!
 //! What the path checks cannot see: a hard link made to a reserved file on the same filesystem
-//! has a real path of its own. Code in the sandbox that can make one already runs as root next
-//! to the agent, so these checks keep honest callers out of the reserved trees; they are no
-//! wall against hostile code in the sandbox.
+//! has a real path of its own. So a write also goes through [`Reserved::check_links`], on the
+//! opened file before anything about it changes: a regular file with more than one link is
+//! refused when a file of a reserved tree on its filesystem is the same inode (the trees are
+//! small, so they are walked at check time, at most [`MAX_LINK_SCAN`] entries, and one too big
+//! to walk refuses the write rather than guess).
+//!
+//! Code in the sandbox that can plant links already runs as root next to the agent, so these
+//! checks keep honest callers (and a model's mistaken path) out of the reserved trees; they are
+//! no wall against hostile code in the sandbox.
 
 use std::os::fd::{AsFd, AsRawFd as _};
 use std::path::{Component, Path, PathBuf};
@@ -33,6 +39,9 @@ use std::sync::Arc;
 
 /// Symlinks followed at most while judging one path (the kernel's own bound).
 const MAX_LINKS: usize = 40;
+
+/// Entries of the reserved trees one [`Reserved::check_links`] looks at, at most.
+pub const MAX_LINK_SCAN: usize = 4096;
 
 /// Why a path was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -153,6 +162,76 @@ impl Reserved {
         }
         self.judge(path, &real)
     }
+
+    /// Refuses a write to `opened` (the metadata of the descriptor the write opened; `path` is
+    /// how the caller named it) when it is a regular file with more than one link and a file
+    /// of a reserved tree is the same inode: a hard link into a reserved tree. Only the trees
+    /// on the file's filesystem are walked (a hard link cannot cross one), never into another
+    /// mount, at most [`MAX_LINK_SCAN`] entries; a tree too big to walk, or a directory in one
+    /// that cannot be read, refuses the write. Blocking: it reads the filesystem.
+    pub fn check_links(&self, opened: &std::fs::Metadata, path: &Path) -> Result<(), Refusal> {
+        self.check_links_within(opened, path, MAX_LINK_SCAN)
+    }
+
+    fn check_links_within(
+        &self,
+        opened: &std::fs::Metadata,
+        path: &Path,
+        max_entries: usize,
+    ) -> Result<(), Refusal> {
+        use std::os::unix::fs::MetadataExt as _;
+        if self.is_empty() || !opened.is_file() || opened.nlink() < 2 {
+            return Ok(());
+        }
+        let (dev, ino) = (opened.dev(), opened.ino());
+        let mut seen = 0usize;
+        for tree in self.trees.iter() {
+            let Ok(root) = std::fs::symlink_metadata(tree) else {
+                continue;
+            };
+            if root.dev() != dev {
+                continue;
+            }
+            let mut pending = vec![(tree.clone(), root)];
+            while let Some((entry, meta)) = pending.pop() {
+                if meta.is_file() && meta.dev() == dev && meta.ino() == ino {
+                    return Err(Refusal::Reserved(format!(
+                        "{} is a hard link to {}, in the reserved tree {}, which file operations cannot use",
+                        path.display(),
+                        entry.display(),
+                        tree.display()
+                    )));
+                }
+                if !meta.is_dir() || meta.dev() != dev {
+                    continue;
+                }
+                let unreadable = |e: std::io::Error| {
+                    Refusal::Unknown(format!(
+                        "cannot tell whether {} is a hard link into the reserved tree {} \
+                         (reading {}: {e}), so it is refused",
+                        path.display(),
+                        tree.display(),
+                        entry.display()
+                    ))
+                };
+                for child in std::fs::read_dir(&entry).map_err(unreadable)? {
+                    let child = child.map_err(unreadable)?;
+                    seen += 1;
+                    if seen > max_entries {
+                        return Err(Refusal::Unknown(format!(
+                            "{} has other links, and the reserved trees on its filesystem hold \
+                             more than {max_entries} entries to look through, so it is refused",
+                            path.display()
+                        )));
+                    }
+                    // The entry's own metadata: a symlink is not followed.
+                    let meta = child.metadata().map_err(unreadable)?;
+                    pending.push((child.path(), meta));
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Where `path` leads: its real path when it exists; else, a dangling final symlink followed
@@ -248,6 +327,58 @@ mod tests {
         // Nothing reserved: nothing refused.
         Reserved::default()
             .check_path(&d.join("res/secret"))
+            .unwrap();
+    }
+
+    #[test]
+    fn hard_links_into_reserved_trees_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::create_dir_all(d.join("res/deep/er")).unwrap();
+        std::fs::write(d.join("res/deep/er/secret"), b"s").unwrap();
+        std::fs::write(d.join("marker"), b"").unwrap();
+        std::fs::create_dir(d.join("ok")).unwrap();
+        std::fs::hard_link(d.join("res/deep/er/secret"), d.join("ok/to-secret")).unwrap();
+        std::fs::hard_link(d.join("marker"), d.join("ok/to-marker")).unwrap();
+        // Linked twice, but nowhere reserved.
+        std::fs::write(d.join("ok/plain"), b"p").unwrap();
+        std::fs::hard_link(d.join("ok/plain"), d.join("ok/plain2")).unwrap();
+        std::fs::write(d.join("ok/single"), b"1").unwrap();
+        // A symlink in a reserved tree to a file elsewhere is not that file.
+        symlink(d.join("ok/plain"), d.join("res/to-plain")).unwrap();
+        let r = reserved(d);
+        let meta = |p: &str| std::fs::metadata(d.join(p)).unwrap();
+        for (linked, target) in [
+            ("ok/to-secret", "res/deep/er/secret"),
+            ("ok/to-marker", "marker"),
+        ] {
+            // The path checks cannot see it: the link's own path is elsewhere.
+            r.check_path(&d.join(linked)).unwrap();
+            let e = r.check_links(&meta(linked), &d.join(linked)).unwrap_err();
+            assert!(matches!(e, Refusal::Reserved(_)), "{linked}: {e:?}");
+            assert!(
+                e.message().contains("hard link") && e.message().contains(target),
+                "{e:?}"
+            );
+        }
+        for fine in ["ok/plain", "ok/plain2", "ok/single"] {
+            r.check_links(&meta(fine), &d.join(fine)).unwrap();
+        }
+        // A directory is no file to write.
+        r.check_links(&meta("ok"), &d.join("ok")).unwrap();
+        Reserved::default()
+            .check_links(&meta("ok/to-secret"), &d.join("ok/to-secret"))
+            .unwrap();
+        // A reserved tree too big to walk refuses a linked file rather than pass it.
+        for i in 0..8 {
+            std::fs::write(d.join(format!("res/f{i}")), b"").unwrap();
+        }
+        let e = r
+            .check_links_within(&meta("ok/plain"), &d.join("ok/plain"), 5)
+            .unwrap_err();
+        assert!(matches!(e, Refusal::Unknown(_)), "{e:?}");
+        // A file with one link is never walked for.
+        r.check_links_within(&meta("ok/single"), &d.join("ok/single"), 0)
             .unwrap();
     }
 

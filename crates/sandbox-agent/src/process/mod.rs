@@ -21,7 +21,6 @@ mod input;
 mod launch;
 mod output;
 mod pty;
-mod status;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::os::fd::OwnedFd;
@@ -41,7 +40,7 @@ use sandbox_envd::process::process_selector::Selector;
 use sandbox_envd::process::{
     self as ps, ProcessEvent, ProcessInput, ProcessSelector, stream_input_request,
 };
-use sandbox_envd::{Code, ConnectError, Method};
+use sandbox_envd::{Code, ConnectError, Method, ProcessStatus};
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
@@ -51,7 +50,7 @@ use self::output::{Kind, Next, Output, ReadFrom};
 use crate::config::Config;
 use crate::connect::{self, Body, RequestStream, ResponseStream};
 use crate::log;
-use crate::pid1::{Children, ExitStatus};
+use crate::pid1::Children;
 use crate::server::CallContext;
 
 /// Request header of `Connect` (our extension): replay the process's output from this byte
@@ -745,7 +744,7 @@ async fn supervise(
     proc: Arc<Proc>,
     sources: Vec<(Kind, Arc<AsyncIo>, usize)>,
     writer: Option<tokio::task::JoinHandle<()>>,
-    exit: oneshot::Receiver<ExitStatus>,
+    exit: oneshot::Receiver<ProcessStatus>,
     deadline: Option<Instant>,
 ) {
     let (exited_tx, exited_rx) = watch::channel(false);
@@ -787,7 +786,7 @@ async fn supervise(
         input.stop("the process has exited");
     }
     let end = match status {
-        Ok(status) => status::end_event(status),
+        Ok(status) => status.end_event(),
         // The reaper went away (the agent is stopping): say so rather than invent a status.
         Err(_) => EndEvent {
             exit_code: -1,

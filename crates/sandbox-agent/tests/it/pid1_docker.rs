@@ -1,6 +1,8 @@
 //! The agent as PID 1 of a container (the `FROM scratch` busybox test image): 200 commands of
 //! the form `sh -c 'sleep 0.05 & exit 0'` leave no process in state `Z`, and with the reaper
-//! limited to the agent's own children (`--no-reap-orphans`) every orphan stays a zombie.
+//! limited to the agent's own children (`--no-reap-orphans`) every orphan stays a zombie. In a
+//! container held to `--memory 256m --cpus 1`, `GET /metrics` reports the cgroup's figures,
+//! and without limits the machine's.
 //!
 //! The image has no libc, so the agent must be a static build: `SANDBOX_AGENT_BIN` names it
 //! (the pipeline builds it with `-C target-feature=+crt-static`).
@@ -60,6 +62,11 @@ impl Drop for Container {
 
 impl Container {
     fn start(flags: &[&str]) -> Container {
+        Container::start_with(&[], flags)
+    }
+
+    /// [`Container::start`] with `docker run` options of its own (`--memory 256m`).
+    fn start_with(docker_options: &[&str], flags: &[&str]) -> Container {
         let bin = agent_binary();
         // The image has no account files of its own: the agent gets root's from a mount.
         let etc = tempfile::tempdir().unwrap();
@@ -67,9 +74,9 @@ impl Container {
         std::fs::write(etc.path().join("group"), "root:x:0:\n").unwrap();
         let bin_mount = format!("{}:/sandbox-agent:ro", bin.display());
         let etc_mount = format!("{}:/agent-etc:ro", etc.path().display());
-        let mut args = vec![
-            "run",
-            "-d",
+        let mut args = vec!["run", "-d"];
+        args.extend_from_slice(docker_options);
+        args.extend_from_slice(&[
             "-v",
             &bin_mount,
             "-v",
@@ -86,7 +93,7 @@ impl Container {
             "/agent-etc/group",
             "--default-workdir",
             "/",
-        ];
+        ]);
         args.extend_from_slice(flags);
         let id = docker(&args);
         let port = docker(&["port", &id, "49983/tcp"]);
@@ -199,4 +206,67 @@ async fn without_the_reaper_the_orphans_stay_zombies() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(zombies(&client).await, COMMANDS);
+}
+
+/// `GET /metrics`, asked from inside the container (busybox's `wget`, to the agent's port).
+async fn metrics(client: &EnvdClient<GuardedConnector>) -> serde_json::Value {
+    let body = run(client, "wget -qO- http://127.0.0.1:49983/metrics").await;
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body:?}"))
+}
+
+fn figure(metrics: &serde_json::Value, key: &str) -> f64 {
+    metrics[key]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{key} is a number in {metrics}"))
+}
+
+/// The machine's memory and CPUs, as its `/proc` shows them (a container's too).
+fn machine() -> (f64, f64) {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let kb: f64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap();
+    let stat = std::fs::read_to_string("/proc/stat").unwrap();
+    let cpus = stat
+        .lines()
+        .filter(|l| l.starts_with("cpu") && l.as_bytes().get(3).is_some_and(u8::is_ascii_digit))
+        .count();
+    (kb * 1024.0, cpus as f64)
+}
+
+#[tokio::test]
+#[ignore = "needs the Docker engine and SANDBOX_AGENT_BIN (the docker engine stage)"]
+async fn in_a_limited_container_the_metrics_are_the_cgroups() {
+    let (machine_memory, machine_cpus) = machine();
+    let limited = Container::start_with(&["--memory", "256m", "--cpus", "1"], &[]);
+    let client = limited.client();
+    wait_healthy(&client).await;
+    let m = metrics(&client).await;
+    assert_eq!(figure(&m, "mem_total"), 256.0 * 1024.0 * 1024.0, "{m}");
+    assert_eq!(figure(&m, "mem_total_mib"), 256.0, "{m}");
+    let used = figure(&m, "mem_used");
+    assert!(used > 0.0 && used < 256.0 * 1024.0 * 1024.0, "{m}");
+    assert_eq!(figure(&m, "cpu_count"), 1.0, "the quota is one CPU: {m}");
+    // One busy loop for a second and a half is most of a one-CPU quota (of a loaded machine's
+    // share, at least a tenth), however many CPUs the machine has.
+    run(
+        &client,
+        "sh -c 'while :; do :; done' & p=$!; sleep 1.5; kill $p; wait $p; true",
+    )
+    .await;
+    let m = metrics(&client).await;
+    let pct = figure(&m, "cpu_used_pct");
+    assert!((10.0..=100.0).contains(&pct), "{m}");
+    drop(limited);
+
+    // Without limits, the machine's figures, as on a machine of its own.
+    let free = Container::start(&[]);
+    let client = free.client();
+    wait_healthy(&client).await;
+    let m = metrics(&client).await;
+    assert_eq!(figure(&m, "mem_total"), machine_memory, "{m}");
+    assert_eq!(figure(&m, "cpu_count"), machine_cpus, "{m}");
 }

@@ -4,7 +4,7 @@
 use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use sandbox_core::{Error, ErrorCode, ErrorKind, Origin};
+use sandbox_core::{Error, Origin};
 
 use crate::api;
 
@@ -70,78 +70,14 @@ pub(crate) fn from_store(err: &Error) -> bool {
     }
 }
 
-/// The status and code of a core error. Specific codes first, then the kind; the origin tells
-/// a store failure from a provider failure (`from_store`).
+/// The status and code of a core error: core's one table (`Error::status_and_code`), which
+/// the envd router answers with too.
 pub fn classify(err: &Error) -> (StatusCode, &'static str) {
-    if let Some(code) = err.code() {
-        let status = match code {
-            ErrorCode::InvalidPath
-            | ErrorCode::InvalidTimeout
-            | ErrorCode::InvalidCommand
-            | ErrorCode::InvalidBindingKey
-            | ErrorCode::UnknownSandboxType
-            | ErrorCode::ConfigIncomplete
-            | ErrorCode::UnsafeOutboundUrl
-            | ErrorCode::SecurityViolation
-            | ErrorCode::ImageNotPresent
-            | ErrorCode::NotARegularFile
-            | ErrorCode::FileTooLarge
-            | ErrorCode::InvalidSignal
-            | ErrorCode::InvalidOffset
-            | ErrorCode::NotADirectory => StatusCode::BAD_REQUEST,
-            ErrorCode::SessionDeleted
-            | ErrorCode::NoLiveSandbox
-            | ErrorCode::SnapshotNotFound
-            | ErrorCode::SandboxGone
-            | ErrorCode::ProcessNotFound => StatusCode::NOT_FOUND,
-            ErrorCode::QuotaExceeded | ErrorCode::WatchOverflow => StatusCode::TOO_MANY_REQUESTS,
-            ErrorCode::SandboxPaused
-            | ErrorCode::SessionRewindLocked
-            | ErrorCode::SessionTurnActive
-            | ErrorCode::SessionWorkActive
-            | ErrorCode::ProcessExited
-            | ErrorCode::StdinClosed
-            | ErrorCode::ProcessTagInUse => StatusCode::CONFLICT,
-            ErrorCode::TerminalUnsupported | ErrorCode::DesktopUnsupported => {
-                StatusCode::NOT_IMPLEMENTED
-            }
-            ErrorCode::BackendDisabled
-            | ErrorCode::EgressProtectionUnavailable
-            | ErrorCode::LockOwnershipLost => StatusCode::SERVICE_UNAVAILABLE,
-            // A binding the store cannot read is our fault, not the caller's.
-            ErrorCode::InvalidBinding => StatusCode::INTERNAL_SERVER_ERROR,
-            _ => StatusCode::INTERNAL_SERVER_ERROR,
-        };
-        return (status, code.as_str());
-    }
-    let from_store = from_store(err);
-    match err.kind() {
-        ErrorKind::NotFound => (StatusCode::NOT_FOUND, "not_found"),
-        ErrorKind::Terminal => (StatusCode::NOT_FOUND, "sandbox_gone"),
-        ErrorKind::InvalidRequest => (StatusCode::BAD_REQUEST, "invalid_request"),
-        ErrorKind::Unsupported => (StatusCode::NOT_IMPLEMENTED, "unsupported"),
-        ErrorKind::Conflict => (StatusCode::CONFLICT, "conflict"),
-        ErrorKind::Capacity => (StatusCode::TOO_MANY_REQUESTS, "capacity"),
-        ErrorKind::Timeout => (
-            StatusCode::GATEWAY_TIMEOUT,
-            if from_store {
-                "store_timeout"
-            } else {
-                "provider_timeout"
-            },
-        ),
-        ErrorKind::Unavailable => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            if from_store {
-                "store_unavailable"
-            } else {
-                "provider_unavailable"
-            },
-        ),
-        // The provider refused *our* credentials: a deployment problem, not the caller's.
-        ErrorKind::Authentication => (StatusCode::BAD_GATEWAY, "provider_authentication"),
-        ErrorKind::Internal => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
-    }
+    let (status, code) = err.status_and_code();
+    (
+        StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        code,
+    )
 }
 
 impl From<Error> for ApiError {
@@ -183,7 +119,7 @@ impl IntoResponse for ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sandbox_core::{Operation, Provider};
+    use sandbox_core::{ErrorCode, ErrorKind, Operation, Provider};
 
     #[test]
     fn an_unread_body_closes_the_connection() {

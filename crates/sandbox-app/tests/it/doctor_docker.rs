@@ -143,9 +143,7 @@ fn doctor_agent_mode(agent_path: &std::path::Path) -> (i32, String) {
 #[test]
 #[ignore = "needs a Docker engine, the sandbox-busybox:test image and SANDBOX_AGENT_BIN: cargo xtask test runs it"]
 fn doctor_reports_the_agent_data_plane_and_fails_an_agent_that_is_not_this_one() {
-    let agent = std::env::var_os("SANDBOX_AGENT_BIN")
-        .map(std::path::PathBuf::from)
-        .expect("SANDBOX_AGENT_BIN names the static agent (`cargo xtask agent` prints it)");
+    let agent = crate::support::agent_bin();
     let (code, out) = doctor_agent_mode(&agent);
     assert_eq!(code, 0, "{out}");
     let plane = line(&out, "docker data plane");

@@ -37,6 +37,7 @@ use sandbox_core::{
     Command, Error, ErrorCode, ErrorKind, ExecRequest, ExecResult, Operation, OutputStream,
     Provider,
 };
+use sandbox_envd::ProcessStatus;
 use sandbox_envd::process::process_event::data_event::Output;
 use sandbox_envd::process::process_event::{EndEvent, Event};
 use sandbox_envd::process::{self as ps, ProcessInput, ProcessSelector};
@@ -444,58 +445,17 @@ pub(crate) async fn explain(docker: &Docker, container: &str, err: Error) -> Err
 }
 
 /// The exit status exec mode reports for `end` (a signal `n` is `128 + n`, as the engine
-/// reports an exec's), and whether a signal ended the process.
+/// reports an exec's), and whether a signal ended the process. A status text that is not
+/// envd's, or names no Linux signal (1 to 64), is -1: the agent is not trusted to name one.
 pub(crate) fn exit_of(end: &EndEvent) -> (i32, bool) {
     if end.exited {
         return (end.exit_code, false);
     }
-    let number = end
-        .status
-        .strip_prefix("signal: ")
-        .map(|s| s.trim_end_matches(" (core dumped)"))
-        .and_then(signal_number);
-    (number.map_or(-1, |n| 128 + n), true)
-}
-
-/// The number of the Linux signal envd (Go) names `name`.
-fn signal_number(name: &str) -> Option<i32> {
-    const NAMES: [&str; 31] = [
-        "hangup",
-        "interrupt",
-        "quit",
-        "illegal instruction",
-        "trace/breakpoint trap",
-        "aborted",
-        "bus error",
-        "floating point exception",
-        "killed",
-        "user defined signal 1",
-        "segmentation fault",
-        "user defined signal 2",
-        "broken pipe",
-        "alarm clock",
-        "terminated",
-        "stack fault",
-        "child exited",
-        "continued",
-        "stopped (signal)",
-        "stopped",
-        "stopped (tty input)",
-        "stopped (tty output)",
-        "urgent I/O condition",
-        "CPU time limit exceeded",
-        "file size limit exceeded",
-        "virtual timer expired",
-        "profiling timer expired",
-        "window changed",
-        "I/O possible",
-        "power failure",
-        "bad system call",
-    ];
-    if let Some(i) = NAMES.iter().position(|n| *n == name) {
-        return i32::try_from(i + 1).ok();
-    }
-    name.strip_prefix("signal ")?.parse().ok()
+    let code = match ProcessStatus::parse(&end.status) {
+        Some(ProcessStatus::Signaled { signal, .. }) if (1..=64).contains(&signal) => 128 + signal,
+        _ => -1,
+    };
+    (code, true)
 }
 
 /// Sends SIGKILL to a process's group when dropped armed: the drop path of a cancelled call.
@@ -562,7 +522,26 @@ mod tests {
         );
         assert_eq!(exit_of(&end(false, -1, "signal 40")), (-1, true));
         assert_eq!(exit_of(&end(false, -1, "signal: signal 40")), (168, true));
+        assert_eq!(exit_of(&end(false, -1, "signal: signal 64")), (192, true));
         assert_eq!(exit_of(&end(false, -1, "unknown")), (-1, true));
+        // What no agent produces for a real signal is no signal, and never an overflow.
+        for hostile in [
+            "signal: signal 0",
+            "signal: signal 65",
+            "signal: signal -9",
+            "signal: signal 2147483647",
+            "signal: signal 9",
+        ] {
+            assert_eq!(exit_of(&end(false, -1, hostile)), (-1, true), "{hostile}");
+        }
+        // Every signal the agent reports comes back as the engine would report it.
+        for signal in 1..=64 {
+            let status = ProcessStatus::Signaled {
+                signal,
+                core_dumped: signal % 2 == 0,
+            };
+            assert_eq!(exit_of(&status.end_event()), (128 + signal, true));
+        }
     }
 
     #[test]

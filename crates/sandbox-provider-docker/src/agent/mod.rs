@@ -74,8 +74,8 @@ pub fn entrypoint() -> Vec<String> {
 }
 
 /// [`entrypoint`], with `env` as the default environment of every process the agent starts
-/// (`--env KEY=VALUE`): the sandbox's environment, which the agent does not pass on from its
-/// own.
+/// (`--env KEY=VALUE`): the sandbox's environment ([`sandbox_env`]), which the agent does not
+/// pass on from its own.
 pub fn entrypoint_with_env(env: &std::collections::BTreeMap<String, String>) -> Vec<String> {
     let mut argv = entrypoint();
     for (k, v) in env {
@@ -83,6 +83,37 @@ pub fn entrypoint_with_env(env: &std::collections::BTreeMap<String, String>) -> 
         argv.push(format!("{k}={v}"));
     }
     argv
+}
+
+/// The environment every process of an agent-mode sandbox starts from, as exec mode's processes
+/// get it from the engine: the image's `ENV` (`image`, the `KEY=VALUE` lines of its config),
+/// overridden key by key by the create request's `request`. A command's own env overrides both,
+/// in the agent.
+///
+/// Computed here, not taken from the agent's own environment: the engine gives PID 1 more than
+/// the container's environment (its runtime sets `HOME` for PID 1's account, root, which must
+/// not reach a process started as another user), and what it added cannot be told apart from
+/// what the image set. The image is the one the container is created from, so a restore gets
+/// its snapshot's environment, which is the source's image `ENV` and create env, committed; a
+/// restart runs the same entrypoint again.
+///
+/// `PATH` is left out: the engine already gives the agent the image's (or the request's)
+/// `PATH`, and the agent hands its own on. An entry without `=`, with an empty name, or with a
+/// NUL (which no argument can carry) is left out, as the engine would not set it either.
+pub fn sandbox_env(
+    image: &[String],
+    request: &std::collections::BTreeMap<String, String>,
+) -> std::collections::BTreeMap<String, String> {
+    let mut env = std::collections::BTreeMap::new();
+    let image = image.iter().filter_map(|line| line.split_once('='));
+    let request = request.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+    for (k, v) in image.chain(request) {
+        if k.is_empty() || k == "PATH" || k.contains('\0') || v.contains('\0') {
+            continue;
+        }
+        env.insert(k.to_owned(), v.to_owned());
+    }
+    env
 }
 
 #[cfg(test)]
@@ -129,5 +160,37 @@ mod tests {
             &argv[entrypoint().len()..],
             ["--env", "A=1=2", "--env", "B=x y"]
         );
+    }
+
+    #[test]
+    fn the_sandbox_environment_is_the_images_overridden_by_the_requests() {
+        let image = [
+            "PATH=/image/bin".to_owned(),
+            "LANG=C.UTF-8".to_owned(),
+            "SHARED=image".to_owned(),
+            "EQ=a=b".to_owned(),
+            "EMPTY=".to_owned(),
+            "NOVALUE".to_owned(),
+            "=nameless".to_owned(),
+            "NUL=a\0b".to_owned(),
+        ];
+        let request = std::collections::BTreeMap::from([
+            ("SHARED".to_owned(), "request".to_owned()),
+            ("ONLY".to_owned(), "request".to_owned()),
+        ]);
+        let env = sandbox_env(&image, &request);
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        assert_eq!(
+            env,
+            [
+                ("EMPTY", ""),
+                ("EQ", "a=b"),
+                ("LANG", "C.UTF-8"),
+                ("ONLY", "request"),
+                ("SHARED", "request"),
+            ]
+        );
+        // Nothing from the image: the request's alone, as before.
+        assert_eq!(sandbox_env(&[], &request), request);
     }
 }

@@ -22,15 +22,7 @@ use sandbox_provider_docker::{DataPlane, DockerConfig, DockerProvider};
 
 use support::{IMAGE, config, engine_sh, exec_config, namespace};
 
-const ENV_AGENT_BIN: &str = "SANDBOX_AGENT_BIN";
-
-fn agent_bin() -> PathBuf {
-    std::env::var_os(ENV_AGENT_BIN)
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            panic!("{ENV_AGENT_BIN} must name the static agent (`cargo xtask agent` prints it)")
-        })
-}
+use support::agent_bin;
 
 fn agent_config(ns: &str, path: PathBuf) -> DockerConfig {
     let mut c = config(ns);

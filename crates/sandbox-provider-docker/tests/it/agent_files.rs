@@ -11,7 +11,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Test module: a failed unwrap is a failed test.
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use sandbox_core::{
@@ -21,13 +20,7 @@ use sandbox_core::{
 use sandbox_provider_docker::{DataPlane, DockerConfig, DockerProvider};
 
 use crate::channel::CountingProxy;
-use crate::support::{IMAGE, config, exec_config, namespace};
-
-fn agent_bin() -> PathBuf {
-    std::env::var_os("SANDBOX_AGENT_BIN")
-        .map(PathBuf::from)
-        .expect("SANDBOX_AGENT_BIN must name the static agent (`cargo xtask agent` prints it)")
-}
+use crate::support::{IMAGE, agent_bin, config, exec_config, namespace};
 
 fn agent_config(ns: &str) -> DockerConfig {
     let mut c = config(ns);

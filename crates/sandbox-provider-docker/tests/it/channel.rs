@@ -39,17 +39,7 @@ const KILL_RELAY: &str = "for d in /proc/[0-9]*; do \
      if tr '\\000' ' ' < \"$d/cmdline\" 2>/dev/null | grep -q '^/.sandbox/sandbox-agent relay'; then \
      kill -9 \"${d#/proc/}\"; fi; done";
 
-pub(crate) fn agent_binary() -> PathBuf {
-    let path = std::env::var_os("SANDBOX_AGENT_BIN").map(PathBuf::from).expect(
-        "SANDBOX_AGENT_BIN must name a static build of sandbox-agent (`cargo xtask agent` prints it)",
-    );
-    assert!(
-        path.is_file(),
-        "SANDBOX_AGENT_BIN={} is not a file",
-        path.display()
-    );
-    path
-}
+pub(crate) use crate::support::agent_bin as agent_binary;
 
 /// A unix socket in front of the engine's that counts exec creations (`POST
 /// /v*/containers/<id>/exec`). Request heads are read off each connection's client side until

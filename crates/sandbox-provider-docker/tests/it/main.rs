@@ -1,5 +1,5 @@
 //! The Docker adapter's own tests beyond conformance, one test binary with a module per topic
-//! so they link once. `agent`, `agent_exec`, `agent_files`, `channel`, `engine`, `registry` and `tcp_tls` need the Docker engine (and
+//! so they link once. `agent`, `agent_exec`, `agent_files`, `channel`, `engine`, `image_env`, `registry` and `tcp_tls` need the Docker engine (and
 //! `agent`, `agent_exec`, `agent_files` and `channel` the static agent, `SANDBOX_AGENT_BIN`) (`#[ignore]`d
 //! without it; `cargo xtask test` runs them in its docker engine stage); `egress` needs root and
 //! iptables besides, and runs alone in the egress stage (`-E 'test(/^egress::/)' -j 1`);
@@ -14,6 +14,7 @@ mod agent_files;
 mod channel;
 mod egress;
 mod engine;
+mod image_env;
 mod registry;
 mod sdk_channel;
 mod tcp_guard;

@@ -40,7 +40,7 @@ use hyper::body::{Body as HttpBody, Frame, SizeHint};
 use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode, Version};
 use hyper_util::client::legacy::connect::Connect;
-use sandbox_core::{Error, ErrorCode, ErrorKind, Operation};
+use sandbox_core::{Error, ErrorKind, Operation};
 
 use super::call::EnvdClient;
 use crate::connector::BoxError;
@@ -293,71 +293,21 @@ pub fn error_response(error: &Error) -> Response<ForwardBody> {
     response
 }
 
-/// The service's status and code for `error`: the same table as the API's own
-/// classification (`sandbox-app`'s `http::error::classify`, which this crate cannot reach),
-/// a specific code first, then the kind. A `CONNECT`, the one `unsupported` a forward makes
-/// itself, is 405.
+/// The service's status and code for `error`: core's one table
+/// (`Error::status_and_code`, which the service's API answers with too), except that a
+/// `CONNECT`, the one `unsupported` a forward makes itself, is 405.
 pub fn status_and_code(error: &Error) -> (StatusCode, &'static str) {
-    if let Some(code) = error.code() {
-        let status = match code {
-            ErrorCode::InvalidPath
-            | ErrorCode::InvalidTimeout
-            | ErrorCode::InvalidCommand
-            | ErrorCode::InvalidBindingKey
-            | ErrorCode::UnknownSandboxType
-            | ErrorCode::ConfigIncomplete
-            | ErrorCode::UnsafeOutboundUrl
-            | ErrorCode::SecurityViolation
-            | ErrorCode::ImageNotPresent
-            | ErrorCode::NotARegularFile
-            | ErrorCode::FileTooLarge
-            | ErrorCode::InvalidSignal
-            | ErrorCode::InvalidOffset
-            | ErrorCode::NotADirectory => StatusCode::BAD_REQUEST,
-            ErrorCode::SessionDeleted
-            | ErrorCode::NoLiveSandbox
-            | ErrorCode::SnapshotNotFound
-            | ErrorCode::SandboxGone
-            | ErrorCode::ProcessNotFound => StatusCode::NOT_FOUND,
-            ErrorCode::QuotaExceeded | ErrorCode::WatchOverflow => StatusCode::TOO_MANY_REQUESTS,
-            ErrorCode::SandboxPaused
-            | ErrorCode::SessionRewindLocked
-            | ErrorCode::SessionTurnActive
-            | ErrorCode::SessionWorkActive
-            | ErrorCode::ProcessExited
-            | ErrorCode::StdinClosed
-            | ErrorCode::ProcessTagInUse => StatusCode::CONFLICT,
-            ErrorCode::TerminalUnsupported | ErrorCode::DesktopUnsupported => {
-                StatusCode::NOT_IMPLEMENTED
-            }
-            ErrorCode::BackendDisabled
-            | ErrorCode::EgressProtectionUnavailable
-            | ErrorCode::LockOwnershipLost => StatusCode::SERVICE_UNAVAILABLE,
-            _ => StatusCode::INTERNAL_SERVER_ERROR,
-        };
-        return (status, code.as_str());
+    if error.kind() == ErrorKind::Unsupported
+        && error.code().is_none()
+        && error.operation() == OP_FORWARD
+    {
+        return (StatusCode::METHOD_NOT_ALLOWED, "unsupported");
     }
-    let from_store = error.origin() == sandbox_core::Origin::Store;
-    match error.kind() {
-        ErrorKind::NotFound => (StatusCode::NOT_FOUND, "not_found"),
-        ErrorKind::Terminal => (StatusCode::NOT_FOUND, "sandbox_gone"),
-        ErrorKind::InvalidRequest => (StatusCode::BAD_REQUEST, "invalid_request"),
-        ErrorKind::Unsupported if error.operation() == OP_FORWARD => {
-            (StatusCode::METHOD_NOT_ALLOWED, "unsupported")
-        }
-        ErrorKind::Unsupported => (StatusCode::NOT_IMPLEMENTED, "unsupported"),
-        ErrorKind::Conflict => (StatusCode::CONFLICT, "conflict"),
-        ErrorKind::Capacity => (StatusCode::TOO_MANY_REQUESTS, "capacity"),
-        ErrorKind::Timeout if from_store => (StatusCode::GATEWAY_TIMEOUT, "store_timeout"),
-        ErrorKind::Timeout => (StatusCode::GATEWAY_TIMEOUT, "provider_timeout"),
-        ErrorKind::Unavailable if from_store => {
-            (StatusCode::SERVICE_UNAVAILABLE, "store_unavailable")
-        }
-        ErrorKind::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, "provider_unavailable"),
-        // The provider refused *our* credentials: a deployment problem, not the caller's.
-        ErrorKind::Authentication => (StatusCode::BAD_GATEWAY, "provider_authentication"),
-        ErrorKind::Internal => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
-    }
+    let (status, code) = error.status_and_code();
+    (
+        StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        code,
+    )
 }
 
 /// A body that keeps `_hold` alive for as long as it is.
@@ -391,6 +341,7 @@ impl<B, H> Unpin for Holding<B, H> where B: Unpin {}
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sandbox_core::ErrorCode;
 
     #[test]
     fn agent_extensions_are_found_under_any_spelling() {

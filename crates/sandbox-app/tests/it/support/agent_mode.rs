@@ -6,8 +6,7 @@
 /// The environment of a `sandbox serve` in agent mode: the static agent `SANDBOX_AGENT_BIN`
 /// names (`cargo xtask agent` prints it; the docker engine stage of `cargo xtask test` sets it).
 pub(crate) fn env() -> Vec<(&'static str, String)> {
-    let agent = std::env::var("SANDBOX_AGENT_BIN")
-        .expect("SANDBOX_AGENT_BIN names the static agent (`cargo xtask agent` prints it)");
+    let agent = super::agent_bin().display().to_string();
     vec![
         ("SANDBOX_DOCKER_DATA_PLANE", "agent".to_owned()),
         ("SANDBOX_DOCKER_AGENT_PATH", agent),

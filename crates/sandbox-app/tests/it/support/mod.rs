@@ -26,22 +26,7 @@ use serde_json::Value;
 /// The image the service's test sandboxes boot (built locally by xtask, never pulled).
 pub(crate) const IMAGE: &str = sandbox_app::image::DEFAULT_IMAGE;
 
-/// The static agent the default data plane (agent mode) installs in every test sandbox: the
-/// docker engine stage of `cargo xtask test` passes the one it built (`cargo xtask agent`
-/// prints its path).
-pub(crate) fn agent_bin() -> std::path::PathBuf {
-    let path = std::env::var_os("SANDBOX_AGENT_BIN")
-        .map(std::path::PathBuf::from)
-        .expect(
-            "SANDBOX_AGENT_BIN must name a static build of sandbox-agent (`cargo xtask agent` prints it)",
-        );
-    assert!(
-        path.is_file(),
-        "SANDBOX_AGENT_BIN={} is not a file",
-        path.display()
-    );
-    path
-}
+pub(crate) use sandbox_testkit::static_agent::agent_bin;
 
 /// A request body: whole (`full`) or streamed.
 pub(crate) type ReqBody = BoxBody<Bytes, Infallible>;

@@ -19,19 +19,7 @@ pub(crate) fn namespace(tag: &str) -> String {
     format!("t{tag}-{:08x}", fastrand::u32(..))
 }
 
-/// The static agent every agent-mode test installs: the docker engine stage of `cargo xtask
-/// test` passes the one it built (`cargo xtask agent` prints its path).
-pub(crate) fn agent_bin() -> PathBuf {
-    let path = std::env::var_os("SANDBOX_AGENT_BIN").map(PathBuf::from).expect(
-        "SANDBOX_AGENT_BIN must name a static build of sandbox-agent (`cargo xtask agent` prints it)",
-    );
-    assert!(
-        path.is_file(),
-        "SANDBOX_AGENT_BIN={} is not a file",
-        path.display()
-    );
-    path
-}
+pub(crate) use sandbox_testkit::static_agent::agent_bin;
 
 /// The adapter's settings for a test sandbox in namespace `ns` on the default engine, in the
 /// default data plane (agent mode, with [`agent_bin`]).
