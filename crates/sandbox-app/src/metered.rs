@@ -30,6 +30,10 @@ use sandbox_core::{
     TemplateCatalog, TenantId, Terminal, TerminalOptions, Terminals, TreeLimits, TreeListing,
     TurnLeases, TurnState,
 };
+use sandbox_core::{
+    ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream, Processes, Signal, StreamedFiles,
+    Watch, WatchStream,
+};
 
 use crate::http::metrics::{Component, Metrics};
 
@@ -210,6 +214,17 @@ impl SandboxProvider for MeteredProvider {
             .as_connect_probe()
             .map(|_| self as &dyn ConnectProbe)
     }
+    fn as_processes(&self) -> Option<&dyn Processes> {
+        self.inner.as_processes().map(|_| self as &dyn Processes)
+    }
+    fn as_streamed_files(&self) -> Option<&dyn StreamedFiles> {
+        self.inner
+            .as_streamed_files()
+            .map(|_| self as &dyn StreamedFiles)
+    }
+    fn as_watch(&self) -> Option<&dyn Watch> {
+        self.inner.as_watch().map(|_| self as &dyn Watch)
+    }
 }
 
 /// The inner capability, or `unsupported` (unreachable through `as_*`, which hands the wrapper
@@ -330,6 +345,151 @@ impl ConnectProbe for MeteredProvider {
             .as_connect_probe()
             .ok_or_else(|| missing(self.provider(), op))?;
         self.observe(op, inner.connect_session(request)).await
+    }
+}
+
+#[async_trait]
+#[deny(clippy::missing_trait_methods)]
+impl Processes for MeteredProvider {
+    async fn start_process(
+        &self,
+        sandbox: &SandboxHandle,
+        spec: ProcessSpec,
+    ) -> Result<ProcessInfo, Error> {
+        let op = Operation::START_PROCESS;
+        let inner = self
+            .inner
+            .as_processes()
+            .ok_or_else(|| missing(self.provider(), op))?;
+        self.observe(op, inner.start_process(sandbox, spec)).await
+    }
+    async fn list_processes(&self, sandbox: &SandboxHandle) -> Result<Vec<ProcessInfo>, Error> {
+        let op = Operation::LIST_PROCESSES;
+        let inner = self
+            .inner
+            .as_processes()
+            .ok_or_else(|| missing(self.provider(), op))?;
+        self.observe(op, inner.list_processes(sandbox)).await
+    }
+    async fn attach_process(
+        &self,
+        sandbox: &SandboxHandle,
+        target: &ProcessSelector,
+        from: Option<u64>,
+    ) -> Result<ProcessStream, Error> {
+        let op = Operation::ATTACH_PROCESS;
+        let inner = self
+            .inner
+            .as_processes()
+            .ok_or_else(|| missing(self.provider(), op))?;
+        self.observe(op, inner.attach_process(sandbox, target, from))
+            .await
+    }
+    async fn send_input(
+        &self,
+        sandbox: &SandboxHandle,
+        target: &ProcessSelector,
+        data: &[u8],
+    ) -> Result<(), Error> {
+        let op = Operation::SEND_INPUT;
+        let inner = self
+            .inner
+            .as_processes()
+            .ok_or_else(|| missing(self.provider(), op))?;
+        self.observe(op, inner.send_input(sandbox, target, data))
+            .await
+    }
+    async fn close_stdin(
+        &self,
+        sandbox: &SandboxHandle,
+        target: &ProcessSelector,
+    ) -> Result<(), Error> {
+        let op = Operation::CLOSE_STDIN;
+        let inner = self
+            .inner
+            .as_processes()
+            .ok_or_else(|| missing(self.provider(), op))?;
+        self.observe(op, inner.close_stdin(sandbox, target)).await
+    }
+    async fn signal_process(
+        &self,
+        sandbox: &SandboxHandle,
+        target: &ProcessSelector,
+        signal: Signal,
+    ) -> Result<(), Error> {
+        let op = Operation::SIGNAL_PROCESS;
+        let inner = self
+            .inner
+            .as_processes()
+            .ok_or_else(|| missing(self.provider(), op))?;
+        self.observe(op, inner.signal_process(sandbox, target, signal))
+            .await
+    }
+}
+
+#[async_trait]
+#[deny(clippy::missing_trait_methods)]
+impl StreamedFiles for MeteredProvider {
+    async fn read_stream(
+        &self,
+        sandbox: &SandboxHandle,
+        path: &SandboxPath,
+        max_bytes: u64,
+    ) -> Result<ReadStream, Error> {
+        let op = Operation::READ_FILE_STREAM;
+        let inner = self
+            .inner
+            .as_streamed_files()
+            .ok_or_else(|| missing(self.provider(), op))?;
+        self.observe(op, inner.read_stream(sandbox, path, max_bytes))
+            .await
+    }
+    async fn write_stream(
+        &self,
+        sandbox: &SandboxHandle,
+        path: &SandboxPath,
+        source: ReadStream,
+        max_bytes: u64,
+    ) -> Result<u64, Error> {
+        let op = Operation::WRITE_FILE_STREAM;
+        let inner = self
+            .inner
+            .as_streamed_files()
+            .ok_or_else(|| missing(self.provider(), op))?;
+        self.observe(op, inner.write_stream(sandbox, path, source, max_bytes))
+            .await
+    }
+    async fn rename_path(
+        &self,
+        sandbox: &SandboxHandle,
+        from: &SandboxPath,
+        to: &SandboxPath,
+    ) -> Result<(), Error> {
+        let op = Operation::RENAME_PATH;
+        let inner = self
+            .inner
+            .as_streamed_files()
+            .ok_or_else(|| missing(self.provider(), op))?;
+        self.observe(op, inner.rename_path(sandbox, from, to)).await
+    }
+}
+
+#[async_trait]
+#[deny(clippy::missing_trait_methods)]
+impl Watch for MeteredProvider {
+    async fn watch_dir(
+        &self,
+        sandbox: &SandboxHandle,
+        dir: &SandboxPath,
+        recursive: bool,
+    ) -> Result<WatchStream, Error> {
+        let op = Operation::WATCH_DIR;
+        let inner = self
+            .inner
+            .as_watch()
+            .ok_or_else(|| missing(self.provider(), op))?;
+        self.observe(op, inner.watch_dir(sandbox, dir, recursive))
+            .await
     }
 }
 

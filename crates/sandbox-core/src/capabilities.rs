@@ -42,11 +42,17 @@ pub enum Capability {
     /// The sandbox has a POSIX shell and userland (`sh -c`, `ps`, `stty`, pipelines), so the
     /// shell form of exec works.
     PosixShell,
+    /// Background processes with a tag, a replay ring, input and signals ([`crate::Processes`]).
+    Processes,
+    /// Files read and written as bounded byte streams, and renamed ([`crate::StreamedFiles`]).
+    StreamedFiles,
+    /// Directory event streams ([`crate::Watch`]).
+    Watch,
 }
 
 impl Capability {
     /// Every capability, in declaration order.
-    pub const ALL: [Capability; 14] = [
+    pub const ALL: [Capability; 17] = [
         Capability::Reconnect,
         Capability::Metadata,
         Capability::List,
@@ -61,6 +67,9 @@ impl Capability {
         Capability::Pty,
         Capability::Desktop,
         Capability::PosixShell,
+        Capability::Processes,
+        Capability::StreamedFiles,
+        Capability::Watch,
     ];
 
     /// The flag's name.
@@ -80,6 +89,9 @@ impl Capability {
             Capability::Pty => "pty",
             Capability::Desktop => "desktop",
             Capability::PosixShell => "posix_shell",
+            Capability::Processes => "processes",
+            Capability::StreamedFiles => "streamed_files",
+            Capability::Watch => "watch",
         }
     }
 }
@@ -108,6 +120,9 @@ pub struct Capabilities {
     pub pty: bool,
     pub desktop: bool,
     pub posix_shell: bool,
+    pub processes: bool,
+    pub streamed_files: bool,
+    pub watch: bool,
 }
 
 impl Capabilities {
@@ -127,6 +142,9 @@ impl Capabilities {
         pty: false,
         desktop: false,
         posix_shell: false,
+        processes: false,
+        streamed_files: false,
+        watch: false,
     };
 
     /// A set holding exactly `caps`.
@@ -152,6 +170,9 @@ impl Capabilities {
             Capability::Pty => self.pty,
             Capability::Desktop => self.desktop,
             Capability::PosixShell => self.posix_shell,
+            Capability::Processes => self.processes,
+            Capability::StreamedFiles => self.streamed_files,
+            Capability::Watch => self.watch,
         }
     }
 
@@ -173,6 +194,9 @@ impl Capabilities {
             Capability::Pty => &mut self.pty,
             Capability::Desktop => &mut self.desktop,
             Capability::PosixShell => &mut self.posix_shell,
+            Capability::Processes => &mut self.processes,
+            Capability::StreamedFiles => &mut self.streamed_files,
+            Capability::Watch => &mut self.watch,
         };
         *flag = on;
         self
@@ -222,7 +246,10 @@ mod tests {
                 "keep_alive",
                 "pty",
                 "desktop",
-                "posix_shell"
+                "posix_shell",
+                "processes",
+                "streamed_files",
+                "watch"
             ]
         );
         // The serde name, the struct field name and as_str agree.

@@ -220,6 +220,22 @@ pub enum ErrorCode {
     /// The sandbox disappeared while the operation ran (removed, or died): the binding is
     /// dropped and the next provisioning call creates a new one.
     SandboxGone,
+    /// No background process has the pid or tag a call named.
+    ProcessNotFound,
+    /// Input or a signal for a background process that already ended.
+    ProcessExited,
+    /// Input for a background process whose stdin is closed (or was never kept open).
+    StdinClosed,
+    /// A background process was started with a tag a running process holds.
+    ProcessTagInUse,
+    /// A signal name is not one the process calls send.
+    InvalidSignal,
+    /// An attach's replay offset is past the output produced so far.
+    InvalidOffset,
+    /// A directory watcher fell too far behind; its stream was stopped.
+    WatchOverflow,
+    /// An operation that needs a directory (a watch) met something else.
+    NotADirectory,
 }
 
 impl ErrorCode {
@@ -252,6 +268,14 @@ impl ErrorCode {
             ErrorCode::NotARegularFile => "not_a_regular_file",
             ErrorCode::FileTooLarge => "file_too_large",
             ErrorCode::SandboxGone => "sandbox_gone",
+            ErrorCode::ProcessNotFound => "process_not_found",
+            ErrorCode::ProcessExited => "process_exited",
+            ErrorCode::StdinClosed => "stdin_closed",
+            ErrorCode::ProcessTagInUse => "process_tag_in_use",
+            ErrorCode::InvalidSignal => "invalid_signal",
+            ErrorCode::InvalidOffset => "invalid_offset",
+            ErrorCode::WatchOverflow => "watch_overflow",
+            ErrorCode::NotADirectory => "not_a_directory",
         }
     }
 }
@@ -324,6 +348,16 @@ impl Operation {
     pub const TERMINAL_IO: Operation = Operation::new("terminal_io");
     pub const DIAL_DESKTOP: Operation = Operation::new("dial_desktop");
     pub const KEEP_ALIVE: Operation = Operation::new("keep_alive");
+    pub const START_PROCESS: Operation = Operation::new("start_process");
+    pub const LIST_PROCESSES: Operation = Operation::new("list_processes");
+    pub const ATTACH_PROCESS: Operation = Operation::new("attach_process");
+    pub const SEND_INPUT: Operation = Operation::new("send_input");
+    pub const CLOSE_STDIN: Operation = Operation::new("close_stdin");
+    pub const SIGNAL_PROCESS: Operation = Operation::new("signal_process");
+    pub const READ_FILE_STREAM: Operation = Operation::new("read_file_stream");
+    pub const WRITE_FILE_STREAM: Operation = Operation::new("write_file_stream");
+    pub const RENAME_PATH: Operation = Operation::new("rename_path");
+    pub const WATCH_DIR: Operation = Operation::new("watch_dir");
     /// Parsing or validating input before it is used: a request's (origin [`Origin::Caller`]),
     /// or a configuration's or a stored value's (whose origin the reading layer says).
     pub const VALIDATE: Operation = Operation::new("validate");
@@ -544,16 +578,23 @@ impl Error {
                 | ErrorCode::SecurityViolation
                 | ErrorCode::ImageNotPresent
                 | ErrorCode::NotARegularFile
-                | ErrorCode::FileTooLarge => 400,
+                | ErrorCode::FileTooLarge
+                | ErrorCode::InvalidSignal
+                | ErrorCode::InvalidOffset
+                | ErrorCode::NotADirectory => 400,
                 ErrorCode::SessionDeleted
                 | ErrorCode::NoLiveSandbox
                 | ErrorCode::SnapshotNotFound
-                | ErrorCode::SandboxGone => 404,
-                ErrorCode::QuotaExceeded => 429,
+                | ErrorCode::SandboxGone
+                | ErrorCode::ProcessNotFound => 404,
+                ErrorCode::QuotaExceeded | ErrorCode::WatchOverflow => 429,
                 ErrorCode::SandboxPaused
                 | ErrorCode::SessionRewindLocked
                 | ErrorCode::SessionTurnActive
-                | ErrorCode::SessionWorkActive => 409,
+                | ErrorCode::SessionWorkActive
+                | ErrorCode::ProcessExited
+                | ErrorCode::StdinClosed
+                | ErrorCode::ProcessTagInUse => 409,
                 ErrorCode::TerminalUnsupported | ErrorCode::DesktopUnsupported => 501,
                 ErrorCode::BackendDisabled
                 | ErrorCode::EgressProtectionUnavailable

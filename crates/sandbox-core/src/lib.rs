@@ -8,7 +8,8 @@
 //! - [`error`]: [`Error`], [`ErrorKind`], [`ErrorCode`], [`Origin`], [`Operation`]; [`diagnostics`] keeps
 //!   secrets out of error text.
 //! - [`ids`], [`path`], [`secret`]: validated identifiers, sandbox paths, credentials.
-//! - [`sandbox`], [`exec`], [`fs`], [`terminal`], [`template`]: provider DTOs.
+//! - [`sandbox`], [`exec`], [`fs`], [`terminal`], [`template`], [`process`], [`watch`]:
+//!   provider DTOs (the last two with their stream traits).
 //! - [`capabilities`]: the declared capability set.
 //! - [`layers`]: decorators every adapter is wrapped in; [`layers::Checked`] refuses what the
 //!   declarations do not allow.
@@ -35,12 +36,14 @@ pub mod ownership;
 pub mod path;
 pub mod policy;
 pub mod ports;
+pub mod process;
 pub mod provider;
 pub mod sandbox;
 pub mod secret;
 pub mod template;
 pub mod terminal;
 pub mod timefmt;
+pub mod watch;
 
 pub use binding::{BINDING_SCHEMA_VERSION, Binding, BindingKey, owner_metadata};
 pub use capabilities::{Capabilities, Capability};
@@ -56,8 +59,8 @@ pub use layers::Checked;
 pub use ownership::{OwnershipSource, OwnershipToken};
 pub use path::SandboxPath;
 pub use ports::provider::{
-    ConnectProbe, Desktop, KeepAlive, SandboxProvider, Snapshots, TemplateCatalog, Terminals,
-    narrow,
+    ConnectProbe, Desktop, KeepAlive, Processes, SandboxProvider, Snapshots, StreamedFiles,
+    TemplateCatalog, Terminals, Watch, narrow,
 };
 pub use ports::session::{
     Bootstrapper, ConfigLoader, LoadedConfig, PermissiveSessionExistence, SessionExistence,
@@ -65,6 +68,10 @@ pub use ports::session::{
 pub use ports::store::{
     ActivityRegistry, BackgroundActivity, BindingStore, InvalidationReport, LifecycleLock,
     LockRelease, OptimisticReads, ResolveSnapshot, RewindLock, RewindLocks, TurnLeases, TurnState,
+};
+pub use process::{
+    ProcessEvent, ProcessInfo, ProcessOutput, ProcessSelector, ProcessSpec, ProcessStatus,
+    ProcessStream, ProcessTag, Signal,
 };
 pub use provider::{Provider, SandboxType};
 pub use sandbox::{
@@ -78,3 +85,4 @@ pub use terminal::{
     DesktopOptions, DesktopStream, Terminal, TerminalEvent, TerminalInput, TerminalOptions,
     TerminalOutput, TerminalSize,
 };
+pub use watch::{WatchEvent, WatchEventKind, WatchEvents, WatchStream};

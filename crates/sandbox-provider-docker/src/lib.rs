@@ -40,4 +40,6 @@ pub mod terminal;
 
 pub use config::{DataPlane, DockerConfig, NetworkMode, PullPolicy};
 pub use isolation::{IsolationReport, StorageLimit};
-pub use provider::{DockerProvider, docker_capabilities, docker_network_fields};
+pub use provider::{
+    DockerProvider, docker_capabilities, docker_capabilities_for, docker_network_fields,
+};

@@ -21,7 +21,8 @@ use sandbox_core::{
     Error, ErrorCode, ErrorKind, ExecRequest, ExecResult, IdleTimeout, KeepAlive, ListFilter,
     NetworkField, NetworkFields, Operation, Provider, ReadStream, SandboxHandle, SandboxId,
     SandboxPath, SandboxProvider, SandboxState, SandboxSummary, Snapshots, StatEntry,
-    TemplateCatalog, TemplateId, Terminals, TimeoutAction, TreeLimits, TreeListing, owner_metadata,
+    StreamedFiles, TemplateCatalog, TemplateId, Terminals, TimeoutAction, TreeLimits, TreeListing,
+    Watch, WatchStream, owner_metadata,
 };
 
 use crate::agent::{self, AgentBinary};
@@ -37,7 +38,9 @@ use crate::{files, isolation, labels, snapshots};
 /// Capabilities linux containers on a Docker engine give: everything but `timeout_refresh` (the
 /// daemon has no TTL to refresh; idle reclamation is the adapter's own sweep), `volumes` (not
 /// mapped onto named volumes yet: advertising it would let a tenant configure mounts that never
-/// appear) and `desktop` (no gateway to the container's websockify port yet).
+/// appear), `desktop` (no gateway to the container's websockify port yet), and `processes`,
+/// `streamed_files` and `watch` (issue 17: the exec fallback cannot serve them honestly, and
+/// the agent plane, which can, does not implement them yet).
 pub fn docker_capabilities() -> Capabilities {
     Capabilities::from_slice(&[
         Capability::Reconnect,
@@ -52,6 +55,20 @@ pub fn docker_capabilities() -> Capabilities {
         Capability::Pty,
         Capability::PosixShell,
     ])
+}
+
+/// The capabilities of one data plane: [`docker_capabilities`], plus `streamed_files` and
+/// `watch` on the agent plane, whose channel streams files both ways and carries the agent's
+/// inotify watches. (`processes` the agent serves too, but the adapter does not map it yet:
+/// issue 17's next step.)
+pub fn docker_capabilities_for(plane: DataPlane) -> Capabilities {
+    let base = docker_capabilities();
+    match plane {
+        DataPlane::Exec => base,
+        DataPlane::Agent => base
+            .with(Capability::StreamedFiles, true)
+            .with(Capability::Watch, true),
+    }
 }
 
 /// The network-policy fields this backend enforces: only the internet switch (off: no network at
@@ -569,7 +586,7 @@ impl SandboxProvider for DockerProvider {
     }
 
     fn capabilities(&self) -> Capabilities {
-        docker_capabilities()
+        docker_capabilities_for(self.data_plane())
     }
 
     fn network_fields(&self) -> NetworkFields {
@@ -973,6 +990,74 @@ impl SandboxProvider for DockerProvider {
     fn as_connect_probe(&self) -> Option<&dyn ConnectProbe> {
         Some(self)
     }
+    fn as_streamed_files(&self) -> Option<&dyn StreamedFiles> {
+        (self.data_plane() == DataPlane::Agent).then_some(self as &dyn StreamedFiles)
+    }
+    fn as_watch(&self) -> Option<&dyn Watch> {
+        (self.data_plane() == DataPlane::Agent).then_some(self as &dyn Watch)
+    }
+}
+
+/// Directory watches over the agent's channel (agent plane only).
+#[async_trait]
+impl Watch for DockerProvider {
+    async fn watch_dir(
+        &self,
+        sandbox: &SandboxHandle,
+        dir: &SandboxPath,
+        recursive: bool,
+    ) -> Result<WatchStream, Error> {
+        let channel = self.agent_channel(sandbox, Operation::WATCH_DIR)?;
+        let watch = agent::files::watch_dir(&channel, dir, recursive).await?;
+        Ok(Box::new(watch))
+    }
+}
+
+/// Streamed files over the agent's channel (agent plane only; see [`docker_capabilities_for`]).
+#[async_trait]
+impl StreamedFiles for DockerProvider {
+    async fn read_stream(
+        &self,
+        sandbox: &SandboxHandle,
+        path: &SandboxPath,
+        max_bytes: u64,
+    ) -> Result<ReadStream, Error> {
+        let channel = self.agent_channel(sandbox, Operation::READ_FILE_STREAM)?;
+        let stream =
+            agent::files::read_stream(&channel, path, max_bytes, files::STREAM_TIMEOUT).await?;
+        Ok(Box::new(stream))
+    }
+
+    async fn write_stream(
+        &self,
+        sandbox: &SandboxHandle,
+        path: &SandboxPath,
+        source: ReadStream,
+        max_bytes: u64,
+    ) -> Result<u64, Error> {
+        let channel = self.agent_channel(sandbox, Operation::WRITE_FILE_STREAM)?;
+        agent::files::write_stream(&channel, path, source, max_bytes).await
+    }
+
+    async fn rename_path(
+        &self,
+        sandbox: &SandboxHandle,
+        from: &SandboxPath,
+        to: &SandboxPath,
+    ) -> Result<(), Error> {
+        let channel = self.agent_channel(sandbox, Operation::RENAME_PATH)?;
+        agent::files::rename(&channel, from, to).await
+    }
+}
+
+impl DockerProvider {
+    /// The sandbox's agent channel, for the capabilities only the agent plane serves.
+    fn agent_channel(&self, sandbox: &SandboxHandle, op: Operation) -> Result<Arc<Channel>, Error> {
+        self.channel(sandbox.id().as_str()).ok_or_else(|| {
+            Error::unsupported(op, "this capability needs the agent data plane")
+                .with_provider(Provider::Docker)
+        })
+    }
 }
 
 #[async_trait]
@@ -1031,17 +1116,30 @@ mod tests {
     use super::*;
 
     #[test]
-    fn declares_every_capability_but_timeout_refresh_volumes_desktop() {
+    fn declares_every_capability_but_timeout_refresh_volumes_desktop_and_issue_17s() {
         let expected = Capability::ALL
             .into_iter()
             .filter(|c| {
                 !matches!(
                     c,
-                    Capability::TimeoutRefresh | Capability::Volumes | Capability::Desktop
+                    Capability::TimeoutRefresh
+                        | Capability::Volumes
+                        | Capability::Desktop
+                        | Capability::Processes
+                        | Capability::StreamedFiles
+                        | Capability::Watch
                 )
             })
             .fold(Capabilities::NONE, |set, c| set.with(c, true));
         assert_eq!(docker_capabilities(), expected);
+        assert_eq!(docker_capabilities_for(DataPlane::Exec), expected);
+        // The agent plane streams files and watches directories; nothing else differs.
+        assert_eq!(
+            docker_capabilities_for(DataPlane::Agent),
+            expected
+                .with(Capability::StreamedFiles, true)
+                .with(Capability::Watch, true)
+        );
     }
 
     #[test]

@@ -37,26 +37,52 @@ fn data_plane() -> Result<(DataPlane, Option<std::path::PathBuf>), String> {
     Ok((plane, agent))
 }
 
-/// The capability set this adapter must declare, written out here rather than read from the
-/// adapter: every flag except `timeout_refresh`, `volumes` and `desktop`. Cases are registered
-/// from this set, so an adapter declaring less fails `declared_capabilities_match` instead of
-/// quietly dropping cases.
-fn required() -> Capabilities {
-    Capability::ALL
+/// The capability set this adapter must declare on `plane`, written out here rather than read
+/// from the adapter: every flag except `timeout_refresh`, `volumes`, `desktop`, and issue 17's
+/// `processes`, `streamed_files` and `watch`; the agent plane adds `streamed_files` and `watch`. Cases are
+/// registered from this set, so an adapter declaring less fails `declared_capabilities_match`
+/// instead of quietly dropping cases.
+///
+/// The exec fallback is pinned without the three issue-17 capabilities: it cannot honestly
+/// serve them (a background process there would be a `docker exec` whose output nobody keeps
+/// once the call that started it ends, there is no event stream for a watch, and its writes
+/// are whole buffers). The agent plane serves streamed files and watches; `processes` it gains
+/// when the adapter maps it.
+fn required(plane: DataPlane) -> Capabilities {
+    let base = Capability::ALL
         .into_iter()
         .filter(|c| {
             !matches!(
                 c,
-                Capability::TimeoutRefresh | Capability::Volumes | Capability::Desktop
+                Capability::TimeoutRefresh
+                    | Capability::Volumes
+                    | Capability::Desktop
+                    | Capability::Processes
+                    | Capability::StreamedFiles
+                    | Capability::Watch
             )
         })
-        .fold(Capabilities::NONE, |set, c| set.with(c, true))
+        .fold(Capabilities::NONE, |set, c| set.with(c, true));
+    match plane {
+        DataPlane::Exec => base,
+        DataPlane::Agent => base
+            .with(Capability::StreamedFiles, true)
+            .with(Capability::Watch, true),
+    }
+}
+
+/// The plane the pinned set is for: the selected one (a bad selection fails in the factory).
+fn pinned_plane() -> DataPlane {
+    std::env::var("SANDBOX_DOCKER_DATA_PLANE")
+        .ok()
+        .and_then(|raw| DataPlane::parse(&raw).ok())
+        .unwrap_or(DataPlane::Exec)
 }
 
 fn main() -> ExitCode {
     run_main_when_selected(
         "docker",
-        required(),
+        required(pinned_plane()),
         Arc::new(|namespace: String| {
             Box::pin(async move {
                 let image = TemplateId::new(TEST_IMAGE).map_err(|e| e.to_string())?;
@@ -67,6 +93,7 @@ fn main() -> ExitCode {
                 config.network = NetworkMode::None;
                 config.idle_sweep = false;
                 (config.data_plane, config.agent_path) = data_plane()?;
+                let declared = required(config.data_plane);
                 config
                     .extra_labels
                     .insert("sandbox.test".to_owned(), "1".to_owned());
@@ -76,7 +103,7 @@ fn main() -> ExitCode {
                 Ok(Target {
                     provider: Arc::new(provider),
                     template: image,
-                    declared: required(),
+                    declared,
                 })
             })
         }),

@@ -24,6 +24,10 @@ use sandbox_core::{
     Template, TemplateCatalog, TenantId, Terminal, TerminalOptions, Terminals, TreeLimits,
     TreeListing, TurnLeases, TurnState,
 };
+use sandbox_core::{
+    ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream, Processes, Signal, StreamedFiles,
+    Watch, WatchStream,
+};
 
 /// What a provider double changes. Each hook receives the wrapped provider (or its
 /// capability) as `next`; the defaults forward unchanged. There is a hook for each method a
@@ -94,6 +98,34 @@ pub trait ProviderHooks: Send + Sync + fmt::Debug {
     }
     async fn delete_snapshot(&self, next: &dyn Snapshots, id: &SnapshotId) -> Result<(), Error> {
         next.delete_snapshot(id).await
+    }
+    async fn attach_process(
+        &self,
+        next: &dyn Processes,
+        sandbox: &SandboxHandle,
+        target: &ProcessSelector,
+        from: Option<u64>,
+    ) -> Result<ProcessStream, Error> {
+        next.attach_process(sandbox, target, from).await
+    }
+    async fn write_stream(
+        &self,
+        next: &dyn StreamedFiles,
+        sandbox: &SandboxHandle,
+        path: &SandboxPath,
+        source: ReadStream,
+        max_bytes: u64,
+    ) -> Result<u64, Error> {
+        next.write_stream(sandbox, path, source, max_bytes).await
+    }
+    async fn watch_dir(
+        &self,
+        next: &dyn Watch,
+        sandbox: &SandboxHandle,
+        dir: &SandboxPath,
+        recursive: bool,
+    ) -> Result<WatchStream, Error> {
+        next.watch_dir(sandbox, dir, recursive).await
     }
 }
 
@@ -240,6 +272,21 @@ impl<H: ProviderHooks> SandboxProvider for Forward<H> {
         self.shows(Capability::ConnectProbe, has)
             .then_some(self as &dyn ConnectProbe)
     }
+    fn as_processes(&self) -> Option<&dyn Processes> {
+        let has = self.inner.as_processes().is_some();
+        self.shows(Capability::Processes, has)
+            .then_some(self as &dyn Processes)
+    }
+    fn as_streamed_files(&self) -> Option<&dyn StreamedFiles> {
+        let has = self.inner.as_streamed_files().is_some();
+        self.shows(Capability::StreamedFiles, has)
+            .then_some(self as &dyn StreamedFiles)
+    }
+    fn as_watch(&self) -> Option<&dyn Watch> {
+        let has = self.inner.as_watch().is_some();
+        self.shows(Capability::Watch, has)
+            .then_some(self as &dyn Watch)
+    }
 }
 
 #[async_trait]
@@ -326,6 +373,117 @@ impl<H: ProviderHooks> ConnectProbe for Forward<H> {
         let next = self.inner.as_connect_probe();
         let next = next.ok_or_else(|| self.missing(Operation::CONNECT_SESSION))?;
         next.connect_session(request).await
+    }
+}
+
+#[async_trait]
+#[deny(clippy::missing_trait_methods)]
+impl<H: ProviderHooks> Processes for Forward<H> {
+    async fn start_process(
+        &self,
+        sandbox: &SandboxHandle,
+        spec: ProcessSpec,
+    ) -> Result<ProcessInfo, Error> {
+        let next = self.inner.as_processes();
+        let next = next.ok_or_else(|| self.missing(Operation::START_PROCESS))?;
+        next.start_process(sandbox, spec).await
+    }
+    async fn list_processes(&self, sandbox: &SandboxHandle) -> Result<Vec<ProcessInfo>, Error> {
+        let next = self.inner.as_processes();
+        let next = next.ok_or_else(|| self.missing(Operation::LIST_PROCESSES))?;
+        next.list_processes(sandbox).await
+    }
+    async fn attach_process(
+        &self,
+        sandbox: &SandboxHandle,
+        target: &ProcessSelector,
+        from: Option<u64>,
+    ) -> Result<ProcessStream, Error> {
+        let next = self.inner.as_processes();
+        let next = next.ok_or_else(|| self.missing(Operation::ATTACH_PROCESS))?;
+        self.hooks.attach_process(next, sandbox, target, from).await
+    }
+    async fn send_input(
+        &self,
+        sandbox: &SandboxHandle,
+        target: &ProcessSelector,
+        data: &[u8],
+    ) -> Result<(), Error> {
+        let next = self.inner.as_processes();
+        let next = next.ok_or_else(|| self.missing(Operation::SEND_INPUT))?;
+        next.send_input(sandbox, target, data).await
+    }
+    async fn close_stdin(
+        &self,
+        sandbox: &SandboxHandle,
+        target: &ProcessSelector,
+    ) -> Result<(), Error> {
+        let next = self.inner.as_processes();
+        let next = next.ok_or_else(|| self.missing(Operation::CLOSE_STDIN))?;
+        next.close_stdin(sandbox, target).await
+    }
+    async fn signal_process(
+        &self,
+        sandbox: &SandboxHandle,
+        target: &ProcessSelector,
+        signal: Signal,
+    ) -> Result<(), Error> {
+        let next = self.inner.as_processes();
+        let next = next.ok_or_else(|| self.missing(Operation::SIGNAL_PROCESS))?;
+        next.signal_process(sandbox, target, signal).await
+    }
+}
+
+#[async_trait]
+#[deny(clippy::missing_trait_methods)]
+impl<H: ProviderHooks> StreamedFiles for Forward<H> {
+    async fn read_stream(
+        &self,
+        sandbox: &SandboxHandle,
+        path: &SandboxPath,
+        max_bytes: u64,
+    ) -> Result<ReadStream, Error> {
+        let next = self.inner.as_streamed_files();
+        let next = next.ok_or_else(|| self.missing(Operation::READ_FILE_STREAM))?;
+        next.read_stream(sandbox, path, max_bytes).await
+    }
+    async fn write_stream(
+        &self,
+        sandbox: &SandboxHandle,
+        path: &SandboxPath,
+        source: ReadStream,
+        max_bytes: u64,
+    ) -> Result<u64, Error> {
+        let next = self.inner.as_streamed_files();
+        let next = next.ok_or_else(|| self.missing(Operation::WRITE_FILE_STREAM))?;
+        self.hooks
+            .write_stream(next, sandbox, path, source, max_bytes)
+            .await
+    }
+    async fn rename_path(
+        &self,
+        sandbox: &SandboxHandle,
+        from: &SandboxPath,
+        to: &SandboxPath,
+    ) -> Result<(), Error> {
+        let next = self.inner.as_streamed_files();
+        let next = next.ok_or_else(|| self.missing(Operation::RENAME_PATH))?;
+        next.rename_path(sandbox, from, to).await
+    }
+}
+
+#[async_trait]
+#[deny(clippy::missing_trait_methods)]
+impl<H: ProviderHooks> Watch for Forward<H> {
+    async fn watch_dir(
+        &self,
+        sandbox: &SandboxHandle,
+        dir: &SandboxPath,
+        recursive: bool,
+    ) -> Result<WatchStream, Error> {
+        let next = self.inner.as_watch();
+        let next = next.ok_or_else(|| self.missing(Operation::WATCH_DIR))?;
+        self.hooks.watch_dir(next, sandbox, dir, recursive).await
     }
 }
 

@@ -150,3 +150,70 @@ async fn capability_accessors_hand_out_the_layer() {
     assert_eq!(full.calls(FakeOp::CreateSnapshot), 1);
     assert!(full.snapshot_ids().contains(&snap.id));
 }
+
+#[tokio::test]
+async fn the_issue_17_capabilities_follow_the_two_signal_rule() {
+    use sandbox_core::{ProcessSpec, ReadStream, narrow};
+    let fake = FakeProvider::builder()
+        .without(Capability::Processes)
+        .without(Capability::StreamedFiles)
+        .without(Capability::Watch)
+        .build();
+    let h = fake.create(request()).await.unwrap();
+    // Implemented but not declared: narrowing finds nothing, and the layer's wrapper refuses
+    // before the fake sees the call.
+    assert!(narrow::processes(&fake).is_none());
+    assert!(narrow::streamed_files(&fake).is_none());
+    assert!(narrow::watch(&fake).is_none());
+    let err = fake
+        .as_processes()
+        .unwrap()
+        .start_process(&h, ProcessSpec::argv("sleep", ["1"]))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
+    let dir = SandboxPath::new("/workspace").unwrap();
+    let err = fake
+        .as_watch()
+        .unwrap()
+        .watch_dir(&h, &dir, false)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
+    let source: ReadStream = Box::new(sandbox_core::BufferedStream::new(b"x".to_vec()));
+    let err = fake
+        .as_streamed_files()
+        .unwrap()
+        .write_stream(&h, &dir.join("f").unwrap(), source, 10)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
+    assert_eq!(
+        fake.calls(FakeOp::StartProcess) + fake.calls(FakeOp::WatchDir),
+        0
+    );
+    assert_eq!(fake.calls(FakeOp::WriteStream), 0);
+
+    // Declared: a background start gets the exec checks (shell form without posix_shell, a
+    // bad env name) before the fake.
+    let full = FakeProvider::new();
+    let h = full.create(request()).await.unwrap();
+    let procs = narrow::processes(&full).unwrap();
+    let err = procs
+        .start_process(&h, ProcessSpec::shell("sleep 1"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
+    assert!(err.to_string().contains("posix_shell"), "{err}");
+    let mut bad = ProcessSpec::argv("env", Vec::<String>::new());
+    bad.env.insert("1BAD".to_owned(), "v".to_owned());
+    let err = procs.start_process(&h, bad).await.unwrap_err();
+    assert_eq!(err.code(), Some(sandbox_core::ErrorCode::InvalidCommand));
+    assert_eq!(full.calls(FakeOp::StartProcess), 0);
+    let ok = procs
+        .start_process(&h, ProcessSpec::argv("sleep", ["30"]))
+        .await
+        .unwrap();
+    assert_eq!(full.calls(FakeOp::StartProcess), 1);
+    assert!(ok.status.is_running());
+}

@@ -288,3 +288,100 @@ async fn snapshots_boot_and_metadata_filters() {
     assert_eq!(only_owner.len(), 1);
     assert_eq!(&only_owner[0].id, h.id());
 }
+
+/// A watcher that never reads is not a growing queue: past the bound its stream ends in
+/// `watch_overflow`, after the events it holds.
+#[tokio::test]
+async fn a_watch_that_falls_behind_ends_in_watch_overflow() {
+    use sandbox_core::watch::WATCH_QUEUE_EVENTS;
+    let fake = FakeProvider::new();
+    let h = fake.create(request()).await.unwrap();
+    let dir = SandboxPath::new("/workspace").unwrap();
+    let mut events = narrow::watch(&fake)
+        .unwrap()
+        .watch_dir(&h, &dir, false)
+        .await
+        .unwrap();
+    // Each new file is two events (create, write).
+    for i in 0..WATCH_QUEUE_EVENTS {
+        let f = dir.join(&format!("f{i}")).unwrap();
+        fake.write_file(&h, &f, b"x").await.unwrap();
+    }
+    let mut delivered = 0;
+    let last = loop {
+        match events.next_event().await {
+            Some(Ok(_)) => delivered += 1,
+            Some(Err(e)) => break Some(e),
+            None => break None,
+        }
+    };
+    assert_eq!(delivered, WATCH_QUEUE_EVENTS);
+    let err = last.expect("the stream ends with an error");
+    assert_eq!(err.code(), Some(sandbox_core::ErrorCode::WatchOverflow));
+    assert_eq!(err.kind(), ErrorKind::Capacity);
+    assert!(events.next_event().await.is_none());
+}
+
+/// Background processes die with their sandbox, and an attach then ends.
+#[tokio::test]
+async fn background_processes_end_with_their_sandbox() {
+    use sandbox_core::{ProcessEvent, ProcessSelector, ProcessSpec, ProcessStatus, Signal};
+    let fake = FakeProvider::new();
+    let h = fake.create(request()).await.unwrap();
+    let procs = narrow::processes(&fake).unwrap();
+    let info = procs
+        .start_process(&h, ProcessSpec::argv("sleep", ["300"]))
+        .await
+        .unwrap();
+    let mut attach = procs
+        .attach_process(&h, &ProcessSelector::Pid(info.pid), None)
+        .await
+        .unwrap();
+    fake.delete(h.id()).await.unwrap();
+    let ended = tokio::time::timeout(Duration::from_secs(5), attach.next_event())
+        .await
+        .unwrap();
+    match ended {
+        Some(ProcessEvent::Exited(ProcessStatus::Exited {
+            exit_code: None,
+            signal: Some(Signal::Kill),
+        })) => {}
+        other => panic!("after the sandbox went: {other:?}"),
+    }
+    assert!(attach.next_event().await.is_none());
+}
+
+/// The ring keeps exactly its size: a reader that asks for the start of a long output gets
+/// the gap up to the ring's start, and the ring holds `RING_BYTES`.
+#[tokio::test]
+async fn the_replay_ring_is_bounded() {
+    use sandbox_core::{ProcessEvent, ProcessSelector, ProcessSpec};
+    use sandbox_testkit::fake::RING_BYTES;
+    let fake = FakeProvider::new();
+    let h = fake.create(request()).await.unwrap();
+    let file = SandboxPath::new("/workspace/big").unwrap();
+    let total = RING_BYTES as usize * 3 + 17;
+    fake.write_file(&h, &file, &vec![7_u8; total])
+        .await
+        .unwrap();
+    let procs = narrow::processes(&fake).unwrap();
+    let info = procs
+        .start_process(&h, ProcessSpec::argv("cat", [file.as_str()]))
+        .await
+        .unwrap();
+    let mut attach = procs
+        .attach_process(&h, &ProcessSelector::Pid(info.pid), Some(0))
+        .await
+        .unwrap();
+    let (mut gap, mut bytes) = (None, 0_u64);
+    loop {
+        match attach.next_event().await {
+            Some(ProcessEvent::Gap { from, to }) => gap = Some((from, to)),
+            Some(ProcessEvent::Data { data, .. }) => bytes += data.len() as u64,
+            Some(ProcessEvent::Exited(_)) | None => break,
+            Some(ProcessEvent::Failed(e)) => panic!("{e}"),
+        }
+    }
+    assert_eq!(gap, Some((0, total as u64 - RING_BYTES)));
+    assert_eq!(bytes, RING_BYTES);
+}

@@ -13,6 +13,9 @@ use sandbox_core::{
     Operation, SandboxHandle, SandboxId, SandboxPath, SandboxProvider, SandboxSummary, SnapshotId,
     Snapshots,
 };
+use sandbox_core::{
+    ProcessSelector, ProcessStream, Processes, ReadStream, StreamedFiles, Watch, WatchStream,
+};
 use sandbox_testkit::conformance::{Target, find_case, run_case};
 use sandbox_testkit::{FakeProvider, Forward, ProviderHooks, fake_capabilities};
 
@@ -33,6 +36,9 @@ enum Defect {
     EchoIsCanned,
     StdinIgnored,
     RemoveRootAllowed,
+    ReplayIgnoresOffset,
+    WriteLeavesPartialFile,
+    WatchIsAlwaysRecursive,
 }
 
 /// The defect, planted through the test kit's forwarding helper: only the methods a defect
@@ -156,6 +162,55 @@ impl ProviderHooks for Broken {
         }
         next.remove(sandbox, path).await
     }
+    async fn attach_process(
+        &self,
+        next: &dyn Processes,
+        sandbox: &SandboxHandle,
+        target: &ProcessSelector,
+        from: Option<u64>,
+    ) -> Result<ProcessStream, Error> {
+        let from = if self.defect == Defect::ReplayIgnoresOffset {
+            None
+        } else {
+            from
+        };
+        next.attach_process(sandbox, target, from).await
+    }
+    async fn write_stream(
+        &self,
+        next: &dyn StreamedFiles,
+        sandbox: &SandboxHandle,
+        path: &SandboxPath,
+        mut source: ReadStream,
+        max_bytes: u64,
+    ) -> Result<u64, Error> {
+        if self.defect != Defect::WriteLeavesPartialFile {
+            return next.write_stream(sandbox, path, source, max_bytes).await;
+        }
+        // Writes in place as the bytes arrive: a failed upload leaves what came before.
+        let mut so_far = Vec::new();
+        while let Some(chunk) = source.next_chunk().await {
+            match chunk {
+                Ok(bytes) => so_far.extend_from_slice(&bytes),
+                Err(e) => {
+                    self.fake.write_file(sandbox, path, &so_far).await?;
+                    return Err(e);
+                }
+            }
+        }
+        self.fake.write_file(sandbox, path, &so_far).await?;
+        Ok(so_far.len() as u64)
+    }
+    async fn watch_dir(
+        &self,
+        next: &dyn Watch,
+        sandbox: &SandboxHandle,
+        dir: &SandboxPath,
+        recursive: bool,
+    ) -> Result<WatchStream, Error> {
+        let recursive = recursive || self.defect == Defect::WatchIsAlwaysRecursive;
+        next.watch_dir(sandbox, dir, recursive).await
+    }
     async fn delete_snapshot(&self, next: &dyn Snapshots, id: &SnapshotId) -> Result<(), Error> {
         if self.defect == Defect::SnapshotDeleteNotIdempotent
             && !self.fake.snapshot_ids().contains(id)
@@ -211,6 +266,12 @@ async fn every_planted_defect_is_caught_by_its_case() {
         (Defect::EchoIsCanned, "exec_argv_echo"),
         (Defect::StdinIgnored, "exec_stdin_is_delivered"),
         (Defect::RemoveRootAllowed, "files_remove_recursive"),
+        (
+            Defect::ReplayIgnoresOffset,
+            "process_output_replays_exactly",
+        ),
+        (Defect::WriteLeavesPartialFile, "streamed_write_is_atomic"),
+        (Defect::WatchIsAlwaysRecursive, "watch_recursive_flag"),
     ];
     for (defect, case) in table {
         let healthy = outcome(case, Arc::new(FakeProvider::new())).await;

@@ -183,6 +183,24 @@ mod tests {
             StatusCode::SERVICE_UNAVAILABLE,
             "backend_disabled",
         );
+        // The background-process and watch codes (issue 17): each has its own status, never
+        // the catch-all 500.
+        for (code, status) in [
+            (ErrorCode::ProcessNotFound, StatusCode::NOT_FOUND),
+            (ErrorCode::ProcessExited, StatusCode::CONFLICT),
+            (ErrorCode::StdinClosed, StatusCode::CONFLICT),
+            (ErrorCode::ProcessTagInUse, StatusCode::CONFLICT),
+            (ErrorCode::InvalidSignal, StatusCode::BAD_REQUEST),
+            (ErrorCode::InvalidOffset, StatusCode::BAD_REQUEST),
+            (ErrorCode::NotADirectory, StatusCode::BAD_REQUEST),
+            (ErrorCode::WatchOverflow, StatusCode::TOO_MANY_REQUESTS),
+        ] {
+            check(
+                Error::conflict(Operation::ATTACH_PROCESS, "x").with_code(code),
+                status,
+                code.as_str(),
+            );
+        }
         check(
             Error::not_found(Operation::READ_FILE, "x"),
             StatusCode::NOT_FOUND,

@@ -9,7 +9,7 @@
 //!   `metadata`, mounts without `volumes` (`[create.metadata]`, `[create.volumes]`) and every
 //!   network-policy field the adapter does not enforce, each named;
 //! - exec: the request's own validation, and the shell form without `posix_shell`
-//!   (`[exec.shell]`);
+//!   (`[exec.shell]`); the same for a background process's start;
 //! - connect without `reconnect`, list without `list`, the directory operations without
 //!   `fs_enumeration`;
 //! - each capability trait's methods without the trait's flag.
@@ -30,14 +30,17 @@ use crate::fs::{DirEntry, ReadStream, StatEntry, TreeLimits, TreeListing};
 use crate::ids::{SandboxId, SnapshotId};
 use crate::path::SandboxPath;
 use crate::ports::provider::{
-    ConnectProbe, Desktop, KeepAlive, SandboxProvider, Snapshots, TemplateCatalog, Terminals,
+    ConnectProbe, Desktop, KeepAlive, Processes, SandboxProvider, Snapshots, StreamedFiles,
+    TemplateCatalog, Terminals, Watch,
 };
+use crate::process::{ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream, Signal};
 use crate::provider::Provider;
 use crate::sandbox::{
     ConnectRequest, CreateRequest, ListFilter, NetworkFields, SandboxHandle, SandboxSummary,
 };
 use crate::template::{SnapshotRef, Template};
 use crate::terminal::{DesktopOptions, DesktopStream, Terminal, TerminalOptions};
+use crate::watch::WatchStream;
 
 /// A provider behind the checking policy.
 ///
@@ -132,6 +135,23 @@ impl<P: SandboxProvider> Checked<P> {
         if matches!(request.command, Command::Shell(_)) && !self.inner.capabilities().posix_shell {
             return Err(self.unsupported(
                 Operation::EXEC,
+                format!(
+                    "the {} backend has no POSIX shell (it lacks posix_shell); use the argv form",
+                    self.inner.provider()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The start policy of a background process: the exec checks, on its spec.
+    pub fn check_start_process(&self, spec: &ProcessSpec) -> Result<(), Error> {
+        let op = Operation::START_PROCESS;
+        spec.validate()
+            .map_err(|e| e.with_operation(op).with_provider(self.inner.provider()))?;
+        if matches!(spec.command, Command::Shell(_)) && !self.inner.capabilities().posix_shell {
+            return Err(self.unsupported(
+                op,
                 format!(
                     "the {} backend has no POSIX shell (it lacks posix_shell); use the argv form",
                     self.inner.provider()
@@ -307,6 +327,20 @@ impl<P: SandboxProvider> SandboxProvider for Checked<P> {
             .as_connect_probe()
             .map(|_| self as &dyn ConnectProbe)
     }
+
+    fn as_processes(&self) -> Option<&dyn Processes> {
+        self.inner.as_processes().map(|_| self as &dyn Processes)
+    }
+
+    fn as_streamed_files(&self) -> Option<&dyn StreamedFiles> {
+        self.inner
+            .as_streamed_files()
+            .map(|_| self as &dyn StreamedFiles)
+    }
+
+    fn as_watch(&self) -> Option<&dyn Watch> {
+        self.inner.as_watch().map(|_| self as &dyn Watch)
+    }
 }
 
 #[async_trait]
@@ -404,6 +438,132 @@ impl<P: SandboxProvider> ConnectProbe for Checked<P> {
         let op = Operation::CONNECT_SESSION;
         self.inner_capability(Capability::ConnectProbe, op, |p| p.as_connect_probe())?
             .connect_session(request)
+            .await
+    }
+}
+
+#[async_trait]
+#[deny(clippy::missing_trait_methods)]
+impl<P: SandboxProvider> Processes for Checked<P> {
+    async fn start_process(
+        &self,
+        sandbox: &SandboxHandle,
+        spec: ProcessSpec,
+    ) -> Result<ProcessInfo, Error> {
+        let op = Operation::START_PROCESS;
+        let inner = self.inner_capability(Capability::Processes, op, |p| p.as_processes())?;
+        self.check_start_process(&spec)?;
+        inner.start_process(sandbox, spec).await
+    }
+
+    async fn list_processes(&self, sandbox: &SandboxHandle) -> Result<Vec<ProcessInfo>, Error> {
+        let op = Operation::LIST_PROCESSES;
+        self.inner_capability(Capability::Processes, op, |p| p.as_processes())?
+            .list_processes(sandbox)
+            .await
+    }
+
+    async fn attach_process(
+        &self,
+        sandbox: &SandboxHandle,
+        target: &ProcessSelector,
+        from: Option<u64>,
+    ) -> Result<ProcessStream, Error> {
+        let op = Operation::ATTACH_PROCESS;
+        self.inner_capability(Capability::Processes, op, |p| p.as_processes())?
+            .attach_process(sandbox, target, from)
+            .await
+    }
+
+    async fn send_input(
+        &self,
+        sandbox: &SandboxHandle,
+        target: &ProcessSelector,
+        data: &[u8],
+    ) -> Result<(), Error> {
+        let op = Operation::SEND_INPUT;
+        self.inner_capability(Capability::Processes, op, |p| p.as_processes())?
+            .send_input(sandbox, target, data)
+            .await
+    }
+
+    async fn close_stdin(
+        &self,
+        sandbox: &SandboxHandle,
+        target: &ProcessSelector,
+    ) -> Result<(), Error> {
+        let op = Operation::CLOSE_STDIN;
+        self.inner_capability(Capability::Processes, op, |p| p.as_processes())?
+            .close_stdin(sandbox, target)
+            .await
+    }
+
+    async fn signal_process(
+        &self,
+        sandbox: &SandboxHandle,
+        target: &ProcessSelector,
+        signal: Signal,
+    ) -> Result<(), Error> {
+        let op = Operation::SIGNAL_PROCESS;
+        self.inner_capability(Capability::Processes, op, |p| p.as_processes())?
+            .signal_process(sandbox, target, signal)
+            .await
+    }
+}
+
+#[async_trait]
+#[deny(clippy::missing_trait_methods)]
+impl<P: SandboxProvider> StreamedFiles for Checked<P> {
+    async fn read_stream(
+        &self,
+        sandbox: &SandboxHandle,
+        path: &SandboxPath,
+        max_bytes: u64,
+    ) -> Result<ReadStream, Error> {
+        let op = Operation::READ_FILE_STREAM;
+        self.inner_capability(Capability::StreamedFiles, op, |p| p.as_streamed_files())?
+            .read_stream(sandbox, path, max_bytes)
+            .await
+    }
+
+    async fn write_stream(
+        &self,
+        sandbox: &SandboxHandle,
+        path: &SandboxPath,
+        source: ReadStream,
+        max_bytes: u64,
+    ) -> Result<u64, Error> {
+        let op = Operation::WRITE_FILE_STREAM;
+        self.inner_capability(Capability::StreamedFiles, op, |p| p.as_streamed_files())?
+            .write_stream(sandbox, path, source, max_bytes)
+            .await
+    }
+
+    async fn rename_path(
+        &self,
+        sandbox: &SandboxHandle,
+        from: &SandboxPath,
+        to: &SandboxPath,
+    ) -> Result<(), Error> {
+        let op = Operation::RENAME_PATH;
+        self.inner_capability(Capability::StreamedFiles, op, |p| p.as_streamed_files())?
+            .rename_path(sandbox, from, to)
+            .await
+    }
+}
+
+#[async_trait]
+#[deny(clippy::missing_trait_methods)]
+impl<P: SandboxProvider> Watch for Checked<P> {
+    async fn watch_dir(
+        &self,
+        sandbox: &SandboxHandle,
+        dir: &SandboxPath,
+        recursive: bool,
+    ) -> Result<WatchStream, Error> {
+        let op = Operation::WATCH_DIR;
+        self.inner_capability(Capability::Watch, op, |p| p.as_watch())?
+            .watch_dir(sandbox, dir, recursive)
             .await
     }
 }

@@ -15,12 +15,14 @@ use crate::exec::{ExecRequest, ExecResult};
 use crate::fs::{BufferedStream, DirEntry, ReadStream, StatEntry, TreeLimits, TreeListing};
 use crate::ids::{SandboxId, SnapshotId};
 use crate::path::SandboxPath;
+use crate::process::{ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream, Signal};
 use crate::provider::Provider;
 use crate::sandbox::{
     ConnectRequest, CreateRequest, ListFilter, NetworkFields, SandboxHandle, SandboxSummary,
 };
 use crate::template::{SnapshotRef, Template};
 use crate::terminal::{DesktopOptions, DesktopStream, Terminal, TerminalOptions};
+use crate::watch::WatchStream;
 
 /// A sandbox backend (Docker engine, E2B, Cube, the test kit's fake).
 ///
@@ -256,6 +258,18 @@ pub trait SandboxProvider: Send + Sync + std::fmt::Debug {
     fn as_connect_probe(&self) -> Option<&dyn ConnectProbe> {
         None
     }
+    /// Background processes, when implemented.
+    fn as_processes(&self) -> Option<&dyn Processes> {
+        None
+    }
+    /// Streamed file reads and writes and renames, when implemented.
+    fn as_streamed_files(&self) -> Option<&dyn StreamedFiles> {
+        None
+    }
+    /// Directory watches, when implemented.
+    fn as_watch(&self) -> Option<&dyn Watch> {
+        None
+    }
 }
 
 /// The error of a read past its cap.
@@ -348,6 +362,156 @@ pub trait ConnectProbe: Send + Sync {
     async fn connect_session(&self, request: ConnectRequest) -> Result<SandboxHandle, Error>;
 }
 
+/// Background processes (capability `processes`); the types and the replay rules are in
+/// [`crate::process`].
+///
+/// A process is named by its pid or its tag ([`ProcessSelector`]). It outlives the call that
+/// started it and every attach; it ends when it exits, when it is signalled, or with its
+/// sandbox. Exited processes stay listed (with their status) until the adapter's own bound on
+/// remembered processes pushes the oldest out, so a caller that reconnects learns how a
+/// process ended.
+///
+/// Errors: an unknown pid or tag is `not_found` with code `process_not_found` (never the
+/// sandbox's `not_found`, so it cannot replace a binding: callers branch on the code);
+/// input or a signal for an ended process is `conflict` with `process_exited`; input with
+/// stdin closed is `conflict` with `stdin_closed`. [`crate::process::errors`] builds them.
+#[async_trait]
+pub trait Processes: Send + Sync {
+    /// Starts a process in the background and returns as soon as it runs.
+    /// - `[process.start]` The answer names a pid, the tag, the argv and `running`; `env`,
+    ///   `cwd` apply; the process runs on after the call returns.
+    /// - `[process.tag]` A tag selects the process as its pid does; starting another process
+    ///   with the tag of a running one is `conflict` with code `process_tag_in_use` (once it
+    ///   ended, the tag is free again); a pid or tag no process has is `not_found` with code
+    ///   `process_not_found`.
+    async fn start_process(
+        &self,
+        sandbox: &SandboxHandle,
+        spec: ProcessSpec,
+    ) -> Result<ProcessInfo, Error>;
+
+    /// The sandbox's background processes.
+    /// - `[process.list]` Running and ended processes started through this trait, an ended one
+    ///   with its exit status (or, signalled, its signal).
+    async fn list_processes(&self, sandbox: &SandboxHandle) -> Result<Vec<ProcessInfo>, Error>;
+
+    /// Attaches to a process's output from the replay offset `from` (`None`: from what is
+    /// produced next).
+    /// - `[process.attach]` The events are the output in order, each `Data` at its offset;
+    ///   from offset 0 with the output still in the ring, the bytes are the process's whole
+    ///   output exactly; the stream ends with `Exited` carrying the status. Attaching to an
+    ///   ended process replays what the ring holds, then `Exited`. The ring holds at least
+    ///   64 KiB ([`ProcessInfo::ring_bytes`] says how much).
+    /// - `[process.replay]` An offset older than the ring yields one `Gap` from the offset to
+    ///   the ring's start, then the ring's bytes; an offset past the output produced is
+    ///   `invalid_request` with code `invalid_offset`.
+    async fn attach_process(
+        &self,
+        sandbox: &SandboxHandle,
+        target: &ProcessSelector,
+        from: Option<u64>,
+    ) -> Result<ProcessStream, Error>;
+
+    /// Writes `data` to the process's stdin (started with `stdin: true`).
+    /// - `[process.input]` The bytes reach the process in order; after `close_stdin` the
+    ///   process reads end of file, and further input is `stdin_closed`; input for an ended
+    ///   process is `process_exited`.
+    async fn send_input(
+        &self,
+        sandbox: &SandboxHandle,
+        target: &ProcessSelector,
+        data: &[u8],
+    ) -> Result<(), Error>;
+
+    /// Closes the process's stdin. Idempotent while the process runs.
+    async fn close_stdin(
+        &self,
+        sandbox: &SandboxHandle,
+        target: &ProcessSelector,
+    ) -> Result<(), Error>;
+
+    /// Sends `signal` to the process. `TERM` and `KILL` every backend sends; a backend that
+    /// cannot send another one refuses it with `unsupported` (envd sends only those two).
+    /// - `[process.signal]` `KILL` ends the process; it is then listed as ended with no exit
+    ///   code, and a signal for it is `process_exited`.
+    async fn signal_process(
+        &self,
+        sandbox: &SandboxHandle,
+        target: &ProcessSelector,
+        signal: Signal,
+    ) -> Result<(), Error>;
+}
+
+/// Files as bounded byte streams, and renames (capability `streamed_files`).
+///
+/// Declaring it promises what the port's provided
+/// [`read_file_stream`](SandboxProvider::read_file_stream) does not: no call holds a whole
+/// file in the service. Both directions pull: a read is a [`ReadStream`] the caller pulls, a
+/// write pulls the caller's [`ReadStream`] (the source), so the sandbox side paces both.
+///
+/// Writes are atomic: the bytes go to a temporary sibling that is renamed over the target once
+/// the source ended cleanly, so a reader sees the old file or the new one, never a part.
+#[async_trait]
+pub trait StreamedFiles: Send + Sync {
+    /// Reads a file as a stream of chunks.
+    /// - `[streamed.read]` The chunks are the file's bytes in order; a file longer than
+    ///   `max_bytes` ends the stream with `file_too_large`; a missing path is `not_found`.
+    async fn read_stream(
+        &self,
+        sandbox: &SandboxHandle,
+        path: &SandboxPath,
+        max_bytes: u64,
+    ) -> Result<ReadStream, Error>;
+
+    /// Writes a file from `source`, creating parent directories, and returns the bytes
+    /// written.
+    /// - `[streamed.write]` The file holds exactly the source's bytes (at least 10 MiB
+    ///   round-trip).
+    /// - `[streamed.write.atomic]` A source that fails, or passes `max_bytes` (then the error
+    ///   is `file_too_large`), fails the call and leaves the target as it was: the old
+    ///   content, or no file.
+    async fn write_stream(
+        &self,
+        sandbox: &SandboxHandle,
+        path: &SandboxPath,
+        source: ReadStream,
+        max_bytes: u64,
+    ) -> Result<u64, Error>;
+
+    /// Renames (moves) `from` to `to`, creating `to`'s parents.
+    /// - `[streamed.rename]` A file or a directory with its contents moves: `from` is gone and
+    ///   `to` holds what `from` held; an existing file at `to` is replaced; a missing `from`
+    ///   is `not_found`; an existing directory at `to`, or `to` inside `from`, is
+    ///   `invalid_request` with code `invalid_path`.
+    async fn rename_path(
+        &self,
+        sandbox: &SandboxHandle,
+        from: &SandboxPath,
+        to: &SandboxPath,
+    ) -> Result<(), Error>;
+}
+
+/// Directory event streams (capability `watch`); the types are in [`crate::watch`].
+#[async_trait]
+pub trait Watch: Send + Sync {
+    /// Watches `dir` (and, with `recursive`, everything below it).
+    /// - `[watch.armed]` The watch is armed when the call returns: a file created afterwards
+    ///   is reported as `create`, rewritten as `write` (or `create`, where the backend writes
+    ///   by replacing the file), renamed away as `rename` of its old path, removed as
+    ///   `remove`, each with its absolute path. (`chmod` is reported by backends that can see
+    ///   it; no case provokes it, since not every backend models permissions.)
+    /// - `[watch.recursive]` Without `recursive`, only `dir`'s own entries are reported, not
+    ///   changes deeper down; with it, those are reported too.
+    /// - `[watch.dir]` A missing `dir` is `not_found`; a file is `invalid_request` with code
+    ///   `not_a_directory`.
+    async fn watch_dir(
+        &self,
+        sandbox: &SandboxHandle,
+        dir: &SandboxPath,
+        recursive: bool,
+    ) -> Result<WatchStream, Error>;
+}
+
 /// Narrowing a provider to an optional capability.
 ///
 /// Two signals must agree: the trait is implemented (the `as_*` method returns it) *and* the
@@ -391,5 +555,23 @@ pub mod narrow {
         provider
             .as_connect_probe()
             .filter(|_| provider.capabilities().connect_probe)
+    }
+    /// Background processes, if implemented and declared.
+    pub fn processes(provider: &dyn SandboxProvider) -> Option<&dyn Processes> {
+        provider
+            .as_processes()
+            .filter(|_| provider.capabilities().processes)
+    }
+    /// Streamed files, if implemented and declared.
+    pub fn streamed_files(provider: &dyn SandboxProvider) -> Option<&dyn StreamedFiles> {
+        provider
+            .as_streamed_files()
+            .filter(|_| provider.capabilities().streamed_files)
+    }
+    /// Directory watches, if implemented and declared.
+    pub fn watch(provider: &dyn SandboxProvider) -> Option<&dyn Watch> {
+        provider
+            .as_watch()
+            .filter(|_| provider.capabilities().watch)
     }
 }

@@ -123,6 +123,293 @@ pub(crate) async fn write(
     Ok(())
 }
 
+/// A streamed write (`StreamedFiles::write_stream`): the caller's source is uploaded, as it is
+/// pulled, to a hidden sibling of the target, which is renamed over the target once the source
+/// ended cleanly within `max_bytes`. So a reader of the target sees the old file or the new one,
+/// never a part; a failed upload removes the sibling. (A call dropped mid-upload can leave the
+/// sibling, `.<name>.sandbox-upload-<random>`, behind; never a partial target.)
+pub(crate) async fn write_stream(
+    channel: &Arc<Channel>,
+    path: &SandboxPath,
+    mut source: sandbox_core::ReadStream,
+    max_bytes: u64,
+) -> Result<u64, Error> {
+    let op = Operation::WRITE_FILE_STREAM;
+    check_path(op, path)?;
+    let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(Error::invalid_request(op, "/: is a directory").with_provider(Provider::Docker));
+    };
+    let staging = parent
+        .join(&format!(
+            ".{name}.sandbox-upload-{:016x}",
+            fastrand::u64(..)
+        ))
+        .map_err(|e| e.with_operation(op).with_provider(Provider::Docker))?;
+    let lease = lease(channel, op).await?;
+    let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<Bytes>>(UPLOAD_QUEUE);
+    let body = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|chunk| (chunk, rx))
+    });
+    let upload = lease.client().upload_stream(
+        staging.as_str(),
+        body,
+        max_bytes,
+        CallOptions::new().timeout(crate::files::STREAM_TIMEOUT),
+    );
+    // The source's own failure, kept as the caller's error (the upload only sees its text).
+    let source_failure: std::sync::Mutex<Option<Error>> = std::sync::Mutex::new(None);
+    let sent = std::sync::atomic::AtomicU64::new(0);
+    let feed = async {
+        while let Some(chunk) = source.next_chunk().await {
+            match chunk {
+                Ok(bytes) => {
+                    sent.fetch_add(bytes.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                    // A closed queue means the upload ended early; its result says why.
+                    if tx.send(Ok(Bytes::from(bytes))).await.is_err() {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    let text = e.to_string();
+                    if let Ok(mut slot) = source_failure.lock() {
+                        *slot = Some(e);
+                    }
+                    let _ = tx.send(Err(std::io::Error::other(text))).await;
+                    return;
+                }
+            }
+        }
+        // Dropping the sender ends the body.
+        drop(tx);
+    };
+    tokio::pin!(upload, feed);
+    let mut fed = false;
+    let uploaded = loop {
+        tokio::select! {
+            result = &mut upload => break result,
+            () = &mut feed, if !fed => fed = true,
+        }
+    };
+    let failure = source_failure.lock().ok().and_then(|mut f| f.take());
+    let outcome = match (uploaded, failure) {
+        (_, Some(cause)) => Err(cause.with_operation(op)),
+        (Err(e), None) => Err(classify(op, e)),
+        (Ok(_), None) => lease
+            .client()
+            .rename(staging.as_str(), path.as_str(), options())
+            .await
+            .map(drop)
+            .map_err(|e| classify(op, e)),
+    };
+    if outcome.is_err() {
+        // Best effort: the sibling is hidden and never the target, so a failed removal leaves
+        // litter, not a wrong file.
+        let _ = lease.client().remove(staging.as_str(), options()).await;
+    }
+    outcome?;
+    Ok(sent.load(std::sync::atomic::Ordering::Relaxed))
+}
+
+/// A rename (`StreamedFiles::rename_path`), with the port's rules checked before the agent's
+/// `Move` (a plain `rename(2)`): `/`, a target inside the source and an existing directory as
+/// the target are `invalid_path`; a missing source is `not_found`.
+pub(crate) async fn rename(
+    channel: &Arc<Channel>,
+    from: &SandboxPath,
+    to: &SandboxPath,
+) -> Result<(), Error> {
+    let op = Operation::RENAME_PATH;
+    check_path(op, from)?;
+    check_path(op, to)?;
+    let invalid = |why: String| {
+        Error::invalid_request(op, why)
+            .with_code(ErrorCode::InvalidPath)
+            .with_provider(Provider::Docker)
+    };
+    if from.is_root() || to.is_root() {
+        return Err(invalid(
+            "/ cannot be renamed, nor be a rename's target".to_owned(),
+        ));
+    }
+    if to.is_strictly_under(from) {
+        return Err(invalid(format!("{to} is inside {from}")));
+    }
+    match stat(channel, to).await {
+        Ok(entry) if entry.kind == EntryKind::Dir && from != to => {
+            return Err(invalid(format!("{to} is an existing directory")));
+        }
+        Ok(_) => {}
+        Err(e) if e.kind() == ErrorKind::NotFound => {}
+        Err(e) => return Err(e.with_operation(op)),
+    }
+    let lease = lease(channel, op).await?;
+    lease
+        .client()
+        .rename(from.as_str(), to.as_str(), options())
+        .await
+        .map(drop)
+        .map_err(|e| classify(op, e))
+}
+
+/// How long the agent may take to arm a watch (its `start` event).
+const WATCH_ARM_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A directory watch (`Watch::watch_dir`) over the agent's `Filesystem/WatchDir` stream. The
+/// path is judged first (a missing one is `not_found`, anything but a directory
+/// `not_a_directory`), and the call returns only once the agent's `start` event said the
+/// watch is armed. The stream is pulled by the caller, so the agent's bounded queue (and
+/// inotify's) is the only buffer; an inotify overflow ends it with `watch_overflow`. It holds
+/// its lease on the channel for as long as it lives.
+pub(crate) async fn watch_dir(
+    channel: &Arc<Channel>,
+    dir: &SandboxPath,
+    recursive: bool,
+) -> Result<AgentWatch, Error> {
+    use sandbox_envd::filesystem::watch_dir_response::Event;
+    let op = Operation::WATCH_DIR;
+    check_path(op, dir)?;
+    let entry = stat(channel, dir).await.map_err(|e| e.with_operation(op))?;
+    if entry.kind != EntryKind::Dir {
+        return Err(
+            Error::invalid_request(op, format!("{dir}: not a directory"))
+                .with_code(ErrorCode::NotADirectory)
+                .with_provider(Provider::Docker),
+        );
+    }
+    let lease = lease(channel, op).await?;
+    let request = sandbox_envd::filesystem::WatchDirRequest {
+        path: dir.as_str().to_owned(),
+        recursive,
+        ..Default::default()
+    };
+    let mut stream = lease
+        .client()
+        .watch_dir(&request, CallOptions::new().no_timeout())
+        .await
+        .map_err(|e| classify(op, e))?;
+    let first = tokio::time::timeout(WATCH_ARM_TIMEOUT, stream.message())
+        .await
+        .map_err(|_| {
+            Error::timeout(
+                op,
+                format!("the agent did not arm the watch on {dir} in time"),
+            )
+            .with_provider(Provider::Docker)
+        })?
+        .map_err(|e| classify(op, e))?;
+    match first.and_then(|m| m.event) {
+        Some(Event::Start(_)) => {}
+        other => {
+            return Err(Error::internal(
+                op,
+                format!("the agent's watch on {dir} began with {other:?}, not start"),
+            )
+            .with_provider(Provider::Docker));
+        }
+    }
+    Ok(AgentWatch {
+        stream,
+        _lease: lease,
+        dir: dir.clone(),
+        done: false,
+    })
+}
+
+/// See [`watch_dir`].
+pub(crate) struct AgentWatch {
+    stream: sandbox_transport::envd::ServerStream<sandbox_envd::filesystem::WatchDirResponse>,
+    _lease: Lease,
+    dir: SandboxPath,
+    done: bool,
+}
+
+impl std::fmt::Debug for AgentWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentWatch")
+            .field("dir", &self.dir)
+            .field("done", &self.done)
+            .finish()
+    }
+}
+
+impl AgentWatch {
+    fn event(
+        &self,
+        change: sandbox_envd::filesystem::FilesystemEvent,
+    ) -> Option<Result<sandbox_core::WatchEvent, Error>> {
+        use sandbox_core::WatchEventKind as Kind;
+        use sandbox_envd::filesystem::EventType;
+        let kind = match change.r#type {
+            EventType::Create => Kind::Create,
+            EventType::Write => Kind::Write,
+            EventType::Remove => Kind::Remove,
+            EventType::Rename => Kind::Rename,
+            EventType::Chmod => Kind::Chmod,
+            // A kind this adapter does not know names nothing a caller could act on.
+            EventType::Unspecified | EventType::Unrecognized(_) => return None,
+        };
+        // Names are relative to the watched directory; one that no path below it can hold
+        // (absolute, traversing) is refused rather than reported somewhere else.
+        let path = if change.name.is_empty() {
+            Ok(self.dir.clone())
+        } else {
+            self.dir
+                .join(&change.name)
+                .ok()
+                .filter(|p| p.is_strictly_under(&self.dir))
+                .ok_or_else(|| {
+                    Error::internal(
+                        Operation::WATCH_DIR,
+                        format!(
+                            "the agent reported a change outside {}: {:?}",
+                            self.dir,
+                            change.name.chars().take(200).collect::<String>()
+                        ),
+                    )
+                    .with_provider(Provider::Docker)
+                })
+        };
+        Some(path.map(|path| sandbox_core::WatchEvent { kind, path }))
+    }
+}
+
+#[async_trait]
+impl sandbox_core::WatchEvents for AgentWatch {
+    async fn next_event(&mut self) -> Option<Result<sandbox_core::WatchEvent, Error>> {
+        use sandbox_envd::filesystem::watch_dir_response::Event;
+        if self.done {
+            return None;
+        }
+        loop {
+            match self.stream.message().await {
+                Ok(Some(message)) => match message.event {
+                    Some(Event::Filesystem(change)) => {
+                        if let Some(event) = self.event(change) {
+                            if event.is_err() {
+                                self.done = true;
+                            }
+                            return Some(event);
+                        }
+                    }
+                    Some(Event::Start(_) | Event::Keepalive(_)) | None => {}
+                },
+                Ok(None) => {
+                    self.done = true;
+                    return None;
+                }
+                Err(e) => {
+                    self.done = true;
+                    if e.message().contains("overflowed") {
+                        return Some(Err(sandbox_core::watch::watch_overflow(&self.dir)
+                            .with_provider(Provider::Docker)));
+                    }
+                    return Some(Err(classify(Operation::WATCH_DIR, e)));
+                }
+            }
+        }
+    }
+}
+
 /// A file's bytes as the agent sends them, pulled chunk by chunk; holds its lease on the
 /// channel for as long as it lives.
 pub(crate) struct AgentFileStream {

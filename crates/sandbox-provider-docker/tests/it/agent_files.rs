@@ -518,3 +518,88 @@ async fn a_tree_too_long_for_one_answer_is_walked_and_cut_at_its_cap() {
     assert_eq!(all.entries.len(), 24_002);
     cleanup(&p).await;
 }
+
+/// A source that yields `chunks` copies of `chunk`, then fails when `fail` is set.
+struct Chunks {
+    chunk: Vec<u8>,
+    left: usize,
+    fail: bool,
+}
+
+#[async_trait::async_trait]
+impl sandbox_core::ByteStream for Chunks {
+    async fn next_chunk(&mut self) -> Option<Result<Vec<u8>, sandbox_core::Error>> {
+        if self.left == 0 {
+            return std::mem::take(&mut self.fail).then(|| {
+                Err(sandbox_core::Error::unavailable(
+                    sandbox_core::Operation::new("upload"),
+                    "the client went away",
+                ))
+            });
+        }
+        self.left -= 1;
+        Some(Ok(self.chunk.clone()))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Docker engine, the sandbox-busybox:test image and SANDBOX_AGENT_BIN: cargo xtask test runs it"]
+async fn streamed_writes_go_through_the_channel_and_leave_no_staging_file() {
+    let ns = namespace("afs");
+    let proxy = CountingProxy::start().await;
+    let p = agent_provider(&ns, &proxy).await;
+    let h = create(&p).await;
+    let streamed = sandbox_core::narrow::streamed_files(&p).expect("the agent plane streams");
+    let channel = p.channel(h.id().as_str()).unwrap();
+    // The first file operation opens the channel's exec; count from after it.
+    p.make_dir(&h, &path("/tmp/up")).await.unwrap();
+    let (creates, opened) = (proxy.exec_creates(), channel.execs_opened());
+    let target = path("/tmp/up/file.bin");
+    let chunk = pattern(1 << 20);
+    let ok = Chunks {
+        chunk: chunk.clone(),
+        left: 8,
+        fail: false,
+    };
+    let written = streamed
+        .write_stream(&h, &target, Box::new(ok), 8 << 20)
+        .await
+        .unwrap();
+    assert_eq!(written, 8 << 20);
+    assert_eq!(p.read_file(&h, &target).await.unwrap(), chunk.repeat(8));
+    // A failing source and an over-cap source: the target keeps its bytes, and the staging
+    // sibling is gone.
+    let failing = Chunks {
+        chunk: vec![1; 4096],
+        left: 3,
+        fail: true,
+    };
+    let err = streamed
+        .write_stream(&h, &target, Box::new(failing), 8 << 20)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    let over = Chunks {
+        chunk: vec![2; 4096],
+        left: 4,
+        fail: false,
+    };
+    let err = streamed
+        .write_stream(&h, &target, Box::new(over), 10_000)
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some(ErrorCode::FileTooLarge), "{err}");
+    assert_eq!(p.read_file(&h, &target).await.unwrap(), chunk.repeat(8));
+    let names: Vec<String> = p
+        .list_dir(&h, &path("/tmp/up"))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    assert_eq!(names, ["file.bin"]);
+    // All of it over the kept channel: no exec was created or opened for it.
+    assert_eq!(proxy.exec_creates(), creates);
+    assert_eq!(channel.execs_opened(), opened);
+    cleanup(&p).await;
+}

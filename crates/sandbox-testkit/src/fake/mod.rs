@@ -19,6 +19,9 @@
 
 mod exec;
 mod fs;
+mod process;
+
+pub use self::process::{REMEMBERED_EXITED, RING_BYTES};
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
@@ -30,6 +33,10 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use sandbox_core::{
+    ByteStream, ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream, Processes, ReadStream,
+    Signal, StreamedFiles, Watch, WatchEvent, WatchEvents, WatchStream,
+};
+use sandbox_core::{
     Capabilities, Capability, Checked, Clock, Command, ConnectProbe, ConnectRequest, CreateRequest,
     DirEntry, Error, ErrorCode, ExecRequest, ExecResult, KeepAlive, ListFilter, Metadata,
     NetworkFields, Operation, Provider, SandboxHandle, SandboxId, SandboxPath, SandboxProvider,
@@ -38,7 +45,8 @@ use sandbox_core::{
 };
 
 use self::exec::{Output, ProcessEnv};
-use self::fs::MemFs;
+use self::fs::{MemFs, Watcher};
+use self::process::{Attach, ProcTable};
 
 /// The template every fake starts with (and its standard template).
 pub const FAKE_TEMPLATE: &str = "fake-base";
@@ -48,7 +56,8 @@ pub const FAKE_TEMPLATE: &str = "fake-base";
 pub const DEFAULT_EXEC_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The fake's full capability set: every flag except `posix_shell`, `pty`, `desktop` and
-/// `volumes`, which need a real userland, a real PTY or a real mount.
+/// `volumes`, which need a real userland, a real PTY or a real mount. Background processes
+/// run its argv vocabulary (see the `fake::process` module for what they model).
 pub fn fake_capabilities() -> Capabilities {
     Capabilities::from_slice(&[
         Capability::Reconnect,
@@ -61,6 +70,9 @@ pub fn fake_capabilities() -> Capabilities {
         Capability::TemplateCatalog,
         Capability::ConnectProbe,
         Capability::KeepAlive,
+        Capability::Processes,
+        Capability::StreamedFiles,
+        Capability::Watch,
     ])
 }
 
@@ -87,6 +99,16 @@ pub enum FakeOp {
     ListTemplates,
     EnsureTemplate,
     KeepAlive,
+    StartProcess,
+    ListProcesses,
+    AttachProcess,
+    SendInput,
+    CloseStdin,
+    SignalProcess,
+    ReadStream,
+    WriteStream,
+    RenamePath,
+    WatchDir,
 }
 
 /// What a hook sees: the operation and, when it targets one, the sandbox.
@@ -122,6 +144,8 @@ struct FakeSandbox {
     fs: Arc<Mutex<MemFs>>,
     running: Arc<AtomicUsize>,
     keep_alives: usize,
+    /// Background processes; they die with the sandbox (the table kills them when dropped).
+    procs: Arc<Mutex<ProcTable>>,
 }
 
 struct Snapshot {
@@ -447,6 +471,7 @@ impl FakeProvider {
                 fs: sbx.fs.clone(),
                 running: sbx.running.clone(),
                 env: sbx.env.clone(),
+                procs: sbx.procs.clone(),
             }),
             SandboxState::Terminal => Err(self.err(Error::new(
                 sandbox_core::ErrorKind::Terminal,
@@ -458,6 +483,50 @@ impl FakeProvider {
                 format!("sandbox {id} is {other}, not running"),
             ))),
         }
+    }
+
+    /// What a process (an exec or a background one) sees: the cwd (default `/workspace`, which
+    /// must exist) and the environment, the sandbox's merged over the defaults and the
+    /// request's over that.
+    fn process_env(
+        &self,
+        op: Operation,
+        parts: &RunningParts,
+        argv: Vec<String>,
+        cwd: Option<SandboxPath>,
+        request_env: &BTreeMap<String, String>,
+        stdin: Vec<u8>,
+    ) -> Result<ProcessEnv, Error> {
+        let cwd = cwd.unwrap_or_else(|| {
+            SandboxPath::new("/workspace").unwrap_or_else(|_| SandboxPath::root())
+        });
+        if !lock(&parts.fs).is_dir(&cwd) {
+            return Err(self.err(Error::invalid_request(
+                op,
+                format!("working directory {cwd} does not exist"),
+            )));
+        }
+        let mut env: BTreeMap<String, String> = [
+            ("HOME".to_owned(), "/root".to_owned()),
+            (
+                "PATH".to_owned(),
+                "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_owned(),
+            ),
+        ]
+        .into();
+        env.extend(parts.env.clone());
+        env.extend(request_env.clone());
+        Ok(ProcessEnv {
+            argv,
+            stdin,
+            env,
+            cwd,
+            fs: parts.fs.clone(),
+        })
+    }
+
+    fn procs_of(&self, id: &SandboxId, op: Operation) -> Result<Arc<Mutex<ProcTable>>, Error> {
+        self.running_parts(id, op).map(|parts| parts.procs)
     }
 
     fn fs_of(&self, id: &SandboxId, op: Operation) -> Result<Arc<Mutex<MemFs>>, Error> {
@@ -547,6 +616,7 @@ impl SandboxProvider for FakeProvider {
             fs: Arc::new(Mutex::new(fs)),
             running: Arc::new(AtomicUsize::new(0)),
             keep_alives: 0,
+            procs: Arc::new(Mutex::new(ProcTable::default())),
         };
         let handle = self.handle(&id, &sbx, token);
         st.sandboxes.insert(id, sbx);
@@ -614,37 +684,16 @@ impl SandboxProvider for FakeProvider {
                 )));
             }
         };
-        let RunningParts {
-            fs,
-            running,
-            env: sandbox_env,
-        } = self.running_parts(id, Operation::EXEC)?;
-        let cwd = request.cwd.clone().unwrap_or_else(|| {
-            SandboxPath::new("/workspace").unwrap_or_else(|_| SandboxPath::root())
-        });
-        if !lock(&fs).is_dir(&cwd) {
-            return Err(self.err(Error::invalid_request(
-                Operation::EXEC,
-                format!("working directory {cwd} does not exist"),
-            )));
-        }
-        let mut env: BTreeMap<String, String> = [
-            ("HOME".to_owned(), "/root".to_owned()),
-            (
-                "PATH".to_owned(),
-                "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_owned(),
-            ),
-        ]
-        .into();
-        env.extend(sandbox_env);
-        env.extend(request.env.clone());
-        let process = ProcessEnv {
+        let parts = self.running_parts(id, Operation::EXEC)?;
+        let running = parts.running.clone();
+        let process = self.process_env(
+            Operation::EXEC,
+            &parts,
             argv,
-            stdin: request.stdin.clone().unwrap_or_default(),
-            env,
-            cwd,
-            fs,
-        };
+            request.cwd.clone(),
+            &request.env,
+            request.stdin.clone().unwrap_or_default(),
+        )?;
         let output = Arc::new(Mutex::new(Output::new(request.on_output.clone())));
         let timeout = request.timeout.map_or(DEFAULT_EXEC_TIMEOUT, |t| t.get());
         // The guard counts the process as running until the future ends, including when the
@@ -740,6 +789,15 @@ impl SandboxProvider for FakeProvider {
     fn as_connect_probe(&self) -> Option<&dyn ConnectProbe> {
         Some(self)
     }
+    fn as_processes(&self) -> Option<&dyn Processes> {
+        Some(self)
+    }
+    fn as_streamed_files(&self) -> Option<&dyn StreamedFiles> {
+        Some(self)
+    }
+    fn as_watch(&self) -> Option<&dyn Watch> {
+        Some(self)
+    }
 }
 
 impl FakeProvider {
@@ -780,6 +838,7 @@ struct RunningParts {
     fs: Arc<Mutex<MemFs>>,
     running: Arc<AtomicUsize>,
     env: BTreeMap<String, String>,
+    procs: Arc<Mutex<ProcTable>>,
 }
 
 struct RunningGuard(Arc<AtomicUsize>);
@@ -928,5 +987,281 @@ impl ConnectProbe for FakeProvider {
         self.enter(FakeOp::ConnectSession, Some(&request.sandbox_id))
             .await?;
         self.connect_locked(&request, Operation::CONNECT_SESSION)
+    }
+}
+
+#[async_trait]
+impl Processes for FakeProvider {
+    async fn start_process(
+        &self,
+        sandbox: &SandboxHandle,
+        spec: ProcessSpec,
+    ) -> Result<ProcessInfo, Error> {
+        let op = Operation::START_PROCESS;
+        self.enter(FakeOp::StartProcess, Some(sandbox.id())).await?;
+        if matches!(spec.command, Command::Shell(_)) {
+            return Err(self.err(Error::unsupported(op, "the fake interprets no shell")));
+        }
+        let parts = self.running_parts(sandbox.id(), op)?;
+        let process = self.process_env(
+            op,
+            &parts,
+            spec.argv_view(),
+            spec.cwd.clone(),
+            &spec.env,
+            Vec::new(),
+        )?;
+        let result = lock(&parts.procs).start(spec.tag, process, spec.stdin);
+        result.map_err(|e| self.err(e))
+    }
+
+    async fn list_processes(&self, sandbox: &SandboxHandle) -> Result<Vec<ProcessInfo>, Error> {
+        let op = Operation::LIST_PROCESSES;
+        self.enter(FakeOp::ListProcesses, Some(sandbox.id()))
+            .await?;
+        let procs = self.procs_of(sandbox.id(), op)?;
+        let list = lock(&procs).list();
+        Ok(list)
+    }
+
+    async fn attach_process(
+        &self,
+        sandbox: &SandboxHandle,
+        target: &ProcessSelector,
+        from: Option<u64>,
+    ) -> Result<ProcessStream, Error> {
+        let op = Operation::ATTACH_PROCESS;
+        self.enter(FakeOp::AttachProcess, Some(sandbox.id()))
+            .await?;
+        let procs = self.procs_of(sandbox.id(), op)?;
+        let proc = lock(&procs).find(op, target).map_err(|e| self.err(e))?;
+        let attach = Attach::new(proc, from).map_err(|e| self.err(e))?;
+        Ok(Box::new(attach))
+    }
+
+    async fn send_input(
+        &self,
+        sandbox: &SandboxHandle,
+        target: &ProcessSelector,
+        data: &[u8],
+    ) -> Result<(), Error> {
+        let op = Operation::SEND_INPUT;
+        self.enter(FakeOp::SendInput, Some(sandbox.id())).await?;
+        let procs = self.procs_of(sandbox.id(), op)?;
+        let proc = lock(&procs).find(op, target).map_err(|e| self.err(e))?;
+        process::send_input(&proc, target, data)
+            .await
+            .map_err(|e| self.err(e))
+    }
+
+    async fn close_stdin(
+        &self,
+        sandbox: &SandboxHandle,
+        target: &ProcessSelector,
+    ) -> Result<(), Error> {
+        let op = Operation::CLOSE_STDIN;
+        self.enter(FakeOp::CloseStdin, Some(sandbox.id())).await?;
+        let procs = self.procs_of(sandbox.id(), op)?;
+        let proc = lock(&procs).find(op, target).map_err(|e| self.err(e))?;
+        process::close_stdin(&proc, target).map_err(|e| self.err(e))
+    }
+
+    async fn signal_process(
+        &self,
+        sandbox: &SandboxHandle,
+        target: &ProcessSelector,
+        signal: Signal,
+    ) -> Result<(), Error> {
+        let op = Operation::SIGNAL_PROCESS;
+        self.enter(FakeOp::SignalProcess, Some(sandbox.id()))
+            .await?;
+        let procs = self.procs_of(sandbox.id(), op)?;
+        let proc = lock(&procs).find(op, target).map_err(|e| self.err(e))?;
+        process::signal(&proc, target, signal).map_err(|e| self.err(e))
+    }
+}
+
+/// Chunk size of the fake's streamed reads.
+const STREAM_CHUNK: usize = 64 * 1024;
+
+/// A streamed read of the fake: the file's content as it was when the read opened (as an open
+/// descriptor sees it), handed out in chunks, ending in `file_too_large` past the cap.
+struct FakeReadStream {
+    path: SandboxPath,
+    content: Vec<u8>,
+    at: usize,
+    max_bytes: u64,
+    done: bool,
+    provider: Provider,
+}
+
+#[async_trait]
+impl ByteStream for FakeReadStream {
+    async fn next_chunk(&mut self) -> Option<Result<Vec<u8>, Error>> {
+        if self.done {
+            return None;
+        }
+        let cap = usize::try_from(self.max_bytes).unwrap_or(usize::MAX);
+        let end = (self.at + STREAM_CHUNK).min(self.content.len());
+        if self.at >= cap.min(self.content.len()) {
+            self.done = true;
+            return (self.content.len() > cap).then(|| {
+                Err(
+                    sandbox_core::ports::provider::file_too_large(&self.path, self.max_bytes)
+                        .with_provider(self.provider),
+                )
+            });
+        }
+        let end = end.min(cap);
+        let chunk = self.content[self.at..end].to_vec();
+        self.at = end;
+        Some(Ok(chunk))
+    }
+}
+
+#[async_trait]
+impl StreamedFiles for FakeProvider {
+    async fn read_stream(
+        &self,
+        sandbox: &SandboxHandle,
+        path: &SandboxPath,
+        max_bytes: u64,
+    ) -> Result<ReadStream, Error> {
+        let op = Operation::READ_FILE_STREAM;
+        self.enter(FakeOp::ReadStream, Some(sandbox.id())).await?;
+        let fs = self.fs_of(sandbox.id(), op)?;
+        let content = {
+            let fs = lock(&fs);
+            if fs.is_dir(path) {
+                return Err(self.err(
+                    Error::invalid_request(op, format!("{path} is a directory"))
+                        .with_code(ErrorCode::NotARegularFile),
+                ));
+            }
+            fs.read(path)
+                .map(<[u8]>::to_vec)
+                .map_err(|e| self.err(e.with_operation(op)))?
+        };
+        Ok(Box::new(FakeReadStream {
+            path: path.clone(),
+            content,
+            at: 0,
+            max_bytes,
+            done: false,
+            provider: self.inner.provider,
+        }))
+    }
+
+    async fn write_stream(
+        &self,
+        sandbox: &SandboxHandle,
+        path: &SandboxPath,
+        mut source: ReadStream,
+        max_bytes: u64,
+    ) -> Result<u64, Error> {
+        let op = Operation::WRITE_FILE_STREAM;
+        self.enter(FakeOp::WriteStream, Some(sandbox.id())).await?;
+        let fs = self.fs_of(sandbox.id(), op)?;
+        if path.is_root() || lock(&fs).is_dir(path) {
+            return Err(self.err(Error::invalid_request(
+                op,
+                format!("{path}: is a directory"),
+            )));
+        }
+        // The staging buffer is the fake's temporary sibling: the target changes only once the
+        // source ended cleanly within the cap.
+        let mut staged: Vec<u8> = Vec::new();
+        while let Some(chunk) = source.next_chunk().await {
+            let chunk = chunk.map_err(|e| self.err(e.with_operation(op)))?;
+            if (staged.len() + chunk.len()) as u64 > max_bytes {
+                return Err(self.err(
+                    Error::invalid_request(
+                        op,
+                        format!("{path}: the upload is larger than its {max_bytes}-byte limit"),
+                    )
+                    .with_code(ErrorCode::FileTooLarge),
+                ));
+            }
+            staged.extend_from_slice(&chunk);
+        }
+        let written = staged.len() as u64;
+        let now = self.now();
+        let result = lock(&fs).write(path, staged, now);
+        result.map_err(|e| self.err(e.with_operation(op)))?;
+        Ok(written)
+    }
+
+    async fn rename_path(
+        &self,
+        sandbox: &SandboxHandle,
+        from: &SandboxPath,
+        to: &SandboxPath,
+    ) -> Result<(), Error> {
+        let op = Operation::RENAME_PATH;
+        self.enter(FakeOp::RenamePath, Some(sandbox.id())).await?;
+        let fs = self.fs_of(sandbox.id(), op)?;
+        let now = self.now();
+        let result = lock(&fs).rename(from, to, now);
+        result.map_err(|e| self.err(e))
+    }
+}
+
+/// A watch of the fake, fed by its filesystem's mutations through a bounded queue.
+#[derive(Debug)]
+struct FakeWatch {
+    dir: SandboxPath,
+    rx: tokio::sync::mpsc::Receiver<WatchEvent>,
+    overflowed: Arc<std::sync::atomic::AtomicBool>,
+    done: bool,
+    provider: Provider,
+}
+
+#[async_trait]
+impl WatchEvents for FakeWatch {
+    async fn next_event(&mut self) -> Option<Result<WatchEvent, Error>> {
+        if self.done {
+            return None;
+        }
+        match self.rx.recv().await {
+            Some(event) => Some(Ok(event)),
+            None => {
+                self.done = true;
+                self.overflowed.load(Ordering::SeqCst).then(|| {
+                    Err(sandbox_core::watch::watch_overflow(&self.dir).with_provider(self.provider))
+                })
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Watch for FakeProvider {
+    async fn watch_dir(
+        &self,
+        sandbox: &SandboxHandle,
+        dir: &SandboxPath,
+        recursive: bool,
+    ) -> Result<WatchStream, Error> {
+        let op = Operation::WATCH_DIR;
+        self.enter(FakeOp::WatchDir, Some(sandbox.id())).await?;
+        let fs = self.fs_of(sandbox.id(), op)?;
+        let (tx, rx) = tokio::sync::mpsc::channel(sandbox_core::watch::WATCH_QUEUE_EVENTS);
+        let overflowed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let watcher = Watcher {
+            dir: dir.clone(),
+            recursive,
+            tx,
+            overflowed: overflowed.clone(),
+        };
+        // Armed under the filesystem's lock: every mutation after this returns is seen.
+        let result = lock(&fs).watch(watcher);
+        result.map_err(|e| self.err(e))?;
+        Ok(Box::new(FakeWatch {
+            dir: dir.clone(),
+            rx,
+            overflowed,
+            done: false,
+            provider: self.inner.provider,
+        }))
     }
 }

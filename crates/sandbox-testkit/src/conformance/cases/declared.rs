@@ -31,6 +31,13 @@ pub(super) async fn declared_capabilities_are_callable(ctx: &Ctx) -> CaseResult 
             caps.connect_probe,
             narrow::connect_probe(p).is_some(),
         ),
+        ("processes", caps.processes, narrow::processes(p).is_some()),
+        (
+            "streamed_files",
+            caps.streamed_files,
+            narrow::streamed_files(p).is_some(),
+        ),
+        ("watch", caps.watch, narrow::watch(p).is_some()),
     ];
     for (name, declared, callable) in pairs {
         ensure(declared == callable, || {

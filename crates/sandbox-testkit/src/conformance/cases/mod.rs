@@ -7,9 +7,12 @@ mod declared;
 mod exec;
 mod files;
 mod lifecycle;
+mod processes;
 mod snapshots;
+mod streamed;
 mod templates;
 mod terminal;
+mod watch;
 
 use std::time::Duration;
 
@@ -278,5 +281,60 @@ pub fn all_cases() -> Vec<Case> {
             [],
             ["template_catalog.standard"]
         ),
+        case!(
+            processes::process_output_replays_exactly,
+            [Processes],
+            [],
+            ["process.start", "process.attach", "process.list"]
+        ),
+        case!(
+            processes::process_tag_and_signal,
+            [Processes],
+            [],
+            ["process.tag", "process.signal", "process.list"]
+        ),
+        case!(
+            processes::process_replay_marks_the_gap,
+            [Processes],
+            [],
+            ["process.replay"]
+        ),
+        case!(
+            processes::process_input_and_close_stdin,
+            [Processes],
+            [],
+            ["process.input"]
+        ),
+        case!(
+            streamed::streamed_round_trip,
+            [StreamedFiles],
+            [],
+            ["streamed.read", "streamed.write"]
+        ),
+        case!(
+            streamed::streamed_write_is_atomic,
+            [StreamedFiles],
+            [],
+            ["streamed.write.atomic"]
+        ),
+        case!(
+            streamed::streamed_rename,
+            [StreamedFiles],
+            [],
+            ["streamed.rename"]
+        ),
+        case!(
+            watch::watch_sees_changes_after_return,
+            [Watch, FsEnumeration],
+            [],
+            ["watch.armed"]
+        ),
+        case!(
+            watch::watch_recursive_flag,
+            [Watch, FsEnumeration],
+            [],
+            ["watch.recursive"]
+        ),
+        case!(watch::watch_needs_a_directory, [Watch], [], ["watch.dir"]),
     ]
 }
