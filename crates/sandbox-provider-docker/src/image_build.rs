@@ -198,10 +198,10 @@ impl StepImages {
     fn see(&mut self, line: &str) {
         if line.trim() == "---> Using cache" {
             self.cached = true;
-        } else if let Some(id) = step_image(line) {
-            if !std::mem::take(&mut self.cached) {
-                self.committed.push(id.to_owned());
-            }
+        } else if let Some(id) = step_image(line)
+            && !std::mem::take(&mut self.cached)
+        {
+            self.committed.push(id.to_owned());
         }
     }
 }
