@@ -24,11 +24,11 @@ pub const DEV_TENANT: u64 = 1;
 /// Builds the application state: tenants, the backend, the store, the session manager.
 pub async fn build_state(config: &ServiceConfig) -> Result<AppState, String> {
     let auth = tenants(config)?;
-    let provider = serving_backend(config).await?;
+    let metrics = Arc::new(Metrics::with_data_plane(data_plane_label(config)));
+    let provider = serving_backend(config, &metrics).await?;
     let (store, store_info) = binding_store(config).await?;
     // The production stack: Metered(Checked(adapter)), the adapter's constructor having
     // applied the checking layer.
-    let metrics = Arc::new(Metrics::new());
     let (provider, store) = crate::metered::stack(provider, store, &metrics);
     let (image, idle_ttl) = default_template(config)?;
     let mut request = CreateRequest::new(image);
@@ -258,14 +258,34 @@ pub async fn backend(
     Ok(Arc::new(connect_docker(config).await?))
 }
 
-/// The backend the service runs on: [`backend`], plus the image made present.
+/// The backend the service runs on: [`backend`], its agent channels reporting to `metrics`,
+/// plus the image made present.
 #[cfg(feature = "docker")]
 async fn serving_backend(
     config: &ServiceConfig,
+    metrics: &Arc<Metrics>,
 ) -> Result<Arc<dyn sandbox_core::SandboxProvider>, String> {
-    let provider = connect_docker(config).await?;
+    let observer: Arc<dyn sandbox_provider_docker::channel::ChannelObserver> = metrics.clone();
+    let provider =
+        sandbox_provider_docker::DockerProvider::connect_observed(config.docker.clone(), observer)
+            .await
+            .map_err(|e| e.to_string())?;
     prepare_image(&provider, &config.docker).await?;
     Ok(Arc::new(provider))
+}
+
+/// The `data_plane` label of the configured backend's calls.
+#[cfg(feature = "docker")]
+fn data_plane_label(config: &ServiceConfig) -> &'static str {
+    match config.docker.data_plane {
+        sandbox_provider_docker::DataPlane::Agent => "agent",
+        sandbox_provider_docker::DataPlane::Exec => "exec",
+    }
+}
+
+#[cfg(not(feature = "docker"))]
+fn data_plane_label(_config: &ServiceConfig) -> &'static str {
+    crate::http::metrics::NO_DATA_PLANE
 }
 
 /// The Docker provider the config describes, connected (what `doctor` also inspects).
@@ -322,6 +342,7 @@ async fn prepare_image(
 #[cfg(not(feature = "docker"))]
 async fn serving_backend(
     config: &ServiceConfig,
+    _metrics: &Arc<Metrics>,
 ) -> Result<Arc<dyn sandbox_core::SandboxProvider>, String> {
     backend(config).await
 }

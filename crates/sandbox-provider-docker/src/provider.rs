@@ -26,7 +26,7 @@ use sandbox_core::{
 };
 
 use crate::agent::{self, AgentBinary};
-use crate::channel::{Channel, ChannelConfig, Channels};
+use crate::channel::{Channel, ChannelConfig, ChannelObserver, Channels};
 use crate::config::{DataPlane, DockerConfig, NetworkMode, PullPolicy};
 use crate::egress::{EgressGuard, EgressPolicy};
 use crate::engine::{self, Dialing, Endpoint, EngineVersion};
@@ -146,6 +146,24 @@ impl DockerProvider {
         config: DockerConfig,
         dialing: Dialing,
     ) -> Result<Checked<Self>, Error> {
+        DockerProvider::start(config, dialing, None).await
+    }
+
+    /// [`DockerProvider::connect`], with `observer` hearing every agent channel's opens and
+    /// round trips (the service's metrics).
+    pub async fn connect_observed(
+        config: DockerConfig,
+        observer: Arc<dyn ChannelObserver>,
+    ) -> Result<Checked<Self>, Error> {
+        let dialing = Dialing::system(config.rpc_timeout);
+        DockerProvider::start(config, dialing, Some(observer)).await
+    }
+
+    async fn start(
+        config: DockerConfig,
+        dialing: Dialing,
+        observer: Option<Arc<dyn ChannelObserver>>,
+    ) -> Result<Checked<Self>, Error> {
         config.validate()?;
         // Before the engine: an agent-mode start without a usable agent fails here, with the
         // fix named, and never goes on in exec mode.
@@ -184,6 +202,7 @@ impl DockerProvider {
         // A channel open past the idle TTL would keep an idle sandbox from the sweep.
         let mut channel_config = ChannelConfig::default();
         channel_config.idle_timeout = crate::channel::idle_timeout_for(config.idle_ttl);
+        channel_config.observer = observer;
         let channels = agent
             .is_some()
             .then(|| Channels::new(docker.clone(), channel_config));

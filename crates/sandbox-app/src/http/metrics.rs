@@ -1,7 +1,9 @@
 //! Prometheus metrics: requests by route and status, latency histograms, provider and store
 //! errors by kind and their calls' latency by operation (both fed by the metrics layer at the
 //! ports, [`crate::metered`]), resolves by outcome, sandboxes created and destroyed (the last
-//! two fed by the lifecycle coordinator through [`LifecycleObserver`]). Rendered at `GET /metrics` in the text exposition format.
+//! two fed by the lifecycle coordinator through [`LifecycleObserver`]), backend calls by data
+//! plane, and the agent channel's opens and round trips (fed by the Docker adapter's channel
+//! observer). Rendered at `GET /metrics` in the text exposition format.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -53,6 +55,21 @@ struct OutcomeLabels {
     outcome: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PlaneLabels {
+    operation: &'static str,
+    data_plane: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OpenLabels {
+    reason: &'static str,
+    outcome: &'static str,
+}
+
+/// The `data_plane` label of a backend that has none to choose (every call goes one way).
+pub const NO_DATA_PLANE: &str = "none";
+
 /// The service's metrics.
 pub struct Metrics {
     registry: Mutex<Registry>,
@@ -65,6 +82,13 @@ pub struct Metrics {
     resolves: Family<OutcomeLabels, Counter>,
     created: Counter,
     destroyed: Counter,
+    provider_calls: Family<PlaneLabels, Counter>,
+    data_plane: &'static str,
+    // Fed only by the Docker adapter's channel observer; registered (and empty) without it.
+    #[cfg_attr(not(feature = "docker"), expect(dead_code))]
+    channel_opens: Family<OpenLabels, Counter>,
+    #[cfg_attr(not(feature = "docker"), expect(dead_code))]
+    agent_round_trip: Histogram,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -80,8 +104,14 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// A registry with every metric registered.
+    /// A registry with every metric registered, for a backend without a data plane to choose.
     pub fn new() -> Self {
+        Metrics::with_data_plane(NO_DATA_PLANE)
+    }
+
+    /// [`Metrics::new`], labelling every backend call with `data_plane` (Docker's `agent` or
+    /// `exec`), so a dashboard tells the two planes' traffic apart.
+    pub fn with_data_plane(data_plane: &'static str) -> Self {
         let mut registry = Registry::with_prefix("sandbox");
         let requests = Family::<RequestLabels, Counter>::default();
         let latency = Family::<RouteLabels, Histogram>::new_with_constructor(|| {
@@ -143,6 +173,26 @@ impl Metrics {
             "Sandboxes this process deleted (or found already gone when deleting)",
             destroyed.clone(),
         );
+        let provider_calls = Family::<PlaneLabels, Counter>::default();
+        registry.register(
+            "provider_calls",
+            "Backend calls by operation and data plane (how commands and files reach sandboxes)",
+            provider_calls.clone(),
+        );
+        let channel_opens = Family::<OpenLabels, Counter>::default();
+        registry.register(
+            "agent_channel_opens",
+            "Agent channel opens (an exec each) by reason (first, exec_ended, health_failed, \
+             closed) and outcome (ok, error)",
+            channel_opens.clone(),
+        );
+        // From 50 µs (a local round trip) to about 1.6 s (a stalled engine).
+        let agent_round_trip = Histogram::new(exponential_buckets(0.00005, 2.0, 16));
+        registry.register(
+            "agent_round_trip_seconds",
+            "Round trips to sandbox agents over their channels (the health calls)",
+            agent_round_trip.clone(),
+        );
         Metrics {
             registry: Mutex::new(registry),
             requests,
@@ -154,6 +204,10 @@ impl Metrics {
             resolves,
             created,
             destroyed,
+            provider_calls,
+            data_plane,
+            channel_opens,
+            agent_round_trip,
         }
     }
 
@@ -187,7 +241,15 @@ impl Metrics {
         elapsed: Duration,
     ) {
         let family = match component {
-            Component::Provider => &self.provider_operations,
+            Component::Provider => {
+                self.provider_calls
+                    .get_or_create(&PlaneLabels {
+                        operation,
+                        data_plane: self.data_plane,
+                    })
+                    .inc();
+                &self.provider_operations
+            }
             Component::Store => &self.store_operations,
         };
         family
@@ -236,6 +298,21 @@ impl LifecycleObserver for Metrics {
     }
     fn sandbox_destroyed(&self) {
         self.destroyed.inc();
+    }
+}
+
+#[cfg(feature = "docker")]
+impl sandbox_provider_docker::channel::ChannelObserver for Metrics {
+    fn channel_opened(&self, reason: sandbox_provider_docker::channel::OpenReason, opened: bool) {
+        self.channel_opens
+            .get_or_create(&OpenLabels {
+                reason: reason.as_str(),
+                outcome: if opened { "ok" } else { "error" },
+            })
+            .inc();
+    }
+    fn agent_round_trip(&self, elapsed: Duration) {
+        self.agent_round_trip.observe(elapsed.as_secs_f64());
     }
 }
 
@@ -308,5 +385,56 @@ mod tests {
             Some("1")
         );
         assert_eq!(count(&metrics, "provider_errors", "unavailable"), None);
+    }
+
+    /// Every backend call counts under the plane the metrics were made for; store calls do not.
+    #[test]
+    fn backend_calls_are_counted_by_data_plane() {
+        let metrics = Metrics::with_data_plane("agent");
+        metrics.observe_operation(Component::Provider, "exec", Duration::from_millis(2));
+        metrics.observe_operation(Component::Provider, "exec", Duration::from_millis(3));
+        metrics.observe_operation(Component::Store, "get", Duration::from_millis(1));
+        let text = metrics.encode().unwrap();
+        assert!(
+            text.contains(
+                "sandbox_provider_calls_total{operation=\"exec\",data_plane=\"agent\"} 2"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("operation=\"get\",data_plane"), "{text}");
+        let plain = Metrics::new();
+        plain.observe_operation(Component::Provider, "exec", Duration::from_millis(2));
+        let plain = plain.encode().unwrap();
+        assert!(
+            plain
+                .contains("sandbox_provider_calls_total{operation=\"exec\",data_plane=\"none\"} 1"),
+            "{plain}"
+        );
+    }
+
+    /// The channel observer's reports land in their families.
+    #[cfg(feature = "docker")]
+    #[test]
+    fn channel_opens_and_round_trips_are_exposed() {
+        use sandbox_provider_docker::channel::{ChannelObserver, OpenReason};
+        let metrics = Metrics::with_data_plane("agent");
+        metrics.channel_opened(OpenReason::First, true);
+        metrics.channel_opened(OpenReason::ExecEnded, false);
+        metrics.agent_round_trip(Duration::from_micros(300));
+        let text = metrics.encode().unwrap();
+        assert!(
+            text.contains("sandbox_agent_channel_opens_total{reason=\"first\",outcome=\"ok\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "sandbox_agent_channel_opens_total{reason=\"exec_ended\",outcome=\"error\"} 1"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("sandbox_agent_round_trip_seconds_count 1"),
+            "{text}"
+        );
     }
 }

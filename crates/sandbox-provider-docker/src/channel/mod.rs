@@ -32,6 +32,9 @@
 //!   front of Docker sandboxes needs nothing else.
 //! - **Bounded memory.** [`Channels`] keeps at most [`ChannelConfig::max_channels`] channels,
 //!   one per container, evicting the least recently used.
+//! - **Observed.** A [`ChannelObserver`] in the config hears every open (with why it opened and
+//!   whether it worked) and the round trip of every health call, so the service's metrics show
+//!   channel churn and the agent's latency without the adapter knowing about Prometheus.
 
 mod map;
 mod stream;
@@ -80,6 +83,42 @@ const OP_CHANNEL: Operation = Operation::new("open_channel");
 /// The envd client of a channel.
 pub type ChannelClient = EnvdClient<RelayConnector<ExecStream>>;
 
+/// Why a channel opened an exec.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OpenReason {
+    /// The channel's first open in this process.
+    First,
+    /// The previous exec ended (the relay died, the engine cut it, the container restarted).
+    ExecEnded,
+    /// The previous exec failed its idle health check.
+    HealthFailed,
+    /// The previous exec was closed: idle, or dropped as suspect after a failed call.
+    Closed,
+}
+
+impl OpenReason {
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OpenReason::First => "first",
+            OpenReason::ExecEnded => "exec_ended",
+            OpenReason::HealthFailed => "health_failed",
+            OpenReason::Closed => "closed",
+        }
+    }
+}
+
+/// Hears what channels do, for metrics. Calls are synchronous and must be cheap: they run on
+/// the channel's own path.
+pub trait ChannelObserver: Send + Sync + std::fmt::Debug {
+    /// A channel tried to open an exec for `reason`; `opened` says whether it worked (the exec
+    /// and the version exchange).
+    fn channel_opened(&self, reason: OpenReason, opened: bool);
+    /// A health call on a channel was answered (or failed) after `elapsed`: the agent's round
+    /// trip through the engine's exec stream.
+    fn agent_round_trip(&self, elapsed: Duration);
+}
+
 /// How channels open, idle and close.
 #[derive(Debug, Clone)]
 pub struct ChannelConfig {
@@ -88,6 +127,8 @@ pub struct ChannelConfig {
     pub health_timeout: Duration,
     pub open_timeout: Duration,
     pub max_channels: usize,
+    /// Hears opens and round trips (see [`ChannelObserver`]); `None` hears nothing.
+    pub observer: Option<Arc<dyn ChannelObserver>>,
     /// The agent version the channel accepts: the service's own.
     expected_agent_version: String,
 }
@@ -100,6 +141,7 @@ impl Default for ChannelConfig {
             health_timeout: DEFAULT_HEALTH_TIMEOUT,
             open_timeout: DEFAULT_OPEN_TIMEOUT,
             max_channels: DEFAULT_MAX_CHANNELS,
+            observer: None,
             expected_agent_version: crate::agent::VERSION.to_owned(),
         }
     }
@@ -227,20 +269,30 @@ impl Channel {
     /// its exec ended, or its idle health check failed.
     pub async fn lease(self: &Arc<Self>) -> Result<Lease, Error> {
         let mut slot = self.slot.lock().await;
+        let mut reason = if self.execs_opened() == 0 {
+            OpenReason::First
+        } else {
+            OpenReason::Closed
+        };
         if let Some(current) = slot.as_ref() {
             if current.exec.ended() {
                 tracing::debug!(container = %self.container, stderr = %current.exec.stderr_tail(), "the agent channel's exec ended; reopening");
                 *slot = None;
-            } else if current.idle_for() >= self.config.health_after {
-                let check = CallOptions::new().timeout(self.config.health_timeout);
-                if let Err(e) = current.client.health(check).await {
-                    tracing::debug!(container = %self.container, error = %e, "the agent channel failed its health check; reopening");
-                    *slot = None;
-                }
+                reason = OpenReason::ExecEnded;
+            } else if current.idle_for() >= self.config.health_after
+                && let Err(e) = self.health(&current.client).await
+            {
+                tracing::debug!(container = %self.container, error = %e, "the agent channel failed its health check; reopening");
+                *slot = None;
+                reason = OpenReason::HealthFailed;
             }
         }
         if slot.is_none() {
-            let opened = self.open().await?;
+            let opened = self.open().await;
+            if let Some(observer) = &self.config.observer {
+                observer.channel_opened(reason, opened.is_ok());
+            }
+            let opened = opened?;
             *slot = Some(Arc::new(opened));
             if let Some(generation) = slot.as_ref() {
                 self.watch_idle(Arc::downgrade(generation));
@@ -285,8 +337,7 @@ impl Channel {
     pub async fn connected(self: &Arc<Self>) -> Option<SandboxHandle> {
         let remembered = self.connected.lock().ok()?.clone()?;
         let lease = self.lease().await.ok()?;
-        let check = CallOptions::new().timeout(self.config.health_timeout);
-        match lease.client.health(check).await {
+        match self.health(&lease.client).await {
             Ok(()) => Some(remembered),
             Err(e) => {
                 tracing::debug!(container = %self.container, error = %e, "the agent channel failed the connect's health check");
@@ -317,6 +368,17 @@ impl Channel {
                 answer
             }
         }
+    }
+
+    /// `GET /health` on `client` within the health timeout, its round trip told to the observer.
+    async fn health(&self, client: &ChannelClient) -> Result<(), Error> {
+        let check = CallOptions::new().timeout(self.config.health_timeout);
+        let started = Instant::now();
+        let answered = client.health(check).await;
+        if let Some(observer) = &self.config.observer {
+            observer.agent_round_trip(started.elapsed());
+        }
+        answered
     }
 
     /// Drops the current exec (a call on it failed in a way that leaves it suspect); the next

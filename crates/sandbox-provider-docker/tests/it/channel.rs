@@ -23,7 +23,7 @@ use sandbox_envd::process::process_event::Event;
 use sandbox_envd::process::process_event::data_event::Output;
 use sandbox_envd::process::{ProcessConfig, StartRequest};
 use sandbox_provider_docker::channel::{
-    AGENT_PATH, AGENT_SOCKET, Channel, ChannelConfig, Channels, Lease,
+    AGENT_PATH, AGENT_SOCKET, Channel, ChannelConfig, ChannelObserver, Channels, Lease, OpenReason,
 };
 use sandbox_transport::envd::CallOptions;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -382,11 +382,10 @@ async fn commands_run_through_one_exec_sequentially_and_concurrently() {
 async fn a_killed_relay_is_noticed_and_the_next_call_reopens() {
     let container = AgentContainer::start(&engine().await).await;
     let proxy = CountingProxy::start().await;
-    let channel = Channel::new(
-        proxy.docker().await,
-        &container.id,
-        ChannelConfig::default(),
-    );
+    let heard = Arc::new(Heard::default());
+    let mut config = ChannelConfig::default();
+    config.observer = Some(heard.clone());
+    let channel = Channel::new(proxy.docker().await, &container.id, config);
     let lease = first_lease(&channel).await;
     assert_eq!(run(&lease, "echo", &["before"]).await.1, 0);
     drop(lease);
@@ -414,6 +413,62 @@ async fn a_killed_relay_is_noticed_and_the_next_call_reopens() {
     );
     assert_eq!(channel.execs_opened(), opened + 1);
     assert_eq!(proxy.exec_creates(), creates + 1);
+    assert_eq!(
+        heard.opens(),
+        [(OpenReason::First, true), (OpenReason::ExecEnded, true)],
+        "the observer heard the first open and the reopen after the relay died"
+    );
+}
+
+/// Every health check is a round trip the observer hears; opening is not one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the Docker engine and SANDBOX_AGENT_BIN (the docker engine stage)"]
+async fn health_checks_are_heard_as_agent_round_trips() {
+    let engine = engine().await;
+    let container = AgentContainer::start(&engine).await;
+    let heard = Arc::new(Heard::default());
+    let mut config = ChannelConfig::default();
+    // Every lease after the first checks the channel.
+    config.health_after = Duration::ZERO;
+    config.observer = Some(heard.clone());
+    let channel = Channel::new(engine, &container.id, config);
+    let round_trips = || heard.round_trips.load(std::sync::atomic::Ordering::Relaxed);
+    let lease = first_lease(&channel).await;
+    drop(lease);
+    assert_eq!(
+        round_trips(),
+        0,
+        "opening is the version exchange, not a health call"
+    );
+    for n in 1..=3 {
+        let lease = channel.lease().await.unwrap();
+        assert_eq!(run(&lease, "true", &[]).await.1, 0);
+        assert_eq!(round_trips(), n);
+    }
+    assert_eq!(heard.opens(), [(OpenReason::First, true)]);
+}
+
+/// An observer that keeps what it hears.
+#[derive(Debug, Default)]
+struct Heard {
+    opens: std::sync::Mutex<Vec<(OpenReason, bool)>>,
+    round_trips: std::sync::atomic::AtomicUsize,
+}
+
+impl Heard {
+    fn opens(&self) -> Vec<(OpenReason, bool)> {
+        self.opens.lock().unwrap().clone()
+    }
+}
+
+impl ChannelObserver for Heard {
+    fn channel_opened(&self, reason: OpenReason, opened: bool) {
+        self.opens.lock().unwrap().push((reason, opened));
+    }
+    fn agent_round_trip(&self, _elapsed: Duration) {
+        self.round_trips
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -612,6 +667,8 @@ async fn an_idle_channel_closes_its_exec_unless_leased_and_reopens_on_use() {
     let container = AgentContainer::start(&engine).await;
     let mut config = ChannelConfig::default();
     config.idle_timeout = Duration::from_millis(300);
+    let heard = Arc::new(Heard::default());
+    config.observer = Some(heard.clone());
     let channel = Channel::new(engine, &container.id, config);
     let lease = first_lease(&channel).await;
     assert_eq!(relays_running(&container.id), 1);
@@ -639,6 +696,10 @@ async fn an_idle_channel_closes_its_exec_unless_leased_and_reopens_on_use() {
     let lease = channel.lease().await.unwrap();
     assert_eq!(run(&lease, "echo", &["again"]).await.0, "again\n");
     assert_eq!(channel.execs_opened(), opened + 1);
+    assert_eq!(
+        heard.opens(),
+        [(OpenReason::First, true), (OpenReason::Closed, true)]
+    );
 }
 
 /// Two replicas of the service reach one sandbox, each through its own exec: their calls
