@@ -128,6 +128,12 @@ pub(crate) async fn write(
 /// ended cleanly within `max_bytes`. So a reader of the target sees the old file or the new one,
 /// never a part; a failed upload removes the sibling. (A call dropped mid-upload can leave the
 /// sibling, `.<name>.sandbox-upload-<random>`, behind; never a partial target.)
+///
+/// A source that fails or passes `max_bytes` ends the upload's body cleanly instead of
+/// resetting its stream: the agent then answers only once its writer has closed the sibling,
+/// so the removal that follows cannot run before the agent creates the file (after a reset the
+/// agent's writer may still be opening it, and a removal sent at once finds nothing and leaves
+/// the sibling behind).
 pub(crate) async fn write_stream(
     channel: &Arc<Channel>,
     path: &SandboxPath,
@@ -146,6 +152,13 @@ pub(crate) async fn write_stream(
         ))
         .map_err(|e| e.with_operation(op).with_provider(Provider::Docker))?;
     let lease = lease(channel, op).await?;
+    // The source's own failure (or the cap), kept as the caller's error.
+    let source_failure: std::sync::Mutex<Option<Error>> = std::sync::Mutex::new(None);
+    let fail = |e: Error| {
+        if let Ok(mut slot) = source_failure.lock() {
+            slot.get_or_insert(e);
+        }
+    };
     let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<Bytes>>(UPLOAD_QUEUE);
     let body = futures_util::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|chunk| (chunk, rx))
@@ -156,31 +169,38 @@ pub(crate) async fn write_stream(
         max_bytes,
         CallOptions::new().timeout(crate::files::STREAM_TIMEOUT),
     );
-    // The source's own failure, kept as the caller's error (the upload only sees its text).
-    let source_failure: std::sync::Mutex<Option<Error>> = std::sync::Mutex::new(None);
     let sent = std::sync::atomic::AtomicU64::new(0);
-    let feed = async {
+    let (counted, fail) = (&sent, &fail);
+    // Owns the sender: returning drops it, which ends the body.
+    let feed = async move {
         while let Some(chunk) = source.next_chunk().await {
             match chunk {
                 Ok(bytes) => {
-                    sent.fetch_add(bytes.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                    let len = bytes.len() as u64;
+                    let total = counted.fetch_add(len, std::sync::atomic::Ordering::Relaxed) + len;
+                    if total > max_bytes {
+                        fail(
+                            Error::invalid_request(
+                                op,
+                                format!("the upload is over the limit of {max_bytes} bytes"),
+                            )
+                            .with_code(ErrorCode::FileTooLarge)
+                            .with_provider(Provider::Docker),
+                        );
+                        return;
+                    }
                     // A closed queue means the upload ended early; its result says why.
                     if tx.send(Ok(Bytes::from(bytes))).await.is_err() {
                         return;
                     }
                 }
                 Err(e) => {
-                    let text = e.to_string();
-                    if let Ok(mut slot) = source_failure.lock() {
-                        *slot = Some(e);
-                    }
-                    let _ = tx.send(Err(std::io::Error::other(text))).await;
+                    fail(e);
                     return;
                 }
             }
         }
-        // Dropping the sender ends the body.
-        drop(tx);
+        // Returning drops the sender, which ends the body (after a failure too: see above).
     };
     tokio::pin!(upload, feed);
     let mut fed = false;
