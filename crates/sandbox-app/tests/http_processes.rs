@@ -872,3 +872,166 @@ fn the_document_declares_every_new_route() {
         "{codes}"
     );
 }
+
+/// The router on a loopback port, for the CLI.
+async fn listen(app: Router) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(sandbox_app::server::serve(
+        listener,
+        app,
+        sandbox_app::server::ServerLimits::default(),
+        std::future::pending(),
+    ));
+    addr
+}
+
+/// Runs the `sandbox` binary against `addr`; its status and output.
+async fn cli(addr: std::net::SocketAddr, args: &[&str]) -> (i32, String, String) {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_sandbox"))
+        .args(args)
+        .env("SANDBOX_SERVER", format!("http://{addr}"))
+        .env("SANDBOX_TOKEN", TOKEN)
+        .output()
+        .await
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn the_cli_drives_background_processes_and_watches() {
+    let app = app();
+    let addr = listen(app.clone()).await;
+
+    let (status, pid, err) = cli(
+        addr,
+        &["exec", "--background", "--tag", "job", "c", "echo", "from", "cli"],
+    )
+    .await;
+    assert_eq!(status, 0, "{err}");
+    let pid = pid.trim().to_owned();
+    assert!(pid.parse::<u32>().is_ok(), "{pid:?}");
+
+    let (status, table, err) = cli(addr, &["ps", "c"]).await;
+    assert_eq!(status, 0, "{err}");
+    assert!(table.starts_with(" PID"), "{table}");
+    assert!(table.contains(&format!("{pid}  job")), "{table}");
+    assert!(table.contains("exited(0)"), "{table}");
+    assert!(table.contains("echo from cli"), "{table}");
+
+    // Replayed exactly, from the start and from an offset; the exit status is the process's.
+    let (status, out, err) = cli(addr, &["attach", "--from", "0", "c", "job"]).await;
+    assert_eq!((status, out.as_str()), (0, "from cli\n"), "{err}");
+    let (status, out, _) = cli(addr, &["attach", "--from", "5", "c", &pid]).await;
+    assert_eq!((status, out.as_str()), (0, "cli\n"));
+    let (status, _, err) = cli(addr, &["attach", "--from", "99", "c", "job"]).await;
+    assert_eq!(status, 1);
+    assert!(err.contains("invalid_offset (400)"), "{err}");
+    let (status, _, err) = cli(addr, &["attach", "c", "4242"]).await;
+    assert_eq!(status, 1);
+    assert!(err.contains("process_not_found (404)"), "{err}");
+
+    // kill: a bad signal is refused, TERM ends the process, which attach then reports the
+    // way a shell does (128 + 15).
+    let (status, _, err) = cli(
+        addr,
+        &["exec", "--background", "--tag", "long", "c", "sleep", "60"],
+    )
+    .await;
+    assert_eq!(status, 0, "{err}");
+    let (status, _, err) = cli(addr, &["kill", "--signal", "STOP", "c", "long"]).await;
+    assert_eq!(status, 1);
+    assert!(err.contains("invalid_signal (400)"), "{err}");
+    let (status, _, err) = cli(addr, &["kill", "c", "long"]).await;
+    assert_eq!(status, 0, "{err}");
+    let (status, out, err) = cli(addr, &["attach", "--from", "0", "c", "long"]).await;
+    assert_eq!((status, out.as_str()), (143, ""), "{err}");
+    let (status, _, err) = cli(addr, &["exec", "--timeout", "3", "--background", "c", "ls"]).await;
+    assert_eq!(status, 1);
+    assert!(err.contains("--timeout"), "{err}");
+
+    // Streamed upload and download, and a rename.
+    let dir = std::env::temp_dir().join(format!("sbx-cli-streams-{:08x}", fastrand::u32(..)));
+    std::fs::create_dir_all(&dir).unwrap();
+    let local = dir.join("up.bin");
+    let content = pattern(300_000);
+    std::fs::write(&local, &content).unwrap();
+    let local_text = local.to_str().unwrap();
+    let (status, _, err) = cli(
+        addr,
+        &["files", "put", "--stream", "c", local_text, "/workspace/up.bin"],
+    )
+    .await;
+    assert_eq!(status, 0, "{err}");
+    let (status, _, err) = cli(
+        addr,
+        &["files", "mv", "c", "/workspace/up.bin", "/workspace/moved.bin"],
+    )
+    .await;
+    assert_eq!(status, 0, "{err}");
+    let back = dir.join("back.bin");
+    let (status, _, err) = cli(
+        addr,
+        &[
+            "files",
+            "get",
+            "--stream",
+            "-o",
+            back.to_str().unwrap(),
+            "c",
+            "/workspace/moved.bin",
+        ],
+    )
+    .await;
+    assert_eq!(status, 0, "{err}");
+    assert!(std::fs::read(&back).unwrap() == content, "the bytes differ");
+    std::fs::remove_dir_all(&dir).unwrap();
+
+    // watch prints a change made by someone else.
+    let mut watch = tokio::process::Command::new(env!("CARGO_BIN_EXE_sandbox"))
+        .args(["watch", "c", "/workspace"])
+        .env("SANDBOX_SERVER", format!("http://{addr}"))
+        .env("SANDBOX_TOKEN", TOKEN)
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdout = tokio::io::BufReader::new(watch.stdout.take().unwrap());
+    let seen = async {
+        // The watch is armed once the service answered; until then a write may go unseen, so
+        // write until one is reported.
+        let mut line = String::new();
+        let mut i = 0u32;
+        loop {
+            i += 1;
+            let (status, _) = call(
+                &app,
+                "PUT",
+                &format!("/v1/sessions/c/files/content?path=/workspace/w{i}.txt"),
+                "x",
+            )
+            .await;
+            assert_eq!(status, 204);
+            let read = tokio::time::timeout(
+                Duration::from_millis(300),
+                tokio::io::AsyncBufReadExt::read_line(&mut stdout, &mut line),
+            )
+            .await;
+            if read.is_ok() {
+                return line;
+            }
+        }
+    };
+    let line = tokio::time::timeout(Duration::from_secs(20), seen)
+        .await
+        .expect("the watch printed a change");
+    assert!(
+        line.starts_with("create /workspace/w") && line.ends_with(".txt\n"),
+        "{line:?}"
+    );
+    watch.kill().await.unwrap();
+}
