@@ -1035,3 +1035,32 @@ async fn the_cli_drives_background_processes_and_watches() {
     );
     watch.kill().await.unwrap();
 }
+
+#[tokio::test]
+async fn the_new_routes_are_counted_by_route_template() {
+    let app = app();
+    start(&app, "m", json!({ "command": "echo", "args": ["x"], "tag": "t" })).await;
+    let (status, _) = call(&app, "GET", "/v1/sessions/m/processes/t/attach?from=0", "").await;
+    assert_eq!(status, 200);
+    refused(
+        &app,
+        "GET",
+        "/v1/sessions/m/processes/9999/attach",
+        "",
+        (404, "process_not_found"),
+    )
+    .await;
+    let (status, _) = call(&app, "PUT", "/v1/sessions/m/files/stream?path=/workspace/s", "s").await;
+    assert_eq!(status, 200);
+    let (status, text) = call(&app, "GET", "/metrics", "").await;
+    assert_eq!(status, 200);
+    let text = String::from_utf8(text).unwrap();
+    for series in [
+        r#"method="POST",route="/v1/sessions/{session}/processes",status="201""#,
+        r#"method="GET",route="/v1/sessions/{session}/processes/{process}/attach",status="200""#,
+        r#"method="GET",route="/v1/sessions/{session}/processes/{process}/attach",status="404""#,
+        r#"method="PUT",route="/v1/sessions/{session}/files/stream",status="200""#,
+    ] {
+        assert!(text.contains(series), "no {series} in:\n{text}");
+    }
+}
