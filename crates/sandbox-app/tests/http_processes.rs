@@ -264,8 +264,14 @@ async fn a_background_process_is_started_listed_and_replayed_exactly() {
     // Errors: an unknown pid or tag, an offset past the output or not a number, a name that
     // is neither a pid nor a tag.
     for (uri, want) in [
-        ("/v1/sessions/s1/processes/4242/attach", (404, "process_not_found")),
-        ("/v1/sessions/s1/processes/nope/attach", (404, "process_not_found")),
+        (
+            "/v1/sessions/s1/processes/4242/attach",
+            (404, "process_not_found"),
+        ),
+        (
+            "/v1/sessions/s1/processes/nope/attach",
+            (404, "process_not_found"),
+        ),
         (
             "/v1/sessions/s1/processes/greet/attach?from=13",
             (400, "invalid_offset"),
@@ -278,7 +284,10 @@ async fn a_background_process_is_started_listed_and_replayed_exactly() {
             "/v1/sessions/s1/processes/greet/attach?from=x",
             (400, "invalid_offset"),
         ),
-        ("/v1/sessions/s1/processes/a%20b/attach", (400, "invalid_process")),
+        (
+            "/v1/sessions/s1/processes/a%20b/attach",
+            (400, "invalid_process"),
+        ),
         (
             "/v1/sessions/s1/processes/99999999999/attach",
             (400, "invalid_process"),
@@ -378,7 +387,10 @@ async fn stdin_is_fed_closed_and_refused_once_closed() {
         json!({ "command": "sleep", "args": ["30"], "tag": "sleeper" }),
     )
     .await;
-    assert_eq!((status, body["error"]["code"].as_str()), (409, Some("process_tag_in_use")));
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (409, Some("process_tag_in_use"))
+    );
 }
 
 #[tokio::test]
@@ -451,7 +463,11 @@ async fn only_a_start_provisions() {
         ("DELETE", "/v1/sessions/fresh/processes/1/stdin", ""),
         ("POST", "/v1/sessions/fresh/processes/1/signal", ""),
         ("GET", "/v1/sessions/fresh/watch?path=/workspace", ""),
-        ("GET", "/v1/sessions/fresh/files/stream?path=/workspace/a", ""),
+        (
+            "GET",
+            "/v1/sessions/fresh/files/stream?path=/workspace/a",
+            "",
+        ),
         (
             "POST",
             "/v1/sessions/fresh/files/rename",
@@ -461,7 +477,14 @@ async fn only_a_start_provisions() {
         refused(&app, method, uri, body, (404, "no_live_sandbox")).await;
     }
     // Still nothing bound.
-    refused(&app, "GET", "/v1/sessions/fresh", "", (404, "no_live_sandbox")).await;
+    refused(
+        &app,
+        "GET",
+        "/v1/sessions/fresh",
+        "",
+        (404, "no_live_sandbox"),
+    )
+    .await;
     // A start with a bad spec creates nothing either.
     for (spec, want) in [
         (json!({ "command": "" }), "invalid_command"),
@@ -475,9 +498,20 @@ async fn only_a_start_provisions() {
     ] {
         let (status, body) =
             call_json(&app, "POST", "/v1/sessions/fresh/processes", spec.clone()).await;
-        assert_eq!((status, body["error"]["code"].as_str()), (400, Some(want)), "{spec}");
+        assert_eq!(
+            (status, body["error"]["code"].as_str()),
+            (400, Some(want)),
+            "{spec}"
+        );
     }
-    refused(&app, "GET", "/v1/sessions/fresh", "", (404, "no_live_sandbox")).await;
+    refused(
+        &app,
+        "GET",
+        "/v1/sessions/fresh",
+        "",
+        (404, "no_live_sandbox"),
+    )
+    .await;
     // A start provisions; env applies.
     let p = start(
         &app,
@@ -508,7 +542,10 @@ async fn only_a_start_provisions() {
         json!({ "command": "echo $GREETING", "shell": true }),
     )
     .await;
-    assert_eq!((status, body["error"]["code"].as_str()), (501, Some("unsupported")));
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (501, Some("unsupported"))
+    );
 }
 
 #[tokio::test]
@@ -532,12 +569,42 @@ async fn a_backend_without_the_capabilities_answers_501() {
     .await;
     assert_eq!(status, 204);
     for (method, uri, body, want) in [
-        ("POST", "/v1/sessions/b/processes", r#"{"command":"ls"}"#, "processes_unsupported"),
-        ("GET", "/v1/sessions/b/processes", "", "processes_unsupported"),
-        ("GET", "/v1/sessions/b/processes/1/attach", "", "processes_unsupported"),
-        ("POST", "/v1/sessions/b/processes/1/stdin", "x", "processes_unsupported"),
-        ("DELETE", "/v1/sessions/b/processes/1/stdin", "", "processes_unsupported"),
-        ("POST", "/v1/sessions/b/processes/1/signal", "", "processes_unsupported"),
+        (
+            "POST",
+            "/v1/sessions/b/processes",
+            r#"{"command":"ls"}"#,
+            "processes_unsupported",
+        ),
+        (
+            "GET",
+            "/v1/sessions/b/processes",
+            "",
+            "processes_unsupported",
+        ),
+        (
+            "GET",
+            "/v1/sessions/b/processes/1/attach",
+            "",
+            "processes_unsupported",
+        ),
+        (
+            "POST",
+            "/v1/sessions/b/processes/1/stdin",
+            "x",
+            "processes_unsupported",
+        ),
+        (
+            "DELETE",
+            "/v1/sessions/b/processes/1/stdin",
+            "",
+            "processes_unsupported",
+        ),
+        (
+            "POST",
+            "/v1/sessions/b/processes/1/signal",
+            "",
+            "processes_unsupported",
+        ),
         (
             "GET",
             "/v1/sessions/b/files/stream?path=/workspace/a.txt",
@@ -556,7 +623,12 @@ async fn a_backend_without_the_capabilities_answers_501() {
             r#"{"from":"/workspace/a.txt","to":"/workspace/b.txt"}"#,
             "streamed_files_unsupported",
         ),
-        ("GET", "/v1/sessions/b/watch?path=/workspace", "", "watch_unsupported"),
+        (
+            "GET",
+            "/v1/sessions/b/watch?path=/workspace",
+            "",
+            "watch_unsupported",
+        ),
     ] {
         refused(&app, method, uri, body, (501, want)).await;
     }
@@ -668,7 +740,12 @@ async fn streamed_files_round_trip_and_keep_their_limit() {
             "x",
             (400, "invalid_path"),
         ),
-        ("PUT", "/v1/sessions/f/files/stream?path=rel", "x", (400, "invalid_path")),
+        (
+            "PUT",
+            "/v1/sessions/f/files/stream?path=rel",
+            "x",
+            (400, "invalid_path"),
+        ),
         (
             "GET",
             "/v1/sessions/f/files/stream?path=/workspace/none",
@@ -726,7 +803,10 @@ async fn rename_moves_a_path_under_the_write_rule() {
             r#"{"from":"/workspace/sub","to":"/workspace/sub/inner"}"#,
             (400, "invalid_path"),
         ),
-        (r#"{"from":"rel","to":"/workspace/x"}"#, (400, "invalid_path")),
+        (
+            r#"{"from":"rel","to":"/workspace/x"}"#,
+            (400, "invalid_path"),
+        ),
         (r#"{"from":"/workspace/x"}"#, (400, "invalid_json")),
     ] {
         refused(&app, "POST", "/v1/sessions/r/files/rename", body, want).await;
@@ -744,7 +824,13 @@ async fn a_watch_reports_changes_and_ends_on_overflow() {
     )
     .await;
     assert_eq!(status, 204);
-    let response = open(&app, "GET", "/v1/sessions/w/watch?path=/workspace", Body::empty()).await;
+    let response = open(
+        &app,
+        "GET",
+        "/v1/sessions/w/watch?path=/workspace",
+        Body::empty(),
+    )
+    .await;
     let mut lines = Lines::of(response);
     assert_eq!(
         lines.next().await.unwrap(),
@@ -766,7 +852,13 @@ async fn a_watch_reports_changes_and_ends_on_overflow() {
 
     // A watcher that does not read: past the backend's queue the stream ends with
     // watch_overflow, after the events it held.
-    let response = open(&app, "GET", "/v1/sessions/w/watch?path=/workspace", Body::empty()).await;
+    let response = open(
+        &app,
+        "GET",
+        "/v1/sessions/w/watch?path=/workspace",
+        Body::empty(),
+    )
+    .await;
     let mut lines = Lines::of(response);
     assert_eq!(lines.next().await.unwrap()["type"], "started");
     for i in 0..sandbox_core::watch::WATCH_QUEUE_EVENTS {
@@ -786,10 +878,19 @@ async fn a_watch_reports_changes_and_ends_on_overflow() {
     assert!(rest.len() > 1, "the held events came first");
 
     for (uri, want) in [
-        ("/v1/sessions/w/watch?path=/workspace/seed.txt", (400, "not_a_directory")),
-        ("/v1/sessions/w/watch?path=/workspace/none", (404, "not_found")),
+        (
+            "/v1/sessions/w/watch?path=/workspace/seed.txt",
+            (400, "not_a_directory"),
+        ),
+        (
+            "/v1/sessions/w/watch?path=/workspace/none",
+            (404, "not_found"),
+        ),
         ("/v1/sessions/w/watch", (400, "invalid_path")),
-        ("/v1/sessions/w/watch?path=/workspace&recursive=maybe", (400, "invalid_query")),
+        (
+            "/v1/sessions/w/watch?path=/workspace&recursive=maybe",
+            (400, "invalid_query"),
+        ),
     ] {
         refused(&app, "GET", uri, Body::empty(), want).await;
     }
@@ -836,7 +937,13 @@ async fn attach_and_watch_streams_count_against_the_tenant_quota() {
     .await;
     // The slot is the response body's: dropping it frees the slot.
     drop(first);
-    let watch = open(&app, "GET", "/v1/sessions/q/watch?path=/workspace", Body::empty()).await;
+    let watch = open(
+        &app,
+        "GET",
+        "/v1/sessions/q/watch?path=/workspace",
+        Body::empty(),
+    )
+    .await;
     assert_eq!(watch.status(), 200);
 }
 
@@ -845,12 +952,18 @@ fn the_document_declares_every_new_route() {
     let doc = sandbox_app::http::openapi::document();
     for (path, methods) in [
         ("/v1/sessions/{session}/processes", &["get", "post"][..]),
-        ("/v1/sessions/{session}/processes/{process}/attach", &["get"]),
+        (
+            "/v1/sessions/{session}/processes/{process}/attach",
+            &["get"],
+        ),
         (
             "/v1/sessions/{session}/processes/{process}/stdin",
             &["post", "delete"],
         ),
-        ("/v1/sessions/{session}/processes/{process}/signal", &["post"]),
+        (
+            "/v1/sessions/{session}/processes/{process}/signal",
+            &["post"],
+        ),
         ("/v1/sessions/{session}/files/stream", &["get", "put"]),
         ("/v1/sessions/{session}/files/rename", &["post"]),
         ("/v1/sessions/{session}/watch", &["get"]),
@@ -868,7 +981,10 @@ fn the_document_declares_every_new_route() {
     );
     let codes = &attach["responses"]["404"]["x-error-codes"];
     assert!(
-        codes.as_array().unwrap().contains(&json!("process_not_found")),
+        codes
+            .as_array()
+            .unwrap()
+            .contains(&json!("process_not_found")),
         "{codes}"
     );
 }
@@ -909,7 +1025,16 @@ async fn the_cli_drives_background_processes_and_watches() {
 
     let (status, pid, err) = cli(
         addr,
-        &["exec", "--background", "--tag", "job", "c", "echo", "from", "cli"],
+        &[
+            "exec",
+            "--background",
+            "--tag",
+            "job",
+            "c",
+            "echo",
+            "from",
+            "cli",
+        ],
     )
     .await;
     assert_eq!(status, 0, "{err}");
@@ -963,13 +1088,26 @@ async fn the_cli_drives_background_processes_and_watches() {
     let local_text = local.to_str().unwrap();
     let (status, _, err) = cli(
         addr,
-        &["files", "put", "--stream", "c", local_text, "/workspace/up.bin"],
+        &[
+            "files",
+            "put",
+            "--stream",
+            "c",
+            local_text,
+            "/workspace/up.bin",
+        ],
     )
     .await;
     assert_eq!(status, 0, "{err}");
     let (status, _, err) = cli(
         addr,
-        &["files", "mv", "c", "/workspace/up.bin", "/workspace/moved.bin"],
+        &[
+            "files",
+            "mv",
+            "c",
+            "/workspace/up.bin",
+            "/workspace/moved.bin",
+        ],
     )
     .await;
     assert_eq!(status, 0, "{err}");
@@ -1039,7 +1177,12 @@ async fn the_cli_drives_background_processes_and_watches() {
 #[tokio::test]
 async fn the_new_routes_are_counted_by_route_template() {
     let app = app();
-    start(&app, "m", json!({ "command": "echo", "args": ["x"], "tag": "t" })).await;
+    start(
+        &app,
+        "m",
+        json!({ "command": "echo", "args": ["x"], "tag": "t" }),
+    )
+    .await;
     let (status, _) = call(&app, "GET", "/v1/sessions/m/processes/t/attach?from=0", "").await;
     assert_eq!(status, 200);
     refused(
@@ -1050,7 +1193,13 @@ async fn the_new_routes_are_counted_by_route_template() {
         (404, "process_not_found"),
     )
     .await;
-    let (status, _) = call(&app, "PUT", "/v1/sessions/m/files/stream?path=/workspace/s", "s").await;
+    let (status, _) = call(
+        &app,
+        "PUT",
+        "/v1/sessions/m/files/stream?path=/workspace/s",
+        "s",
+    )
+    .await;
     assert_eq!(status, 200);
     let (status, text) = call(&app, "GET", "/metrics", "").await;
     assert_eq!(status, 200);

@@ -576,7 +576,11 @@ impl SessionManager {
     }
 
     /// Closes a process's stdin. Lookup-only.
-    pub async fn close_stdin(&self, key: &BindingKey, target: &ProcessSelector) -> Result<(), Error> {
+    pub async fn close_stdin(
+        &self,
+        key: &BindingKey,
+        target: &ProcessSelector,
+    ) -> Result<(), Error> {
         let op = Operation::CLOSE_STDIN;
         let processes = self.processes(op)?;
         let handle = self.bound(key, op).await?;
@@ -626,7 +630,9 @@ impl SessionManager {
         self.layout.check_model_write(path)?;
         let streamed = self.streamed(Operation::WRITE_FILE_STREAM)?;
         let handle = self.lifecycle.resolve(key).await?;
-        let result = streamed.write_stream(&handle, path, source, max_bytes).await;
+        let result = streamed
+            .write_stream(&handle, path, source, max_bytes)
+            .await;
         self.forget_if_gone(key, &handle, result).await
     }
 
@@ -660,7 +666,10 @@ impl SessionManager {
         let watch: &dyn Watch = narrow::watch(&**provider).ok_or_else(|| {
             Error::unsupported(
                 op,
-                format!("the {} backend cannot watch directories", provider.provider()),
+                format!(
+                    "the {} backend cannot watch directories",
+                    provider.provider()
+                ),
             )
         })?;
         let slot = self.stream_slot(op, key.tenant)?;

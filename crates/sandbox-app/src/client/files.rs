@@ -144,7 +144,12 @@ impl hyper::body::Body for SizedBody {
 }
 
 /// Renames (moves) `from` to `to` in `session`.
-pub async fn rename(client: &Client, session: &str, from: &str, to: &str) -> Result<(), ClientError> {
+pub async fn rename(
+    client: &Client,
+    session: &str,
+    from: &str,
+    to: &str,
+) -> Result<(), ClientError> {
     let url = client.session_url(session, &["files", "rename"], &[]);
     let body = crate::api::RenameRequest {
         from: from.to_owned(),

@@ -447,7 +447,11 @@ mod tests {
             ProcessSelector::Tag(ProcessTag::new("build-1").unwrap())
         );
         for bad in ["99999999999", "", "a b", "-x", "ä"] {
-            assert_eq!(selector(bad).unwrap_err().code, "invalid_process", "{bad:?}");
+            assert_eq!(
+                selector(bad).unwrap_err().code,
+                "invalid_process",
+                "{bad:?}"
+            );
         }
     }
 
@@ -457,7 +461,11 @@ mod tests {
         assert_eq!(offset(Some("0")).unwrap(), Some(0));
         assert_eq!(offset(Some(" 17 ")).unwrap(), Some(17));
         for bad in ["-1", "x", "", "1.5"] {
-            assert_eq!(offset(Some(bad)).unwrap_err().code, "invalid_offset", "{bad:?}");
+            assert_eq!(
+                offset(Some(bad)).unwrap_err().code,
+                "invalid_offset",
+                "{bad:?}"
+            );
         }
     }
 }

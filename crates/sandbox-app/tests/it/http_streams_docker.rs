@@ -124,7 +124,7 @@ impl Monitor {
             let mut tick = 0u32;
             while !s.load(Ordering::Acquire) {
                 r.fetch_max(memory(pid).0, Ordering::AcqRel);
-                if tick % 10 == 0 {
+                if tick.is_multiple_of(10) {
                     for dir in &dirs {
                         let (size, path) = largest_file(dir);
                         if size > f.fetch_max(size, Ordering::AcqRel) {
@@ -161,7 +161,12 @@ impl Monitor {
 async fn sh(service: &Service, token: &str, session: &str, script: &str) -> String {
     let body = serde_json::json!({ "command": script, "shell": true }).to_string();
     let (status, out) = service
-        .call("POST", &format!("/v1/sessions/{session}/exec"), token, &body)
+        .call(
+            "POST",
+            &format!("/v1/sessions/{session}/exec"),
+            token,
+            &body,
+        )
         .await;
     assert_eq!(status, 200, "{script}: {out}");
     assert_eq!(out["exit_code"], 0, "{script}: {out}");
@@ -264,7 +269,10 @@ async fn streamed_files_stream_through_the_service_and_a_watch_sees_an_exec() {
         );
     }
     let cleanup = Cleanup(namespace.clone());
-    let token = std::fs::read_to_string(&token_file).unwrap().trim().to_owned();
+    let token = std::fs::read_to_string(&token_file)
+        .unwrap()
+        .trim()
+        .to_owned();
     let pid = service.child.id();
     let session = "streams";
     let base = service.base.clone();
@@ -320,7 +328,10 @@ async fn streamed_files_stream_through_the_service_and_a_watch_sees_an_exec() {
             let response = client.request(request).await.unwrap();
             let status = response.status().as_u16();
             let body = response.into_body().collect().await.unwrap().to_bytes();
-            (status, serde_json::from_slice::<Value>(&body).unwrap_or(Value::Null))
+            (
+                status,
+                serde_json::from_slice::<Value>(&body).unwrap_or(Value::Null),
+            )
         }
     });
     let mut sent = Sha256::new();
@@ -343,7 +354,10 @@ async fn streamed_files_stream_through_the_service_and_a_watch_sees_an_exec() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(!upload.is_finished(), "the upload answered before its body was sent");
+    assert!(
+        !upload.is_finished(),
+        "the upload answered before its body was sent"
+    );
     for i in FIRST / MIB..chunks {
         let c = chunk(&seed, i);
         sent.update(&c);
@@ -409,7 +423,11 @@ async fn streamed_files_stream_through_the_service_and_a_watch_sees_an_exec() {
         }
     }
     assert_eq!(received, TOTAL);
-    assert_eq!(hex(&got.finalize()), sent, "the download differs from the upload");
+    assert_eq!(
+        hex(&got.finalize()),
+        sent,
+        "the download differs from the upload"
+    );
 
     let (max_rss, max_file, worst) = monitor.finish().await;
     let (_, peak) = memory(pid);
@@ -444,7 +462,13 @@ async fn streamed_files_stream_through_the_service_and_a_watch_sees_an_exec() {
     };
     let started = lines.next().await;
     assert_eq!(started["type"], "started", "{started}");
-    sh(&service, &token, session, "echo hi > /workspace/watched.txt").await;
+    sh(
+        &service,
+        &token,
+        session,
+        "echo hi > /workspace/watched.txt",
+    )
+    .await;
     let seen = tokio::time::timeout(WATCH_DEADLINE, async {
         loop {
             let line = lines.next().await;
@@ -484,7 +508,12 @@ impl Lines {
                 let line: Vec<u8> = self.buf.drain(..=at).collect();
                 return serde_json::from_slice(&line).unwrap();
             }
-            let frame = self.body.frame().await.expect("the stream goes on").unwrap();
+            let frame = self
+                .body
+                .frame()
+                .await
+                .expect("the stream goes on")
+                .unwrap();
             if let Ok(data) = frame.into_data() {
                 self.buf.extend_from_slice(&data);
             }
