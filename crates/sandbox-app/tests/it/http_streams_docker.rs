@@ -15,7 +15,9 @@
 //!   the client takes it, not before;
 //! - meanwhile no file under the service's temp directory (`TMPDIR`) or its data directory
 //!   (the home its dev token lives in) grows past 1 MiB;
-//! - a watch through the API sees a file created by a separate exec.
+//! - a watch through the API sees a file created by a separate exec;
+//! - on the exec data plane, which declares none of the three capabilities, every one of
+//!   these routes answers its 501 code and the refused upload writes nothing.
 //!
 //! Needs the engine, the `sandbox-busybox:test` image and the static agent: ignored in a plain
 //! `cargo test`, run by `cargo xtask test`'s docker engine stage.
@@ -528,4 +530,85 @@ impl Drop for Cleanup {
     fn drop(&mut self) {
         support::remove_namespace(&self.0);
     }
+}
+
+/// The exec data plane declares neither `streamed_files`, `watch` nor `processes`: through the
+/// real service each route says so with its own 501 code, and nothing falls back to buffering
+/// (the refused upload wrote nothing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Docker engine and the sandbox-busybox:test image: cargo xtask test runs it"]
+async fn the_exec_plane_refuses_the_streamed_routes_with_their_codes() {
+    let namespace = format!("tstreamx-{:08x}", fastrand::u32(..));
+    let dir = temp_dir();
+    let token_file = dir.join("dev-token");
+    let log = dir.join("serve.log");
+    let env = support::agent_mode::exec_env();
+    let mut service = Service::spawn(
+        &namespace,
+        &token_file,
+        &log,
+        &support::agent_mode::borrowed(&env),
+    );
+    if let Err(status) = service.ready(START_DEADLINE).await {
+        panic!(
+            "sandbox serve exited with {status}; its log:\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+    }
+    let cleanup = Cleanup(namespace.clone());
+    let token = std::fs::read_to_string(&token_file)
+        .unwrap()
+        .trim()
+        .to_owned();
+    let session = "plain";
+    sh(&service, &token, session, "true").await;
+    let s = format!("/v1/sessions/{session}");
+    for (method, path, body, want) in [
+        (
+            "PUT",
+            format!("{s}/files/stream?path=/workspace/x.bin"),
+            "data",
+            "streamed_files_unsupported",
+        ),
+        (
+            "GET",
+            format!("{s}/files/stream?path=/etc/hostname"),
+            "",
+            "streamed_files_unsupported",
+        ),
+        (
+            "POST",
+            format!("{s}/files/rename"),
+            r#"{"from":"/workspace/a","to":"/workspace/b"}"#,
+            "streamed_files_unsupported",
+        ),
+        (
+            "GET",
+            format!("{s}/watch?path=/workspace"),
+            "",
+            "watch_unsupported",
+        ),
+        (
+            "POST",
+            format!("{s}/processes"),
+            r#"{"command":"sleep","args":["30"]}"#,
+            "processes_unsupported",
+        ),
+        ("GET", format!("{s}/processes"), "", "processes_unsupported"),
+    ] {
+        let (status, out) = service.call(method, &path, &token, body).await;
+        assert_eq!(
+            (status, support::code(&out)),
+            (501, want),
+            "{method} {path}: {out}"
+        );
+    }
+    let listed = sh(&service, &token, session, "ls -a /workspace").await;
+    assert!(
+        !listed.contains("x.bin"),
+        "a refused upload wrote: {listed}"
+    );
+    drop(service);
+    drop(cleanup);
+    std::fs::remove_dir_all(&dir).unwrap();
 }
