@@ -1004,13 +1004,19 @@ async fn listen(app: Router) -> std::net::SocketAddr {
 
 /// Runs the `sandbox` binary against `addr`; its status and output.
 async fn cli(addr: std::net::SocketAddr, args: &[&str]) -> (i32, String, String) {
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_sandbox"))
-        .args(args)
-        .env("SANDBOX_SERVER", format!("http://{addr}"))
-        .env("SANDBOX_TOKEN", TOKEN)
-        .output()
-        .await
-        .unwrap();
+    // std's process API on the blocking pool: tokio's needs a feature this crate's minimal
+    // builds do not enable.
+    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_sandbox"))
+            .args(&args)
+            .env("SANDBOX_SERVER", format!("http://{addr}"))
+            .env("SANDBOX_TOKEN", TOKEN)
+            .output()
+    })
+    .await
+    .unwrap()
+    .unwrap();
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -1130,19 +1136,28 @@ async fn the_cli_drives_background_processes_and_watches() {
     std::fs::remove_dir_all(&dir).unwrap();
 
     // watch prints a change made by someone else.
-    let mut watch = tokio::process::Command::new(env!("CARGO_BIN_EXE_sandbox"))
-        .args(["watch", "c", "/workspace"])
-        .env("SANDBOX_SERVER", format!("http://{addr}"))
-        .env("SANDBOX_TOKEN", TOKEN)
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut stdout = tokio::io::BufReader::new(watch.stdout.take().unwrap());
+    let mut watch = KillOnDrop(
+        std::process::Command::new(env!("CARGO_BIN_EXE_sandbox"))
+            .args(["watch", "c", "/workspace"])
+            .env("SANDBOX_SERVER", format!("http://{addr}"))
+            .env("SANDBOX_TOKEN", TOKEN)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let stdout = watch.0.stdout.take().unwrap();
+    let (tx, mut printed) = tokio::sync::mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufRead::lines(std::io::BufReader::new(stdout)) {
+            let Ok(line) = line else { return };
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
     let seen = async {
         // The watch is armed once the service answered; until then a write may go unseen, so
         // write until one is reported.
-        let mut line = String::new();
         let mut i = 0u32;
         loop {
             i += 1;
@@ -1154,12 +1169,9 @@ async fn the_cli_drives_background_processes_and_watches() {
             )
             .await;
             assert_eq!(status, 204);
-            let read = tokio::time::timeout(
-                Duration::from_millis(300),
-                tokio::io::AsyncBufReadExt::read_line(&mut stdout, &mut line),
-            )
-            .await;
-            if read.is_ok() {
+            if let Ok(Some(line)) =
+                tokio::time::timeout(Duration::from_millis(300), printed.recv()).await
+            {
                 return line;
             }
         }
@@ -1168,10 +1180,19 @@ async fn the_cli_drives_background_processes_and_watches() {
         .await
         .expect("the watch printed a change");
     assert!(
-        line.starts_with("create /workspace/w") && line.ends_with(".txt\n"),
+        line.starts_with("create /workspace/w") && line.ends_with(".txt"),
         "{line:?}"
     );
-    watch.kill().await.unwrap();
+}
+
+/// Ends a child process however the test ends.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 #[tokio::test]
