@@ -64,6 +64,10 @@ pub struct Limits {
     pub terminal_idle_seconds: u64,
     /// Terminal tickets one tenant may hold unused at once.
     pub tickets_per_tenant: usize,
+    /// Largest file the streamed file routes (`…/files/stream`) move in either direction.
+    /// Larger than `upload_max_bytes`: these bodies are never held whole, only passed on chunk
+    /// by chunk, so their size costs the service no memory.
+    pub stream_file_max_bytes: u64,
 }
 
 /// The listener's connection handling. Every timeout and cap has a default because a server
@@ -99,6 +103,8 @@ pub struct Quotas {
     pub max_terminals: u32,
     /// Snapshots kept.
     pub max_snapshots: u32,
+    /// Process attach and directory watch streams open at once.
+    pub max_streams: u32,
 }
 
 /// A tenant's overrides of [`Quotas`]; an absent field keeps the service-wide value.
@@ -109,6 +115,7 @@ pub struct QuotaOverrides {
     pub max_concurrent_execs: Option<u32>,
     pub max_terminals: Option<u32>,
     pub max_snapshots: Option<u32>,
+    pub max_streams: Option<u32>,
 }
 
 impl Quotas {
@@ -121,6 +128,7 @@ impl Quotas {
                 .unwrap_or(self.max_concurrent_execs),
             max_terminals: overrides.max_terminals.unwrap_or(self.max_terminals),
             max_snapshots: overrides.max_snapshots.unwrap_or(self.max_snapshots),
+            max_streams: overrides.max_streams.unwrap_or(self.max_streams),
         }
     }
 }
@@ -165,6 +173,7 @@ impl Default for Limits {
             inflight_max_bytes: 1024 * 1024 * 1024,
             terminal_idle_seconds: 15 * 60,
             tickets_per_tenant: 16,
+            stream_file_max_bytes: 4 * 1024 * 1024 * 1024,
         }
     }
 }
@@ -191,6 +200,7 @@ impl Default for Quotas {
             max_concurrent_execs: 32,
             max_terminals: 8,
             max_snapshots: 32,
+            max_streams: 32,
         }
     }
 }
@@ -273,6 +283,7 @@ impl ServiceConfig {
             || l.json_max_bytes == 0
             || l.download_max_bytes == 0
             || l.tickets_per_tenant == 0
+            || l.stream_file_max_bytes == 0
         {
             return Err(ConfigError("limits must be positive".to_owned()));
         }
@@ -711,6 +722,13 @@ pub const ENV_VARS: &[EnvVar] = &[
         "unused terminal tickets one tenant may hold",
     ),
     var(
+        "SANDBOX_STREAM_FILE_MAX_BYTES",
+        "limits.stream_file_max_bytes",
+        Bytes,
+        "4294967296",
+        "largest file the streamed file routes move (never held whole; 413 or a cut answer beyond)",
+    ),
+    var(
         "SANDBOX_SERVER_HEADER_READ_TIMEOUT_SECONDS",
         "server.header_read_timeout_seconds",
         Seconds,
@@ -779,6 +797,13 @@ pub const ENV_VARS: &[EnvVar] = &[
         Count,
         "32",
         "snapshots kept per tenant",
+    ),
+    var(
+        "SANDBOX_QUOTA_MAX_STREAMS",
+        "quotas.max_streams",
+        Count,
+        "32",
+        "process attach and directory watch streams open at once per tenant",
     ),
 ];
 

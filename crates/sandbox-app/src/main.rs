@@ -47,6 +47,57 @@ enum Command {
         /// The session.
         session: String,
     },
+    /// List a session's background processes (started with `sandbox exec --background`).
+    Ps {
+        #[command(flatten)]
+        conn: Conn,
+        /// Print the service's JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// The session.
+        session: String,
+    },
+    /// Follow a background process's output; exits with its status (128 + N when signal N
+    /// ended it).
+    Attach {
+        #[command(flatten)]
+        conn: Conn,
+        /// Replay from this output offset (0: everything still kept); default: live output only.
+        #[arg(long, value_name = "OFFSET")]
+        from: Option<u64>,
+        /// The session.
+        session: String,
+        /// The process: its pid or its tag.
+        process: String,
+    },
+    /// Send a signal to a background process.
+    Kill {
+        #[command(flatten)]
+        conn: Conn,
+        /// HUP, INT, QUIT, KILL, USR1, USR2 or TERM.
+        #[arg(short, long, default_value = "TERM")]
+        signal: String,
+        /// The session.
+        session: String,
+        /// The process: its pid or its tag.
+        process: String,
+    },
+    /// Print changes below a directory of a session's sandbox as they happen (`create PATH`).
+    Watch {
+        #[command(flatten)]
+        conn: Conn,
+        /// Report changes deeper than the directory's own entries too.
+        #[arg(short, long)]
+        recursive: bool,
+        /// Print the service's JSON lines instead.
+        #[arg(long)]
+        json: bool,
+        /// The session.
+        session: String,
+        /// Absolute path inside the sandbox.
+        #[arg(default_value = "/workspace")]
+        path: String,
+    },
 }
 
 /// How a client command reaches the service. The token is read from `SANDBOX_TOKEN` or a file,
@@ -92,6 +143,16 @@ struct ExecArgs {
     /// Send this process's standard input (UTF-8 text) to the command.
     #[arg(long)]
     stdin: bool,
+    /// Start the command in the background and print its pid; follow it with
+    /// `sandbox attach`, list it with `sandbox ps`, end it with `sandbox kill`.
+    #[arg(long)]
+    background: bool,
+    /// With `--background`: a name to find the process by instead of its pid.
+    #[arg(long, requires = "background")]
+    tag: Option<String>,
+    /// With `--background`: keep the process's stdin open for input.
+    #[arg(long, requires = "background")]
+    keep_stdin: bool,
     /// The session.
     session: String,
     /// The command and its arguments (after `--` when they start with a dash).
@@ -108,6 +169,9 @@ enum FilesCommand {
         /// Write to this file instead of stdout.
         #[arg(short, long)]
         output: Option<PathBuf>,
+        /// Use the streamed route (larger limit; needs a backend that streams files).
+        #[arg(long)]
+        stream: bool,
         session: String,
         /// Absolute path inside the sandbox.
         path: String,
@@ -117,13 +181,27 @@ enum FilesCommand {
         #[command(flatten)]
         conn: Conn,
         /// Upload as a user attachment (below /workspace/input).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "stream")]
         attachment: bool,
+        /// Use the streamed route: never held whole by the service, up to
+        /// `limits.stream_file_max_bytes` (needs a backend that streams files).
+        #[arg(long)]
+        stream: bool,
         session: String,
         /// The local file, or `-` for stdin.
         local: PathBuf,
         /// Absolute path inside the sandbox.
         path: String,
+    },
+    /// Rename (move) a file or directory inside the sandbox.
+    Mv {
+        #[command(flatten)]
+        conn: Conn,
+        session: String,
+        /// Absolute path inside the sandbox.
+        from: String,
+        /// Absolute path inside the sandbox (parents are created, a file there replaced).
+        to: String,
     },
     /// List a directory (kind, size, path), recursively to `--depth`.
     Ls {
@@ -199,6 +277,58 @@ fn main() -> ExitCode {
             let client = conn.client()?;
             client::shell::run(&client, &session).await
         }),
+        Command::Ps {
+            conn,
+            json,
+            session,
+        } => client_command(|| async move {
+            let client = conn.client()?;
+            let processes = client::processes::list(&client, &session).await?;
+            let text = if json {
+                serde_json::to_string_pretty(&processes).unwrap_or_default() + "\n"
+            } else {
+                client::processes::render(&processes)
+            };
+            std::io::stdout()
+                .write_all(text.as_bytes())
+                .map_err(|e| ClientError::Local(format!("cannot write the list: {e}")))?;
+            Ok(0)
+        }),
+        Command::Attach {
+            conn,
+            from,
+            session,
+            process,
+        } => client_command(|| async move {
+            let client = conn.client()?;
+            let (mut out, mut err) = (tokio::io::stdout(), tokio::io::stderr());
+            let exited =
+                client::processes::attach(&client, &session, &process, from, &mut out, &mut err)
+                    .await?;
+            Ok(exited.status())
+        }),
+        Command::Kill {
+            conn,
+            signal,
+            session,
+            process,
+        } => client_command(|| async move {
+            let client = conn.client()?;
+            client::processes::kill(&client, &session, &process, &signal).await?;
+            Ok(0)
+        }),
+        Command::Watch {
+            conn,
+            recursive,
+            json,
+            session,
+            path,
+        } => client_command(|| async move {
+            let client = conn.client()?;
+            let mut out = tokio::io::stdout();
+            client::processes::watch(&client, &session, &path, recursive, json, &mut out).await?;
+            Ok(0)
+        }),
     }
 }
 
@@ -223,13 +353,10 @@ where
 
 async fn exec(args: ExecArgs) -> Result<u8, ClientError> {
     let client = args.conn.client()?;
-    let mut env = BTreeMap::new();
-    for pair in &args.env {
-        let (k, v) = pair
-            .split_once('=')
-            .ok_or_else(|| ClientError::Usage(format!("--env {pair:?}: expected KEY=VALUE")))?;
-        env.insert(k.to_owned(), v.to_owned());
+    if args.background {
+        return background(client, args).await;
     }
+    let env = parse_env(&args.env)?;
     let stdin = if args.stdin {
         let mut bytes = Vec::new();
         tokio::io::AsyncReadExt::read_to_end(&mut tokio::io::stdin(), &mut bytes)
@@ -278,18 +405,75 @@ async fn exec(args: ExecArgs) -> Result<u8, ClientError> {
     Ok(ended.status())
 }
 
+/// `sandbox exec --background`: starts the command and prints its pid.
+async fn background(client: Client, args: ExecArgs) -> Result<u8, ClientError> {
+    if args.stdin {
+        return Err(ClientError::Usage(
+            "--stdin sends input to a command run in the foreground; with --background use --keep-stdin".to_owned(),
+        ));
+    }
+    if args.timeout.is_some() {
+        return Err(ClientError::Usage(
+            "--timeout bounds a foreground command; end a background one with `sandbox kill`"
+                .to_owned(),
+        ));
+    }
+    let env = parse_env(&args.env)?;
+    let (command, rest) = match args.command.split_first() {
+        Some((first, rest)) => (first.clone(), rest.to_vec()),
+        None => return Err(ClientError::Usage("no command given".to_owned())),
+    };
+    let request = sandbox_app::api::ProcessStartRequest {
+        command: if args.shell {
+            args.command.join(" ")
+        } else {
+            command
+        },
+        args: if args.shell { Vec::new() } else { rest },
+        shell: args.shell,
+        env,
+        cwd: args.cwd,
+        user: args.user,
+        tag: args.tag,
+        stdin: args.keep_stdin,
+    };
+    let process = client::processes::start(&client, &args.session, &request).await?;
+    // The pid is the command's output, for scripts: `pid=$(sandbox exec --background ...)`.
+    let _ = writeln!(std::io::stdout(), "{}", process.pid);
+    Ok(0)
+}
+
+fn parse_env(pairs: &[String]) -> Result<BTreeMap<String, String>, ClientError> {
+    let mut env = BTreeMap::new();
+    for pair in pairs {
+        let (k, v) = pair
+            .split_once('=')
+            .ok_or_else(|| ClientError::Usage(format!("--env {pair:?}: expected KEY=VALUE")))?;
+        env.insert(k.to_owned(), v.to_owned());
+    }
+    Ok(env)
+}
+
 async fn files(command: FilesCommand) -> Result<u8, ClientError> {
     match command {
         FilesCommand::Get {
             conn,
             output,
+            stream,
             session,
             path,
         } => {
             let client = conn.client()?;
             match output {
                 None => {
-                    client::files::get(&client, &session, &path, &mut tokio::io::stdout()).await?;
+                    client::files::get_from(
+                        &client,
+                        &session,
+                        &path,
+                        stream,
+                        &mut tokio::io::stdout(),
+                    )
+                    .await?;
                 }
                 Some(file) => {
                     // Written beside the target and renamed, so a failed download leaves no
@@ -298,7 +482,8 @@ async fn files(command: FilesCommand) -> Result<u8, ClientError> {
                     let mut sink = tokio::fs::File::create(&partial).await.map_err(|e| {
                         ClientError::Local(format!("cannot create {}: {e}", partial.display()))
                     })?;
-                    let got = client::files::get(&client, &session, &path, &mut sink).await;
+                    let got =
+                        client::files::get_from(&client, &session, &path, stream, &mut sink).await;
                     if let Err(e) = got {
                         let _ = tokio::fs::remove_file(&partial).await;
                         return Err(e);
@@ -313,15 +498,16 @@ async fn files(command: FilesCommand) -> Result<u8, ClientError> {
         FilesCommand::Put {
             conn,
             attachment,
+            stream,
             session,
             local,
             path,
         } => {
             let client = conn.client()?;
-            let target = if attachment {
-                client::files::Target::Attachment
-            } else {
-                client::files::Target::Workspace
+            let target = match (attachment, stream) {
+                (true, _) => client::files::Target::Attachment,
+                (false, true) => client::files::Target::Streamed,
+                (false, false) => client::files::Target::Workspace,
             };
             if local.as_os_str() == "-" {
                 client::files::put(&client, &session, &path, target, tokio::io::stdin(), None)
@@ -342,6 +528,16 @@ async fn files(command: FilesCommand) -> Result<u8, ClientError> {
                 client::files::put(&client, &session, &path, target, file, Some(meta.len()))
                     .await?;
             }
+            Ok(0)
+        }
+        FilesCommand::Mv {
+            conn,
+            session,
+            from,
+            to,
+        } => {
+            let client = conn.client()?;
+            client::files::rename(&client, &session, &from, &to).await?;
             Ok(0)
         }
         FilesCommand::Ls {

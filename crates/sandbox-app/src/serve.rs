@@ -91,6 +91,7 @@ pub fn quotas(config: &ServiceConfig) -> Result<Quotas, String> {
         max_concurrent_execs: limit(q.max_concurrent_execs),
         max_terminals: limit(q.max_terminals),
         max_snapshots: limit(q.max_snapshots),
+        max_streams: limit(q.max_streams),
     };
     let mut out = Quotas {
         default: session_quota(config.quotas),

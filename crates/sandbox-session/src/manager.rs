@@ -16,6 +16,10 @@ use sandbox_core::{
     SandboxId, SandboxPath, SandboxState, SnapshotId, SnapshotRef, StatEntry, TemplateId, TenantId,
     Terminal, TerminalOptions, TreeLimits, TreeListing, narrow,
 };
+use sandbox_core::{
+    ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream, Processes, Signal, StreamedFiles,
+    Watch, WatchStream,
+};
 
 use crate::lifecycle::{Lifecycle, ResolveOptions};
 use crate::policy::validator::ScriptValidator;
@@ -459,6 +463,225 @@ impl SessionManager {
         Ok((ttl / 3).clamp(MIN_REFRESH, MAX_REFRESH))
     }
 
+    // ---- background processes, streamed files, watch (issue 17) ------------------------------
+    //
+    // Only a start and a streamed write provision; every other call is lookup-only, so
+    // listing, attaching, signalling or watching never creates (or resumes and re-bills) a
+    // sandbox. None of them ever replaces a binding on its own error: a missing *process*
+    // (`process_not_found`, kind `not_found`) says nothing about the sandbox; only a
+    // `sandbox_gone` drops the binding, as for exec.
+
+    /// Whether the backend runs background processes (declared and implemented).
+    pub fn supports_processes(&self) -> bool {
+        narrow::processes(&**self.lifecycle.provider()).is_some()
+    }
+
+    /// Whether the backend streams files without holding them whole.
+    pub fn supports_streamed_files(&self) -> bool {
+        narrow::streamed_files(&**self.lifecycle.provider()).is_some()
+    }
+
+    /// Whether the backend watches directories.
+    pub fn supports_watch(&self) -> bool {
+        narrow::watch(&**self.lifecycle.provider()).is_some()
+    }
+
+    fn processes(&self, op: Operation) -> Result<&dyn Processes, Error> {
+        let provider = self.lifecycle.provider();
+        narrow::processes(&**provider).ok_or_else(|| {
+            Error::unsupported(
+                op,
+                format!(
+                    "the {} backend cannot run background processes",
+                    provider.provider()
+                ),
+            )
+        })
+    }
+
+    fn streamed(&self, op: Operation) -> Result<&dyn StreamedFiles, Error> {
+        let provider = self.lifecycle.provider();
+        narrow::streamed_files(&**provider).ok_or_else(|| {
+            Error::unsupported(
+                op,
+                format!("the {} backend cannot stream files", provider.provider()),
+            )
+        })
+    }
+
+    /// One of the tenant's `max_streams` slots (a process attach or a watch).
+    pub fn stream_slot(&self, op: Operation, tenant: TenantId) -> Result<QuotaPermit, Error> {
+        self.lifecycle
+            .quotas()
+            .acquire(op, tenant, Counted::Stream, 0)
+    }
+
+    /// Starts a background process in the session's sandbox, created on first use (a start is
+    /// the one process call that provisions: it is where the work begins).
+    pub async fn start_process(
+        &self,
+        key: &BindingKey,
+        spec: ProcessSpec,
+    ) -> Result<ProcessInfo, Error> {
+        spec.validate()?;
+        let processes = self.processes(Operation::START_PROCESS)?;
+        let handle = self.lifecycle.resolve(key).await?;
+        let result = processes.start_process(&handle, spec).await;
+        self.forget_if_gone(key, &handle, result).await
+    }
+
+    /// The background processes of the session's sandbox. Lookup-only: nothing bound lists
+    /// nothing.
+    pub async fn list_processes(&self, key: &BindingKey) -> Result<Vec<ProcessInfo>, Error> {
+        let processes = self.processes(Operation::LIST_PROCESSES)?;
+        let Some(handle) = self.lifecycle.lookup(key).await? else {
+            return Ok(Vec::new());
+        };
+        let result = processes.list_processes(&handle).await;
+        self.forget_if_gone(key, &handle, result).await
+    }
+
+    /// Attaches to a process's output from the replay offset `from`, within the tenant's
+    /// `max_streams` (the slot is held by the returned lease). Lookup-only.
+    pub async fn attach_process(
+        &self,
+        key: &BindingKey,
+        target: &ProcessSelector,
+        from: Option<u64>,
+    ) -> Result<StreamLease<ProcessStream>, Error> {
+        let op = Operation::ATTACH_PROCESS;
+        let processes = self.processes(op)?;
+        let slot = self.stream_slot(op, key.tenant)?;
+        let handle = self.bound(key, op).await?;
+        let result = processes.attach_process(&handle, target, from).await;
+        let stream = self.forget_if_gone(key, &handle, result).await?;
+        Ok(StreamLease {
+            stream,
+            _slot: slot,
+        })
+    }
+
+    /// Writes to a process's stdin. Lookup-only.
+    pub async fn send_input(
+        &self,
+        key: &BindingKey,
+        target: &ProcessSelector,
+        data: &[u8],
+    ) -> Result<(), Error> {
+        let op = Operation::SEND_INPUT;
+        let processes = self.processes(op)?;
+        let handle = self.bound(key, op).await?;
+        let result = processes.send_input(&handle, target, data).await;
+        self.forget_if_gone(key, &handle, result).await
+    }
+
+    /// Closes a process's stdin. Lookup-only.
+    pub async fn close_stdin(
+        &self,
+        key: &BindingKey,
+        target: &ProcessSelector,
+    ) -> Result<(), Error> {
+        let op = Operation::CLOSE_STDIN;
+        let processes = self.processes(op)?;
+        let handle = self.bound(key, op).await?;
+        let result = processes.close_stdin(&handle, target).await;
+        self.forget_if_gone(key, &handle, result).await
+    }
+
+    /// Sends `signal` to a process. Lookup-only.
+    pub async fn signal_process(
+        &self,
+        key: &BindingKey,
+        target: &ProcessSelector,
+        signal: Signal,
+    ) -> Result<(), Error> {
+        let op = Operation::SIGNAL_PROCESS;
+        let processes = self.processes(op)?;
+        let handle = self.bound(key, op).await?;
+        let result = processes.signal_process(&handle, target, signal).await;
+        self.forget_if_gone(key, &handle, result).await
+    }
+
+    /// Streams a file of the live sandbox through the backend's `streamed_files` (never a
+    /// buffering fallback). Lookup-only.
+    pub async fn read_stream(
+        &self,
+        key: &BindingKey,
+        path: &SandboxPath,
+        max_bytes: u64,
+    ) -> Result<ReadStream, Error> {
+        let op = Operation::READ_FILE_STREAM;
+        let streamed = self.streamed(op)?;
+        let handle = self.bound(key, op).await?;
+        let result = streamed.read_stream(&handle, path, max_bytes).await;
+        self.forget_if_gone(key, &handle, result).await
+    }
+
+    /// Writes a model-authored file from `source` as it is pulled (atomic: the target changes
+    /// only once the source ended cleanly within `max_bytes`). Provisions, like a whole
+    /// upload; the model-write rule applies.
+    pub async fn write_stream(
+        &self,
+        key: &BindingKey,
+        path: &SandboxPath,
+        source: ReadStream,
+        max_bytes: u64,
+    ) -> Result<u64, Error> {
+        self.layout.check_model_write(path)?;
+        let streamed = self.streamed(Operation::WRITE_FILE_STREAM)?;
+        let handle = self.lifecycle.resolve(key).await?;
+        let result = streamed
+            .write_stream(&handle, path, source, max_bytes)
+            .await;
+        self.forget_if_gone(key, &handle, result).await
+    }
+
+    /// Renames (moves) a model-authored path; the model-write rule applies to both ends.
+    /// Lookup-only, like a removal.
+    pub async fn rename_path(
+        &self,
+        key: &BindingKey,
+        from: &SandboxPath,
+        to: &SandboxPath,
+    ) -> Result<(), Error> {
+        self.layout.check_model_write(from)?;
+        self.layout.check_model_write(to)?;
+        let op = Operation::RENAME_PATH;
+        let streamed = self.streamed(op)?;
+        let handle = self.bound(key, op).await?;
+        let result = streamed.rename_path(&handle, from, to).await;
+        self.forget_if_gone(key, &handle, result).await
+    }
+
+    /// Watches a directory of the live sandbox, within the tenant's `max_streams`. Armed when
+    /// this returns. Lookup-only.
+    pub async fn watch_dir(
+        &self,
+        key: &BindingKey,
+        dir: &SandboxPath,
+        recursive: bool,
+    ) -> Result<StreamLease<WatchStream>, Error> {
+        let op = Operation::WATCH_DIR;
+        let provider = self.lifecycle.provider();
+        let watch: &dyn Watch = narrow::watch(&**provider).ok_or_else(|| {
+            Error::unsupported(
+                op,
+                format!(
+                    "the {} backend cannot watch directories",
+                    provider.provider()
+                ),
+            )
+        })?;
+        let slot = self.stream_slot(op, key.tenant)?;
+        let handle = self.bound(key, op).await?;
+        let result = watch.watch_dir(&handle, dir, recursive).await;
+        let stream = self.forget_if_gone(key, &handle, result).await?;
+        Ok(StreamLease {
+            stream,
+            _slot: slot,
+        })
+    }
+
     /// Destroys the session's sandbox and binding (idempotent).
     pub async fn destroy(&self, key: &BindingKey) -> Result<(), Error> {
         self.lifecycle.destroy(key).await
@@ -594,6 +817,22 @@ impl TerminalLease {
     /// long as the terminal is in use).
     pub fn into_parts(self) -> (Terminal, QuotaPermit) {
         (self.terminal, self._slot)
+    }
+}
+
+/// An open attach or watch stream and the tenant's stream slot it holds; dropping it frees
+/// the slot.
+#[derive(Debug)]
+pub struct StreamLease<S> {
+    pub stream: S,
+    _slot: QuotaPermit,
+}
+
+impl<S> StreamLease<S> {
+    /// The stream and its slot, for a caller that moves them apart (the slot must live as
+    /// long as the stream is read).
+    pub fn into_parts(self) -> (S, QuotaPermit) {
+        (self.stream, self._slot)
     }
 }
 

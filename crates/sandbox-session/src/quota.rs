@@ -11,8 +11,9 @@
 //!   too, so concurrent first requests of one tenant cannot all pass the same count. Two
 //!   replicas racing at the very limit can still overshoot by one each: the count is the
 //!   backend's, the reservation only this process's.
-//! - Running commands and open terminals exist only while a call is in progress, so they are
-//!   counted in this process by permits that release on drop (a cancelled call frees its slot).
+//! - Running commands, open terminals and open attach/watch streams exist only while a call
+//!   is in progress, so they are counted in this process by permits that release on drop (a
+//!   cancelled call frees its slot).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -30,6 +31,9 @@ pub struct TenantQuota {
     pub max_terminals: Option<u32>,
     /// Snapshots kept.
     pub max_snapshots: Option<u32>,
+    /// Long-lived output streams open at once: process attaches and directory watches
+    /// (issue 17). Each holds a connection and a backend stream, like a terminal.
+    pub max_streams: Option<u32>,
 }
 
 impl TenantQuota {
@@ -39,6 +43,7 @@ impl TenantQuota {
         max_concurrent_execs: None,
         max_terminals: None,
         max_snapshots: None,
+        max_streams: None,
     };
 }
 
@@ -72,6 +77,8 @@ pub enum Counted {
     CreatingSandbox,
     /// A snapshot being taken by this process.
     TakingSnapshot,
+    /// An open process attach or directory watch.
+    Stream,
 }
 
 impl Counted {
@@ -81,6 +88,7 @@ impl Counted {
             Counted::Terminal => "terminals open",
             Counted::CreatingSandbox => "sandboxes",
             Counted::TakingSnapshot => "snapshots",
+            Counted::Stream => "attach or watch streams open",
         }
     }
     fn setting(self) -> &'static str {
@@ -89,6 +97,7 @@ impl Counted {
             Counted::Terminal => "max_terminals",
             Counted::CreatingSandbox => "max_sandboxes",
             Counted::TakingSnapshot => "max_snapshots",
+            Counted::Stream => "max_streams",
         }
     }
     fn limit(self, quota: &TenantQuota) -> Option<u32> {
@@ -97,6 +106,7 @@ impl Counted {
             Counted::Terminal => quota.max_terminals,
             Counted::CreatingSandbox => quota.max_sandboxes,
             Counted::TakingSnapshot => quota.max_snapshots,
+            Counted::Stream => quota.max_streams,
         }
     }
 }

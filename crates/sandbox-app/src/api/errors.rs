@@ -466,3 +466,231 @@ family! {
         E502, E503, E504,
     ]
 }
+
+// ---- background processes, streamed files, watch (issue 17) ---------------------------------
+
+const PROCESSES_501: ErrorDoc = err(
+    501,
+    "The backend cannot run background processes (or cannot send this signal)",
+    &["processes_unsupported", "unsupported"],
+);
+const STREAMED_501: ErrorDoc = err(
+    501,
+    "The backend cannot stream files (the service never buffers them instead)",
+    &["streamed_files_unsupported", "unsupported"],
+);
+const PROCESS_404: ErrorDoc = err(
+    404,
+    "No sandbox is bound to the session, it is gone, or no process has this pid or tag",
+    &[
+        "process_not_found",
+        "no_live_sandbox",
+        "session_deleted",
+        "not_found",
+        "sandbox_gone",
+    ],
+);
+const STREAM_429: ErrorDoc = err(
+    429,
+    "The tenant holds its limit of open attach and watch streams (`quotas.max_streams`), or the backend is out of capacity",
+    &["quota_exceeded", "capacity"],
+);
+
+family! {
+    /// `POST /v1/sessions/{session}/processes`.
+    ProcessStartErrors = &[
+        err(
+            400,
+            "The body, session ID, command or tag is unusable",
+            &[
+                "invalid_json",
+                "invalid_body",
+                "invalid_command",
+                "invalid_path",
+                "invalid_session",
+                "invalid_request",
+                "image_not_present",
+            ],
+        ),
+        E401, E404_SESSION, E408,
+        err(
+            409,
+            "A running process holds the tag, or the sandbox's state conflicts",
+            &["process_tag_in_use", "conflict", "session_sandbox_paused"],
+        ),
+        E413, E429, E500, PROCESSES_501, E502, E503, E504,
+    ]
+}
+
+family! {
+    /// `GET /v1/sessions/{session}/processes`.
+    ProcessListErrors = &[
+        E400_SESSION, E401, E404_SESSION, E409, E429, E500, PROCESSES_501, E502, E503, E504,
+    ]
+}
+
+family! {
+    /// `GET …/processes/{process}/attach`.
+    AttachErrors = &[
+        err(
+            400,
+            "The session ID, process name, query or offset is unusable (an offset past the output produced: `invalid_offset`)",
+            &[
+                "invalid_session",
+                "invalid_process",
+                "invalid_query",
+                "invalid_offset",
+                "invalid_request",
+            ],
+        ),
+        E401, PROCESS_404, E409, STREAM_429, E500, PROCESSES_501, E502, E503, E504,
+    ]
+}
+
+family! {
+    /// `POST …/processes/{process}/stdin`.
+    StdinErrors = &[
+        err(
+            400,
+            "The session ID, process name or body is unusable",
+            &["invalid_session", "invalid_process", "invalid_body", "invalid_request"],
+        ),
+        E401, PROCESS_404, E408,
+        err(
+            409,
+            "The process's stdin is closed (or was never kept open), or the process has exited",
+            &["stdin_closed", "process_exited", "conflict", "session_sandbox_paused"],
+        ),
+        err(413, "The input exceeds `limits.json_max_bytes`", &["payload_too_large"]),
+        E429, E500, PROCESSES_501, E502, E503, E504,
+    ]
+}
+
+family! {
+    /// `DELETE …/processes/{process}/stdin`.
+    CloseStdinErrors = &[
+        err(
+            400,
+            "The session ID or process name is unusable",
+            &["invalid_session", "invalid_process", "invalid_request"],
+        ),
+        E401, PROCESS_404,
+        err(
+            409,
+            "The process has exited",
+            &["process_exited", "conflict", "session_sandbox_paused"],
+        ),
+        E429, E500, PROCESSES_501, E502, E503, E504,
+    ]
+}
+
+family! {
+    /// `POST …/processes/{process}/signal`.
+    SignalErrors = &[
+        err(
+            400,
+            "The session ID, process name, body or signal is unusable",
+            &[
+                "invalid_session",
+                "invalid_process",
+                "invalid_json",
+                "invalid_body",
+                "invalid_signal",
+                "invalid_request",
+            ],
+        ),
+        E401, PROCESS_404, E408,
+        err(
+            409,
+            "The process has exited",
+            &["process_exited", "conflict", "session_sandbox_paused"],
+        ),
+        E413, E429, E500, PROCESSES_501, E502, E503, E504,
+    ]
+}
+
+family! {
+    /// `GET …/files/stream`.
+    StreamDownloadErrors = &[
+        err(
+            400,
+            "The session ID, query or path is unusable, the path is not a regular file, or the file is larger than `limits.stream_file_max_bytes`",
+            &[
+                "invalid_session",
+                "invalid_query",
+                "invalid_path",
+                "invalid_request",
+                "not_a_regular_file",
+                "file_too_large",
+            ],
+        ),
+        E401, E404_SESSION, E409, E429, E500, STREAMED_501, E502, E503, E504,
+    ]
+}
+
+family! {
+    /// `PUT …/files/stream`.
+    StreamUploadErrors = &[
+        err(
+            400,
+            "The session ID, query, path or body is unusable, or the write rule refuses the path",
+            &[
+                "invalid_session",
+                "invalid_query",
+                "invalid_path",
+                "invalid_body",
+                "invalid_request",
+                "image_not_present",
+            ],
+        ),
+        E401, E404_SESSION, E408, E409,
+        err(
+            413,
+            "The upload exceeds `limits.stream_file_max_bytes` (nothing was written)",
+            &["payload_too_large"],
+        ),
+        E429, E500, STREAMED_501, E502, E503, E504,
+    ]
+}
+
+family! {
+    /// `POST …/files/rename`.
+    RenameErrors = &[
+        err(
+            400,
+            "The body, session ID or a path is unusable, the write rule refuses a path, or the target is an existing directory or inside the source",
+            &[
+                "invalid_json",
+                "invalid_body",
+                "invalid_session",
+                "invalid_path",
+                "invalid_request",
+            ],
+        ),
+        E401, E404_SESSION, E408, E409, E413, E429, E500, STREAMED_501, E502, E503, E504,
+    ]
+}
+
+family! {
+    /// `GET /v1/sessions/{session}/watch`.
+    WatchErrors = &[
+        err(
+            400,
+            "The session ID, query or path is unusable, or the path is not a directory",
+            &[
+                "invalid_session",
+                "invalid_query",
+                "invalid_path",
+                "not_a_directory",
+                "invalid_request",
+            ],
+        ),
+        E401, E404_SESSION, E409, STREAM_429, E500,
+        err(
+            501,
+            "The backend cannot watch directories",
+            &["watch_unsupported", "unsupported"],
+        ),
+        E502, E503, E504,
+    ]
+}

@@ -492,6 +492,282 @@ pub enum TerminalServerFrame {
     Error { code: String, message: String },
 }
 
+// ---- background processes (issue 17) ---------------------------------------------------------
+
+/// The `{session}` and `{process}` path segments of the process routes (documentation only:
+/// handlers read them with `crate::http::processes::ProcessPath`).
+#[derive(Debug, Clone, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct ProcessParam {
+    /// Percent-encoded; tenant-scoped; no braces or control characters, at most 512 bytes
+    pub session: String,
+    /// The process: its pid (digits) or the tag it was started with
+    pub process: String,
+}
+
+/// `POST /v1/sessions/{session}/processes`: what to start in the background. The command is
+/// an exec spec's: argv form (`command` + `args`) or shell form (`shell: true`, no `args`).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ProcessStartRequest {
+    pub command: String,
+    #[serde(default)]
+    pub args: Vec<String>,
+    #[serde(default)]
+    pub shell: bool,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Absolute, normalized sandbox path
+    #[serde(default)]
+    pub cwd: Option<String>,
+    #[serde(default)]
+    pub user: Option<String>,
+    /// The caller's name for it, unique among running processes: 1 to 64 of `[A-Za-z0-9._-]`,
+    /// starting with a letter or digit
+    #[serde(default)]
+    pub tag: Option<String>,
+    /// Keep stdin open for `POST …/stdin`; otherwise the process reads end of file at once
+    #[serde(default)]
+    pub stdin: bool,
+}
+
+impl ProcessStartRequest {
+    /// The core spec, validated like an exec spec (`invalid_command`, `invalid_path`).
+    pub fn into_spec(self) -> Result<sandbox_core::ProcessSpec, sandbox_core::Error> {
+        let ProcessStartRequest {
+            command,
+            args,
+            shell,
+            env,
+            cwd,
+            user,
+            tag,
+            stdin,
+        } = self;
+        let tag = tag.map(sandbox_core::ProcessTag::new).transpose()?;
+        // The exec spec's own parsing and checks, so both routes refuse alike.
+        let request = sandbox_core::ExecRequest::try_from(sandbox_core::ExecSpec {
+            command,
+            args,
+            shell,
+            stdin: None,
+            env,
+            cwd,
+            user,
+            timeout_ms: None,
+        })?;
+        let spec = sandbox_core::ProcessSpec {
+            command: request.command,
+            tag,
+            env: request.env,
+            cwd: request.cwd,
+            user: request.user,
+            stdin,
+        };
+        spec.validate()?;
+        Ok(spec)
+    }
+}
+
+/// Whether a listed process still runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ProcessState {
+    Running,
+    Exited,
+}
+
+/// One background process.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Process {
+    pub pid: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub tag: Option<String>,
+    pub argv: Vec<String>,
+    pub state: ProcessState,
+    /// Set once exited with a status (absent while running, when signalled, or unknown)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub exit_code: Option<i32>,
+    /// The signal that ended it (`KILL`), when known
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub signal: Option<String>,
+    /// Output bytes produced so far: the offset the next byte gets
+    pub output_bytes: u64,
+    /// How many of the latest output bytes an attach can replay
+    pub ring_bytes: u64,
+}
+
+impl From<sandbox_core::ProcessInfo> for Process {
+    fn from(p: sandbox_core::ProcessInfo) -> Self {
+        let (state, exit_code, signal) = match p.status {
+            sandbox_core::ProcessStatus::Running => (ProcessState::Running, None, None),
+            sandbox_core::ProcessStatus::Exited { exit_code, signal } => (
+                ProcessState::Exited,
+                exit_code,
+                signal.map(|s| s.as_str().to_owned()),
+            ),
+        };
+        Process {
+            pid: p.pid,
+            tag: p.tag.map(String::from),
+            argv: p.argv,
+            state,
+            exit_code,
+            signal,
+            output_bytes: p.output_bytes,
+            ring_bytes: p.ring_bytes,
+        }
+    }
+}
+
+/// `GET /v1/sessions/{session}/processes`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ProcessList {
+    pub processes: Vec<Process>,
+}
+
+/// Query of the attach route.
+#[derive(Debug, Clone, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct AttachQuery {
+    /// The output offset to replay from (0: everything the ring still holds); absent: only
+    /// what is produced from now on
+    // Kept as text so a malformed offset is `invalid_offset`, not a generic query error.
+    #[param(value_type = Option<u64>, nullable = false)]
+    pub from: Option<String>,
+}
+
+/// `POST …/processes/{process}/signal` (an empty body means `TERM`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SignalRequest {
+    /// `HUP`, `INT`, `QUIT`, `KILL`, `USR1`, `USR2` or `TERM` (any case, `SIG` prefix allowed);
+    /// a backend may send only `TERM` and `KILL` (then 501 `unsupported` for the others)
+    pub signal: String,
+}
+
+impl Default for SignalRequest {
+    fn default() -> Self {
+        SignalRequest {
+            signal: "TERM".to_owned(),
+        }
+    }
+}
+
+/// One line of an attach stream (`application/x-ndjson`). Every line says where it is in the
+/// process's output, so a client that lost the connection resumes with `?from=` the offset
+/// after the last line it handled: a `data` line's `offset` plus its byte length, or the
+/// `offset` of any other line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ProcessStreamLine {
+    /// Output bytes starting at `offset`: `data` when the chunk is UTF-8 on its own, else the
+    /// exact bytes as `data_b64` (standard base64); exactly one of the two.
+    Data {
+        stream: StreamName,
+        offset: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[schema(nullable = false)]
+        data: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[schema(nullable = false, content_encoding = "base64")]
+        data_b64: Option<String>,
+    },
+    /// The bytes `from..to` are no longer in the replay ring; the next `data` starts at `to`.
+    Gap { from: u64, to: u64 },
+    /// The process ended (the last line); `offset` is where its output ended.
+    Exited {
+        offset: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[schema(nullable = false)]
+        exit_code: Option<i32>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[schema(nullable = false)]
+        signal: Option<String>,
+    },
+    /// The stream failed (the last line); the process may still run: attach again from
+    /// `offset`.
+    Error {
+        offset: u64,
+        code: String,
+        message: String,
+    },
+}
+
+// ---- streamed files, rename, watch (issue 17) ------------------------------------------------
+
+/// `PUT /v1/sessions/{session}/files/stream`: what was written.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct StreamWritten {
+    pub path: String,
+    pub bytes: u64,
+}
+
+/// `POST /v1/sessions/{session}/files/rename`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RenameRequest {
+    /// Absolute, normalized sandbox path
+    pub from: String,
+    /// Absolute, normalized sandbox path; its parents are created, an existing file replaced
+    pub to: String,
+}
+
+/// Query of the watch route.
+#[derive(Debug, Clone, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct WatchQuery {
+    /// The directory: absolute, normalized sandbox path
+    #[param(required = true)]
+    pub path: Option<String>,
+    /// Report changes below the directory's own entries too
+    #[serde(default)]
+    pub recursive: bool,
+}
+
+/// What happened to a watched path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum WatchKind {
+    Create,
+    Write,
+    Remove,
+    Rename,
+    Chmod,
+}
+
+impl From<sandbox_core::WatchEventKind> for WatchKind {
+    fn from(kind: sandbox_core::WatchEventKind) -> Self {
+        match kind {
+            sandbox_core::WatchEventKind::Create => WatchKind::Create,
+            sandbox_core::WatchEventKind::Write => WatchKind::Write,
+            sandbox_core::WatchEventKind::Remove => WatchKind::Remove,
+            sandbox_core::WatchEventKind::Rename => WatchKind::Rename,
+            sandbox_core::WatchEventKind::Chmod => WatchKind::Chmod,
+        }
+    }
+}
+
+/// One line of a watch stream (`application/x-ndjson`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum WatchStreamLine {
+    /// The first line: the watch is armed, every later change is reported.
+    Started { path: String, recursive: bool },
+    /// A change.
+    Event { kind: WatchKind, path: String },
+    /// The watch ended by itself (its directory went away); the last line.
+    Ended,
+    /// The watch failed (the last line). `watch_overflow`: the client fell too far behind
+    /// and events were lost; list the directory and watch again.
+    Error { code: String, message: String },
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]

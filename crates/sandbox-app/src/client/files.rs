@@ -1,4 +1,7 @@
-//! `sandbox files get|put|ls`: streaming download and upload, and listings.
+//! `sandbox files get|put|ls|mv`: streaming download and upload (through the whole-buffer
+//! routes, or with `--stream` the streamed ones, which have the larger
+//! `limits.stream_file_max_bytes` and need a backend with `streamed_files`), listings and
+//! renames.
 
 use http_body_util::{BodyExt, StreamBody};
 use hyper::Method;
@@ -18,7 +21,19 @@ pub async fn get<W: AsyncWrite + Unpin>(
     path: &str,
     sink: &mut W,
 ) -> Result<u64, ClientError> {
-    let url = client.session_url(session, &["files", "content"], &[("path", path)]);
+    get_from(client, session, path, false, sink).await
+}
+
+/// [`get`], through the streamed route (`…/files/stream`) when `streamed`.
+pub async fn get_from<W: AsyncWrite + Unpin>(
+    client: &Client,
+    session: &str,
+    path: &str,
+    streamed: bool,
+    sink: &mut W,
+) -> Result<u64, ClientError> {
+    let route = if streamed { "stream" } else { "content" };
+    let url = client.session_url(session, &["files", route], &[("path", path)]);
     let response = client
         .send(Method::GET, &url, None, full(Bytes::new()))
         .await?;
@@ -47,6 +62,9 @@ pub enum Target {
     Workspace,
     /// A user attachment (only below `/workspace/input`).
     Attachment,
+    /// A file the model may write, through the streamed route (never held whole by the
+    /// service; up to `limits.stream_file_max_bytes`).
+    Streamed,
 }
 
 /// Streams `source` (of `length` bytes when known) to `path` in `session`.
@@ -64,6 +82,7 @@ where
     let rest: &[&str] = match target {
         Target::Workspace => &["files", "content"],
         Target::Attachment => &["attachments"],
+        Target::Streamed => &["files", "stream"],
     };
     let url = client.session_url(session, rest, &[("path", path)]);
     let chunks = futures_util::stream::unfold(Some(source), |state| async move {
@@ -122,6 +141,22 @@ impl hyper::body::Body for SizedBody {
     fn size_hint(&self) -> hyper::body::SizeHint {
         hyper::body::SizeHint::with_exact(self.len)
     }
+}
+
+/// Renames (moves) `from` to `to` in `session`.
+pub async fn rename(
+    client: &Client,
+    session: &str,
+    from: &str,
+    to: &str,
+) -> Result<(), ClientError> {
+    let url = client.session_url(session, &["files", "rename"], &[]);
+    let body = crate::api::RenameRequest {
+        from: from.to_owned(),
+        to: to.to_owned(),
+    };
+    let _: serde_json::Value = client.json(Method::POST, &url, Some(&body)).await?;
+    Ok(())
 }
 
 /// The entries below `path` in `session`, `depth` levels deep.

@@ -1,5 +1,6 @@
-//! The client side of the `sandbox` CLI: `exec`, `files get|put|ls` and `shell` talk to a
-//! running `sandbox serve` over its HTTP API, as any other client would.
+//! The client side of the `sandbox` CLI: `exec`, `files get|put|ls|mv`, `shell`, and the
+//! background-process and watch commands (`ps`, `attach`, `kill`, `watch`) talk to a running
+//! `sandbox serve` over its HTTP API, as any other client would.
 //!
 //! The bearer token comes from `SANDBOX_TOKEN` or a token file (default: the development token
 //! file `sandbox serve` creates), never from a command-line argument, which other users of the
@@ -7,6 +8,7 @@
 
 pub mod exec;
 pub mod files;
+pub mod processes;
 pub mod shell;
 
 use std::fmt;

@@ -121,7 +121,7 @@ pub fn declared_length(headers: &HeaderMap) -> Option<u64> {
 
 /// What a body read that failed on the wire answers: 408 when the listener's timeouts cut it,
 /// 400 otherwise.
-fn read_error(error: &axum::Error) -> ApiError {
+pub(super) fn read_error(error: &axum::Error) -> ApiError {
     if crate::server::is_body_timeout(error) {
         ApiError::new(
             StatusCode::REQUEST_TIMEOUT,

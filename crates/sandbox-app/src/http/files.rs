@@ -55,15 +55,15 @@ pub const MAX_LIST_ENTRIES: usize = sandbox_core::TreeLimits::DEFAULT_MAX_ENTRIE
 
 use crate::api::{ListQuery, PathQuery};
 
-type QueryResult<T> = Result<Query<T>, QueryRejection>;
+pub(super) type QueryResult<T> = Result<Query<T>, QueryRejection>;
 
-fn query<T>(q: QueryResult<T>) -> Result<T, ApiError> {
+pub(super) fn query<T>(q: QueryResult<T>) -> Result<T, ApiError> {
     q.map(|Query(q)| q)
         .map_err(|e| ApiError::bad_request("invalid_query", e.body_text()))
 }
 
 /// The validated `path` parameter.
-fn sandbox_path(raw: Option<&str>) -> Result<SandboxPath, ApiError> {
+pub(super) fn sandbox_path(raw: Option<&str>) -> Result<SandboxPath, ApiError> {
     let raw = raw.ok_or_else(|| {
         ApiError::bad_request("invalid_path", "the `path` query parameter is required")
     })?;
@@ -71,7 +71,7 @@ fn sandbox_path(raw: Option<&str>) -> Result<SandboxPath, ApiError> {
 }
 
 /// The session and the path of a single-path route, in the order session, query, path.
-fn key_and_path(
+pub(super) fn key_and_path(
     caller: Caller,
     session: &str,
     q: QueryResult<PathQuery>,
@@ -93,7 +93,7 @@ fn too_large(limit: u64) -> ApiError {
 /// Refuses an upload before reading its body (a bad path, a wrong token). The body is drained
 /// as an over-limit one is (bounded in bytes and time), so a client still writing reads this
 /// answer instead of a broken pipe, and the connection is closed after it.
-async fn refuse_unread(headers: &HeaderMap, body: Body, error: ApiError) -> Response {
+pub(super) async fn refuse_unread(headers: &HeaderMap, body: Body, error: ApiError) -> Response {
     if declared_length(headers).is_none_or(|n| n <= DRAIN_MAX_BYTES) {
         drain(&mut body.into_data_stream(), DRAIN_MAX_BYTES).await;
     }

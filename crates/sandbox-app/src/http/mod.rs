@@ -11,8 +11,10 @@ pub mod files;
 pub mod metrics;
 pub mod openapi;
 mod output;
+pub mod processes;
 pub mod sessions;
 pub mod snapshots;
+pub mod streams;
 pub mod terminal;
 
 use std::sync::Arc;
@@ -107,7 +109,15 @@ pub(crate) fn declared() -> (OpenApiRouter<AppState>, OpenApiRouter<AppState>) {
         .routes(routes!(files::mkdir))
         .routes(routes!(files::put_attachment, files::delete_attachment))
         .routes(routes!(sessions::keep_alive))
-        .routes(routes!(terminal::issue_ticket));
+        .routes(routes!(terminal::issue_ticket))
+        // Background processes, streamed files and watch (issue 17).
+        .routes(routes!(processes::start, processes::list))
+        .routes(routes!(processes::attach))
+        .routes(routes!(processes::send_input, processes::close_stdin))
+        .routes(routes!(processes::signal))
+        .routes(routes!(streams::download, streams::upload))
+        .routes(routes!(streams::rename))
+        .routes(routes!(streams::watch));
     openapi::finish(authenticated.get_openapi_mut(), true);
     (public, authenticated)
 }

@@ -37,6 +37,7 @@ pub const BEARER: &str = "bearer";
         (name = "snapshots", description = "Snapshots and restores"),
         (name = "files", description = "Files of a session's sandbox"),
         (name = "terminal", description = "The interactive terminal"),
+        (name = "processes", description = "Background processes: start, list, attach with replay, stdin, signals"),
     ),
 )]
 struct ApiDoc;

@@ -409,6 +409,139 @@ fn hand_picked(route: &Route) -> Vec<Request> {
                 "",
             ),
         ],
+        // Background processes (the seed started `seeded`, an `echo`, and `reader`, a `cat`
+        // with stdin open, in bound-1).
+        ("POST", "/v1/sessions/{session}/processes") => vec![
+            make(
+                "tagged",
+                &p("bound-1/processes"),
+                aj,
+                r#"{"command":"echo","args":["golden"],"tag":"golden"}"#,
+            ),
+            make(
+                "fresh-session",
+                &p("golden-new/processes"),
+                aj,
+                r#"{"command":"cat","stdin":true,"env":{"A":"1"},"cwd":"/workspace"}"#,
+            ),
+            make(
+                "tag-in-use",
+                &p("bound-1/processes"),
+                aj,
+                r#"{"command":"cat","stdin":true,"tag":"reader"}"#,
+            ),
+            make(
+                "bad-tag",
+                &p("bound-1/processes"),
+                aj,
+                r#"{"command":"ls","tag":"a b"}"#,
+            ),
+        ],
+        ("GET", "/v1/sessions/{session}/processes") => vec![
+            make("bound", &p("bound-1/processes"), a, ""),
+            make("unbound", &p("golden-unbound/processes"), a, ""),
+        ],
+        ("GET", "/v1/sessions/{session}/processes/{process}/attach") => vec![
+            make(
+                "replay",
+                &p("bound-1/processes/seeded/attach?from=0"),
+                a,
+                "",
+            ),
+            make("by-pid", &p("bound-1/processes/1001/attach?from=3"), a, ""),
+            make(
+                "ahead",
+                &p("bound-1/processes/seeded/attach?from=99999"),
+                a,
+                "",
+            ),
+            make(
+                "bad-offset",
+                &p("bound-1/processes/seeded/attach?from=x"),
+                a,
+                "",
+            ),
+            make("unknown", &p("bound-1/processes/nope/attach"), a, ""),
+            make("unbound", &p("golden-unbound/processes/1/attach"), a, ""),
+        ],
+        ("POST", "/v1/sessions/{session}/processes/{process}/stdin") => vec![
+            make("reader", &p("bound-1/processes/reader/stdin"), a, "line\n"),
+            make("exited", &p("bound-1/processes/seeded/stdin"), a, "x"),
+            make("unknown", &p("bound-1/processes/4242/stdin"), a, "x"),
+        ],
+        ("DELETE", "/v1/sessions/{session}/processes/{process}/stdin") => vec![
+            make("reader", &p("bound-1/processes/reader/stdin"), a, ""),
+            make("unknown", &p("bound-1/processes/nope/stdin"), a, ""),
+        ],
+        ("POST", "/v1/sessions/{session}/processes/{process}/signal") => vec![
+            make(
+                "kill",
+                &p("bound-1/processes/reader/signal"),
+                aj,
+                r#"{"signal":"KILL"}"#,
+            ),
+            make("exited", &p("bound-1/processes/seeded/signal"), a, ""),
+            make(
+                "bad-signal",
+                &p("bound-1/processes/seeded/signal"),
+                aj,
+                r#"{"signal":"STOP"}"#,
+            ),
+        ],
+        // Streamed files, rename, watch.
+        ("GET", "/v1/sessions/{session}/files/stream") => vec![
+            make(
+                "file",
+                &p("bound-1/files/stream?path=/workspace/out.txt"),
+                a,
+                "",
+            ),
+            make("dir", &p("bound-1/files/stream?path=/workspace"), a, ""),
+            make(
+                "unbound",
+                &p("golden-unbound/files/stream?path=/workspace/out.txt"),
+                a,
+                "",
+            ),
+        ],
+        ("PUT", "/v1/sessions/{session}/files/stream") => vec![
+            make(
+                "text",
+                &p("bound-1/files/stream?path=/workspace/streamed.txt"),
+                a,
+                "streamed content\n",
+            ),
+            make(
+                "input-dir",
+                &p("bound-1/files/stream?path=/workspace/input/x.txt"),
+                a,
+                "x",
+            ),
+        ],
+        ("POST", "/v1/sessions/{session}/files/rename") => vec![
+            make(
+                "file",
+                &p("bound-1/files/rename"),
+                aj,
+                r#"{"from":"/workspace/out.txt","to":"/workspace/moved/out.txt"}"#,
+            ),
+            make(
+                "missing",
+                &p("bound-1/files/rename"),
+                aj,
+                r#"{"from":"/workspace/none","to":"/workspace/x"}"#,
+            ),
+        ],
+        ("GET", "/v1/sessions/{session}/watch") => vec![
+            make(
+                "workspace",
+                &p("bound-1/watch?path=/workspace&recursive=true"),
+                a,
+                "",
+            ),
+            make("file", &p("bound-1/watch?path=/workspace/out.txt"), a, ""),
+            make("unbound", &p("golden-unbound/watch?path=/workspace"), a, ""),
+        ],
         // A route added to the table gets generated cases only until someone picks its valid
         // requests here.
         _ => Vec::new(),

@@ -396,6 +396,27 @@ pub(crate) async fn seed(app: &Router) -> String {
         .unwrap();
         assert!(status < 300, "{status} {}", String::from_utf8_lossy(&body));
     }
+    // Background processes of the first session: one that ended, one that waits on its
+    // stdin. A reseed of the same router finds `reader` still running (409: already there).
+    for spec in [
+        r#"{"command":"echo","args":["seeded"],"tag":"seeded"}"#,
+        r#"{"command":"cat","stdin":true,"tag":"reader"}"#,
+    ] {
+        let (status, body) = send(
+            app.clone(),
+            "POST",
+            &format!("/v1/sessions/{}/processes", BOUND[0]),
+            Some(&auth),
+            spec.as_bytes().to_vec(),
+        )
+        .await
+        .unwrap();
+        assert!(
+            status == 201 || status == 409,
+            "{status} {}",
+            String::from_utf8_lossy(&body)
+        );
+    }
     let (status, body) = send(
         app.clone(),
         "POST",
@@ -489,6 +510,13 @@ pub(crate) async fn send_with(
         .headers()
         .get(axum::http::header::CONTENT_TYPE)
         .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    if open_ended(uri) && status == 200 {
+        return Ok(Answer {
+            status,
+            content_type,
+            body: until_quiet(response.into_body()).await?,
+        });
+    }
     let bytes = tokio::time::timeout(Duration::from_secs(20), response.into_body().collect())
         .await
         .map_err(|_| format!("{method} {}: the body never ended", clip(uri)))?
@@ -499,4 +527,32 @@ pub(crate) async fn send_with(
         content_type,
         body: bytes.to_vec(),
     })
+}
+
+/// How long an open-ended stream may stay silent before the test stops reading it.
+pub(crate) const QUIET: Duration = Duration::from_millis(500);
+
+/// Whether `uri` is a route whose success is a stream that ends only when something happens
+/// (an attach to a running process, a watch): its body is read until it stays quiet.
+pub(crate) fn open_ended(uri: &str) -> bool {
+    let path = uri.split('?').next().unwrap_or(uri);
+    path.ends_with("/attach") || path.ends_with("/watch")
+}
+
+/// The frames of `body` until it ends or stays silent for [`QUIET`] (then the stream is
+/// dropped, as a client going away does).
+pub(crate) async fn until_quiet(body: Body) -> Result<Vec<u8>, String> {
+    let mut body = body;
+    let mut out = Vec::new();
+    loop {
+        match tokio::time::timeout(QUIET, body.frame()).await {
+            Err(_) | Ok(None) => return Ok(out),
+            Ok(Some(Err(e))) => return Err(e.to_string()),
+            Ok(Some(Ok(frame))) => {
+                if let Ok(data) = frame.into_data() {
+                    out.extend_from_slice(&data);
+                }
+            }
+        }
+    }
 }

@@ -14,6 +14,7 @@ mod hardening_docker;
 mod http_docker;
 mod http_files_docker;
 mod http_snapshots_docker;
+mod http_streams_docker;
 mod http_terminal_docker;
 mod layers_docker;
 mod replicas_docker;
