@@ -384,6 +384,9 @@ pub trait Processes: Send + Sync {
     ///   with the tag of a running one is `conflict` with code `process_tag_in_use` (once it
     ///   ended, the tag is free again); a pid or tag no process has is `not_found` with code
     ///   `process_not_found`.
+    /// - `[process.cap]` The live processes of a sandbox are capped (the adapter's setting):
+    ///   a start past the cap is refused with `capacity` and code `process_limit`, starting
+    ///   nothing; once one of them ended a start succeeds again.
     async fn start_process(
         &self,
         sandbox: &SandboxHandle,
