@@ -87,7 +87,7 @@ async fn a_background_process_outlives_its_provider_and_a_new_channel_replays_an
 
     // The process runs on, as the engine (not the agent) sees it.
     let second = provider(&ns).await;
-    let alive = format!("kill -0 {} && echo alive || echo gone", info.pid);
+    let alive = format!("kill -0 {} 2>/dev/null && echo alive || echo gone", info.pid);
     assert_eq!(engine_sh(&second, &h, &alive).await, "alive");
 
     // The new provider value opens a new channel and finds it, by pid and by tag.
