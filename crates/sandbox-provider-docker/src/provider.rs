@@ -20,10 +20,10 @@ use sandbox_core::{
     Capabilities, Capability, Checked, ConnectProbe, ConnectRequest, CreateRequest, DirEntry,
     Error, ErrorCode, ErrorKind, ExecRequest, ExecResult, IdleTimeout, KeepAlive, ListFilter,
     NetworkField, NetworkFields, Operation, ProcessInfo, ProcessSelector, ProcessSpec,
-    ProcessStream, Processes, Provider, ReadStream, SandboxHandle, SandboxId, Signal,
-    SandboxPath, SandboxProvider, SandboxState, SandboxSummary, Snapshots, StatEntry,
-    StreamedFiles, TemplateCatalog, TemplateId, Terminals, TimeoutAction, TreeLimits, TreeListing,
-    Watch, WatchStream, owner_metadata,
+    ProcessStream, Processes, Provider, ReadStream, SandboxHandle, SandboxId, SandboxPath,
+    SandboxProvider, SandboxState, SandboxSummary, Signal, Snapshots, StatEntry, StreamedFiles,
+    TemplateCatalog, TemplateId, Terminals, TimeoutAction, TreeLimits, TreeListing, Watch,
+    WatchStream, owner_metadata,
 };
 
 use crate::agent::{self, AgentBinary};

@@ -708,7 +708,9 @@ impl Inner {
             ps::Signal::Unrecognized(n) => extra_signal(n).ok_or_else(|| {
                 ConnectError::new(
                     Code::InvalidArgument,
-                    format!("invalid signal: {n} is not one of HUP, INT, QUIT, USR1, USR2, TERM, KILL"),
+                    format!(
+                        "invalid signal: {n} is not one of HUP, INT, QUIT, USR1, USR2, TERM, KILL"
+                    ),
                 )
             })?,
         };

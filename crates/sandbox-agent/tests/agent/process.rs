@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use sandbox_core::ErrorKind;
+use sandbox_envd::process::process_event::Event;
 use sandbox_envd::process::{self as ps, ProcessInput, ProcessSelector};
 use sandbox_transport::envd::CallOptions;
 
@@ -476,6 +477,61 @@ async fn the_processes_extension_keeps_only_the_latest_ended() {
         .collect();
     let newest: Vec<u64> = pids[5..].iter().map(|p| u64::from(*p)).collect();
     assert_eq!(listed, newest, "the newest ended ones, oldest ended first");
+}
+
+#[tokio::test]
+async fn the_clients_connect_from_sends_the_replay_offset_and_reads_the_answer() {
+    let agent = TestAgent::start().await;
+    for http in BOTH {
+        let client = agent.client(http);
+        let mut started = client
+            .start(&sh("printf abcdef; exec sleep 30"), CallOptions::new())
+            .await
+            .unwrap();
+        let pid = pid_of(&mut started).await;
+        drop(started);
+        let target = || ProcessSelector::pid(pid);
+        eventually(Duration::from_secs(5), "the output", || {
+            agent
+                .agent
+                .process()
+                .listing()
+                .processes
+                .iter()
+                .any(|p| p.pid == pid && p.output_bytes == 6)
+        })
+        .await;
+        // From an offset: the answer names where the replay starts, and the bytes follow.
+        let (mut stream, start) = client
+            .connect_from(target(), Some(2), CallOptions::new())
+            .await
+            .unwrap();
+        assert_eq!(start, Some(2));
+        pid_of(&mut stream).await;
+        match crate::next_event(&mut stream).await {
+            Event::Data(d) => assert_eq!(
+                d.output,
+                Some(ps::process_event::data_event::Output::Stdout(b"cdef".to_vec()))
+            ),
+            other => panic!("{other:?}"),
+        }
+        drop(stream);
+        // Live only: no header either way.
+        let (stream, start) = client
+            .connect_from(target(), None, CallOptions::new())
+            .await
+            .unwrap();
+        assert_eq!(start, None);
+        drop(stream);
+        // Past the output: out_of_range, at the stream's first message.
+        let (mut stream, _) = client
+            .connect_from(target(), Some(7), CallOptions::new())
+            .await
+            .unwrap();
+        let e = stream.message().await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{e}");
+        kill(&client, pid).await;
+    }
 }
 
 #[tokio::test]

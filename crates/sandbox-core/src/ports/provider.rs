@@ -434,7 +434,8 @@ pub trait Processes: Send + Sync {
     ) -> Result<(), Error>;
 
     /// Sends `signal` to the process. `TERM` and `KILL` every backend sends; a backend that
-    /// cannot send another one refuses it with `unsupported` (envd sends only those two).
+    /// cannot send another one refuses it with `unsupported` (envd sends only those two; the
+    /// sandbox agent sends every one).
     /// - `[process.signal]` `KILL` ends the process; it is then listed as ended with no exit
     ///   code, and a signal for it is `process_exited`.
     async fn signal_process(

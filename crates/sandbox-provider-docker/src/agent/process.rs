@@ -190,7 +190,12 @@ async fn list_with(lease: &Lease, op: Operation) -> Result<Vec<Listed>, Error> {
 
 /// A failed call on the channel: a suspect channel is dropped, and the container is asked
 /// whether it is what failed (gone, stopped, paused).
-async fn failed(provider: &DockerProvider, channel: &Arc<Channel>, op: Operation, e: Error) -> Error {
+async fn failed(
+    provider: &DockerProvider,
+    channel: &Arc<Channel>,
+    op: Operation,
+    e: Error,
+) -> Error {
     if matches!(e.kind(), ErrorKind::Unavailable | ErrorKind::Timeout) {
         channel.invalidate().await;
     }
@@ -362,8 +367,9 @@ pub(crate) async fn attach(
     let (stream, start, first) = match opening.await {
         Ok(opened) => opened,
         Err(e) if e.kind() == ErrorKind::InvalidRequest => {
-            return Err(errors::offset_ahead(asked, entry.output_bytes)
-                .with_provider(Provider::Docker));
+            return Err(
+                errors::offset_ahead(asked, entry.output_bytes).with_provider(Provider::Docker)
+            );
         }
         // Forgotten between the listing and the attach.
         Err(e) if e.kind() == ErrorKind::NotFound => {
@@ -441,7 +447,10 @@ impl ProcessOutput for AgentAttach {
                     return Some(ProcessEvent::Failed(
                         Error::internal(
                             Operation::ATTACH_PROCESS,
-                            format!("the agent ended the attach to pid {} before its end", self.pid),
+                            format!(
+                                "the agent ended the attach to pid {} before its end",
+                                self.pid
+                            ),
                         )
                         .with_provider(Provider::Docker),
                     ));
@@ -583,7 +592,8 @@ mod tests {
         assert_eq!(info.argv, ["sleep", "30"]);
         assert_eq!(info.status, ProcessStatus::Running);
         assert_eq!((info.output_bytes, info.ring_bytes), (5, 1024));
-        let exited = listed(serde_json::json!({"pid": 8, "cmd": "true", "running": false, "exit_code": 3}));
+        let exited =
+            listed(serde_json::json!({"pid": 8, "cmd": "true", "running": false, "exit_code": 3}));
         assert_eq!(
             exited.info().status,
             ProcessStatus::Exited {
@@ -591,7 +601,8 @@ mod tests {
                 signal: None
             }
         );
-        let killed = listed(serde_json::json!({"pid": 9, "cmd": "x", "running": false, "signal": 9}));
+        let killed =
+            listed(serde_json::json!({"pid": 9, "cmd": "x", "running": false, "signal": 9}));
         assert_eq!(
             killed.info().status,
             ProcessStatus::Exited {
@@ -601,7 +612,9 @@ mod tests {
         );
         // A signal outside the port's set is no signal the port can name; a tag it cannot
         // hold leaves the process found by pid.
-        let segv = listed(serde_json::json!({"pid": 10, "cmd": "x", "running": false, "signal": 11, "tag": "a b"}));
+        let segv = listed(
+            serde_json::json!({"pid": 10, "cmd": "x", "running": false, "signal": 11, "tag": "a b"}),
+        );
         let info = segv.info();
         assert_eq!(
             info.status,
@@ -616,8 +629,12 @@ mod tests {
     #[test]
     fn selectors_follow_the_agents_rule() {
         let all = vec![
-            listed(serde_json::json!({"pid": 1, "cmd": "a", "tag": "t", "running": false, "exit_code": 0})),
-            listed(serde_json::json!({"pid": 2, "cmd": "b", "tag": "t", "running": false, "exit_code": 1})),
+            listed(
+                serde_json::json!({"pid": 1, "cmd": "a", "tag": "t", "running": false, "exit_code": 0}),
+            ),
+            listed(
+                serde_json::json!({"pid": 2, "cmd": "b", "tag": "t", "running": false, "exit_code": 1}),
+            ),
             listed(serde_json::json!({"pid": 3, "cmd": "c", "tag": "u", "running": true})),
         ];
         let tag = |t: &str| ProcessSelector::Tag(ProcessTag::new(t).unwrap());
@@ -674,8 +691,14 @@ mod tests {
             }
         );
         // Every port signal goes out by the number the agent takes.
-        assert_eq!(ps::Signal::from_i32(Signal::Kill.number()), ps::Signal::Sigkill);
-        assert_eq!(ps::Signal::from_i32(Signal::Term.number()), ps::Signal::Sigterm);
+        assert_eq!(
+            ps::Signal::from_i32(Signal::Kill.number()),
+            ps::Signal::Sigkill
+        );
+        assert_eq!(
+            ps::Signal::from_i32(Signal::Term.number()),
+            ps::Signal::Sigterm
+        );
         assert_eq!(
             ps::Signal::from_i32(Signal::Usr1.number()),
             ps::Signal::Unrecognized(10)

@@ -11,8 +11,8 @@
 use std::time::{Duration, Instant};
 
 use sandbox_core::{
-    Checked, CreateRequest, ListFilter, ProcessEvent, ProcessSelector, ProcessSpec,
-    ProcessStatus, ProcessStream, ProcessTag, SandboxProvider, Signal, TemplateId,
+    Checked, CreateRequest, ListFilter, ProcessEvent, ProcessSelector, ProcessSpec, ProcessStatus,
+    ProcessStream, ProcessTag, SandboxProvider, Signal, TemplateId,
 };
 use sandbox_provider_docker::DockerProvider;
 
@@ -66,7 +66,9 @@ async fn a_background_process_outlives_its_provider_and_a_new_channel_replays_an
         .create(CreateRequest::new(TemplateId::new(IMAGE).unwrap()))
         .await
         .unwrap();
-    let processes = first.as_processes().expect("the agent plane serves processes");
+    let processes = first
+        .as_processes()
+        .expect("the agent plane serves processes");
     let info = processes
         .start_process(&h, ProcessSpec::shell(SCRIPT).tagged(tag.clone()))
         .await
@@ -87,7 +89,10 @@ async fn a_background_process_outlives_its_provider_and_a_new_channel_replays_an
 
     // The process runs on, as the engine (not the agent) sees it.
     let second = provider(&ns).await;
-    let alive = format!("kill -0 {} 2>/dev/null && echo alive || echo gone", info.pid);
+    let alive = format!(
+        "kill -0 {} 2>/dev/null && echo alive || echo gone",
+        info.pid
+    );
     assert_eq!(engine_sh(&second, &h, &alive).await, "alive");
 
     // The new provider value opens a new channel and finds it, by pid and by tag.
@@ -134,7 +139,11 @@ async fn a_background_process_outlives_its_provider_and_a_new_channel_replays_an
     assert_eq!(entry.status, killed);
     assert_eq!(engine_sh(&second, &h, &alive).await, "gone");
 
-    for s in second.list(&ListFilter::default()).await.unwrap_or_default() {
+    for s in second
+        .list(&ListFilter::default())
+        .await
+        .unwrap_or_default()
+    {
         let _ = second.delete(&s.id).await;
     }
 }

@@ -60,7 +60,10 @@ where
         };
         let mut extra = hyper::HeaderMap::new();
         if let Some(offset) = from {
-            extra.insert(REPLAY_OFFSET_HEADER, hyper::header::HeaderValue::from(offset));
+            extra.insert(
+                REPLAY_OFFSET_HEADER,
+                hyper::header::HeaderValue::from(offset),
+            );
         }
         let (stream, headers) = self
             .server_stream_with_headers::<ps_rpc::Connect>(&request, options, extra)
@@ -74,7 +77,9 @@ where
                     .ok_or_else(|| {
                         self.tag(transported(Error::internal(
                             ps::method::CONNECT.operation,
-                            format!("the answer's {REPLAY_OFFSET_HEADER} {value:?} is not an offset"),
+                            format!(
+                                "the answer's {REPLAY_OFFSET_HEADER} {value:?} is not an offset"
+                            ),
                         )))
                     })?,
             ),

@@ -438,7 +438,11 @@ pub(super) async fn process_cap_is_enforced(ctx: &Ctx) -> CaseResult {
             }
         }
     };
-    ensure_eq("status of the new start", replacement.status, ProcessStatus::Running)?;
+    ensure_eq(
+        "status of the new start",
+        replacement.status,
+        ProcessStatus::Running,
+    )?;
     started.push(replacement.pid);
     for pid in started.into_iter().skip(1) {
         let _ = p
