@@ -511,7 +511,9 @@ async fn the_clients_connect_from_sends_the_replay_offset_and_reads_the_answer()
         match crate::next_event(&mut stream).await {
             Event::Data(d) => assert_eq!(
                 d.output,
-                Some(ps::process_event::data_event::Output::Stdout(b"cdef".to_vec()))
+                Some(ps::process_event::data_event::Output::Stdout(
+                    b"cdef".to_vec()
+                ))
             ),
             other => panic!("{other:?}"),
         }
