@@ -4,6 +4,8 @@
 //!
 //! - `GET /sandbox-agent/version`: `{"agent": "<crate version>", "envd": "<ENVD_VERSION>"}`.
 //! - `/sandbox-agent/tunnel/<port>`: [`crate::tunnel`].
+//! - `GET /sandbox-agent/processes`: the live and recently ended processes
+//!   ([`crate::process::Listing`]).
 
 use std::sync::Arc;
 
@@ -44,6 +46,12 @@ pub async fn route(agent: Arc<Agent>, request: Request<Body>) -> Response<Body> 
             return not_allowed(request.method(), &path, "GET");
         }
         return connect::unary_ok(&VERSION_INFO);
+    }
+    if rest == "processes" {
+        if request.method() != Method::GET {
+            return not_allowed(request.method(), &path, "GET");
+        }
+        return connect::unary_ok(&agent.process().listing());
     }
     if let Some(port) = rest.strip_prefix("tunnel/") {
         let own_port = Some(agent.config().listen.port());

@@ -680,6 +680,13 @@ pub const ENV_VARS: &[EnvVar] = &[
         "the static sandbox-agent agent mode installs (unset: `sandbox-agent` beside the running binary; `cargo xtask agent` builds it, and `cargo xtask serve` builds it and sets this)",
     ),
     var(
+        "SANDBOX_DOCKER_PROCESSES_PER_SANDBOX",
+        "docker.processes_per_sandbox",
+        Count,
+        "64",
+        "agent mode: the most processes one sandbox runs at once (background processes, commands and terminals; `process_limit` beyond)",
+    ),
+    var(
         "SANDBOX_UPLOAD_MAX_BYTES",
         "limits.upload_max_bytes",
         Bytes,

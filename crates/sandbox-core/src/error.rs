@@ -236,6 +236,8 @@ pub enum ErrorCode {
     WatchOverflow,
     /// An operation that needs a directory (a watch) met something else.
     NotADirectory,
+    /// The sandbox already runs as many processes as its cap allows; nothing was started.
+    ProcessLimit,
 }
 
 impl ErrorCode {
@@ -276,6 +278,7 @@ impl ErrorCode {
             ErrorCode::InvalidOffset => "invalid_offset",
             ErrorCode::WatchOverflow => "watch_overflow",
             ErrorCode::NotADirectory => "not_a_directory",
+            ErrorCode::ProcessLimit => "process_limit",
         }
     }
 }
@@ -587,7 +590,9 @@ impl Error {
                 | ErrorCode::SnapshotNotFound
                 | ErrorCode::SandboxGone
                 | ErrorCode::ProcessNotFound => 404,
-                ErrorCode::QuotaExceeded | ErrorCode::WatchOverflow => 429,
+                ErrorCode::QuotaExceeded | ErrorCode::WatchOverflow | ErrorCode::ProcessLimit => {
+                    429
+                }
                 ErrorCode::SandboxPaused
                 | ErrorCode::SessionRewindLocked
                 | ErrorCode::SessionTurnActive

@@ -380,6 +380,17 @@ pub mod errors {
         .with_code(ErrorCode::ProcessTagInUse)
     }
 
+    /// A start refused because the sandbox already runs `cap` processes (`capacity`, code
+    /// `process_limit`); nothing was started.
+    pub fn process_limit(cap: usize) -> Error {
+        Error::new(
+            crate::ErrorKind::Capacity,
+            Operation::START_PROCESS,
+            format!("the sandbox already runs {cap} processes, its cap"),
+        )
+        .with_code(ErrorCode::ProcessLimit)
+    }
+
     /// An attach offset past the output produced so far (`invalid_request`, code
     /// `invalid_offset`).
     pub fn offset_ahead(offset: u64, produced: u64) -> Error {
@@ -423,6 +434,15 @@ mod tests {
         assert_eq!(Signal::Kill.number(), 9);
         let err = Signal::parse("STOP").unwrap_err();
         assert_eq!(err.code(), Some(ErrorCode::InvalidSignal));
+    }
+
+    #[test]
+    fn the_cap_refusal_is_capacity_with_its_code() {
+        let err = errors::process_limit(4);
+        assert_eq!(err.kind(), ErrorKind::Capacity);
+        assert_eq!(err.code(), Some(ErrorCode::ProcessLimit));
+        assert_eq!(err.operation(), Operation::START_PROCESS);
+        assert_eq!(err.status_and_code(), (429, "process_limit"));
     }
 
     #[test]

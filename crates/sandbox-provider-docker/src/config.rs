@@ -27,6 +27,8 @@ pub const DEFAULT_IMAGE: &str = "sandbox-busybox:test";
 pub const DEFAULT_CPU_LIMIT: f64 = 2.0;
 pub const DEFAULT_MEMORY_BYTES: i64 = 2 * 1024 * 1024 * 1024;
 pub const DEFAULT_PIDS_LIMIT: i64 = 512;
+/// The default cap on the processes the agent runs at once in one sandbox.
+pub const DEFAULT_PROCESSES_PER_SANDBOX: usize = 64;
 /// How long a container may go without activity before the idle sweep reclaims it. The daemon
 /// has no TTL of its own, so this is all that stands between an abandoned session and a
 /// container living until the host runs out of memory.
@@ -212,6 +214,10 @@ pub struct DockerConfig {
     /// `sandbox-agent` beside the running executable (`cargo xtask agent` builds it).
     #[serde(deserialize_with = "non_blank_path")]
     pub agent_path: Option<PathBuf>,
+    /// Agent mode: the most processes the agent runs at once in one sandbox (background
+    /// processes, commands and terminals together); a start past it is refused with
+    /// `process_limit`. Set when the container is created.
+    pub processes_per_sandbox: usize,
     #[serde(skip)]
     pub cpu_limit: f64,
     #[serde(skip)]
@@ -270,6 +276,7 @@ impl Default for DockerConfig {
             busybox_path: PathBuf::from(crate::image_build::DEFAULT_BUSYBOX),
             data_plane: DataPlane::default(),
             agent_path: None,
+            processes_per_sandbox: DEFAULT_PROCESSES_PER_SANDBOX,
             cpu_limit: DEFAULT_CPU_LIMIT,
             memory_bytes: DEFAULT_MEMORY_BYTES,
             pids_limit: DEFAULT_PIDS_LIMIT,
@@ -404,6 +411,11 @@ impl DockerConfig {
                 self.pids_limit
             )));
         }
+        if self.processes_per_sandbox < 1 {
+            return Err(invalid(
+                "docker.processes_per_sandbox must be at least 1".to_owned(),
+            ));
+        }
         if self.default_exec_timeout.is_zero() || self.rpc_timeout.is_zero() {
             return Err(invalid("timeouts must be positive".to_owned()));
         }
@@ -503,6 +515,13 @@ mod tests {
         let mut c = config();
         c.pids_limit = 0;
         assert!(c.validate().is_err());
+        let mut c = config();
+        c.processes_per_sandbox = 0;
+        assert!(c.validate().is_err());
+        assert_eq!(
+            DockerConfig::default().processes_per_sandbox,
+            DEFAULT_PROCESSES_PER_SANDBOX
+        );
         for bad in ["", "UPPER", "a_b", "-x", &"x".repeat(25)] {
             assert!(validate_namespace(bad).is_err(), "{bad:?}");
         }

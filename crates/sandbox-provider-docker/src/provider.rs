@@ -19,10 +19,11 @@ use futures_util::StreamExt;
 use sandbox_core::{
     Capabilities, Capability, Checked, ConnectProbe, ConnectRequest, CreateRequest, DirEntry,
     Error, ErrorCode, ErrorKind, ExecRequest, ExecResult, IdleTimeout, KeepAlive, ListFilter,
-    NetworkField, NetworkFields, Operation, Provider, ReadStream, SandboxHandle, SandboxId,
-    SandboxPath, SandboxProvider, SandboxState, SandboxSummary, Snapshots, StatEntry,
-    StreamedFiles, TemplateCatalog, TemplateId, Terminals, TimeoutAction, TreeLimits, TreeListing,
-    Watch, WatchStream, owner_metadata,
+    NetworkField, NetworkFields, Operation, ProcessInfo, ProcessSelector, ProcessSpec,
+    ProcessStream, Processes, Provider, ReadStream, SandboxHandle, SandboxId, SandboxPath,
+    SandboxProvider, SandboxState, SandboxSummary, Signal, Snapshots, StatEntry, StreamedFiles,
+    TemplateCatalog, TemplateId, Terminals, TimeoutAction, TreeLimits, TreeListing, Watch,
+    WatchStream, owner_metadata,
 };
 
 use crate::agent::{self, AgentBinary};
@@ -39,8 +40,8 @@ use crate::{files, isolation, labels, snapshots};
 /// daemon has no TTL to refresh; idle reclamation is the adapter's own sweep), `volumes` (not
 /// mapped onto named volumes yet: advertising it would let a tenant configure mounts that never
 /// appear), `desktop` (no gateway to the container's websockify port yet), and `processes`,
-/// `streamed_files` and `watch` (issue 17: the exec fallback cannot serve them honestly, and
-/// the agent plane, which can, does not implement them yet).
+/// `streamed_files` and `watch` (issue 17: the exec fallback cannot serve them honestly; the
+/// agent plane adds them, [`docker_capabilities_for`]).
 pub fn docker_capabilities() -> Capabilities {
     Capabilities::from_slice(&[
         Capability::Reconnect,
@@ -57,15 +58,16 @@ pub fn docker_capabilities() -> Capabilities {
     ])
 }
 
-/// The capabilities of one data plane: [`docker_capabilities`], plus `streamed_files` and
-/// `watch` on the agent plane, whose channel streams files both ways and carries the agent's
-/// inotify watches. (`processes` the agent serves too, but the adapter does not map it yet:
-/// issue 17's next step.)
+/// The capabilities of one data plane: [`docker_capabilities`], plus `processes`,
+/// `streamed_files` and `watch` on the agent plane, whose agent keeps background processes and
+/// their output, and whose channel streams files both ways and carries the agent's inotify
+/// watches.
 pub fn docker_capabilities_for(plane: DataPlane) -> Capabilities {
     let base = docker_capabilities();
     match plane {
         DataPlane::Exec => base,
         DataPlane::Agent => base
+            .with(Capability::Processes, true)
             .with(Capability::StreamedFiles, true)
             .with(Capability::Watch, true),
     }
@@ -705,7 +707,10 @@ impl SandboxProvider for DockerProvider {
             // sandbox's environment (the image's `ENV` under the request's, as the engine gives
             // exec mode's processes) is handed to it as its defaults.
             Some(_) => (
-                agent::entrypoint_with_env(&agent::sandbox_env(&image_env, &request.env)),
+                agent::entrypoint_with_env(
+                    &agent::sandbox_env(&image_env, &request.env),
+                    self.inner.config.processes_per_sandbox,
+                ),
                 false,
             ),
             None => (
@@ -1015,6 +1020,67 @@ impl SandboxProvider for DockerProvider {
     fn as_watch(&self) -> Option<&dyn Watch> {
         (self.data_plane() == DataPlane::Agent).then_some(self as &dyn Watch)
     }
+    fn as_processes(&self) -> Option<&dyn Processes> {
+        (self.data_plane() == DataPlane::Agent).then_some(self as &dyn Processes)
+    }
+}
+
+/// Background processes through the agent (agent plane only; `agent::process`).
+#[async_trait]
+impl Processes for DockerProvider {
+    async fn start_process(
+        &self,
+        sandbox: &SandboxHandle,
+        spec: ProcessSpec,
+    ) -> Result<ProcessInfo, Error> {
+        let channel = self.agent_channel(sandbox, Operation::START_PROCESS)?;
+        agent::process::start(self, &channel, spec).await
+    }
+
+    async fn list_processes(&self, sandbox: &SandboxHandle) -> Result<Vec<ProcessInfo>, Error> {
+        let channel = self.agent_channel(sandbox, Operation::LIST_PROCESSES)?;
+        agent::process::list(self, &channel).await
+    }
+
+    async fn attach_process(
+        &self,
+        sandbox: &SandboxHandle,
+        target: &ProcessSelector,
+        from: Option<u64>,
+    ) -> Result<ProcessStream, Error> {
+        let channel = self.agent_channel(sandbox, Operation::ATTACH_PROCESS)?;
+        let attach = agent::process::attach(self, &channel, target, from).await?;
+        Ok(Box::new(attach))
+    }
+
+    async fn send_input(
+        &self,
+        sandbox: &SandboxHandle,
+        target: &ProcessSelector,
+        data: &[u8],
+    ) -> Result<(), Error> {
+        let channel = self.agent_channel(sandbox, Operation::SEND_INPUT)?;
+        agent::process::send_input(self, &channel, target, data).await
+    }
+
+    async fn close_stdin(
+        &self,
+        sandbox: &SandboxHandle,
+        target: &ProcessSelector,
+    ) -> Result<(), Error> {
+        let channel = self.agent_channel(sandbox, Operation::CLOSE_STDIN)?;
+        agent::process::close_stdin(self, &channel, target).await
+    }
+
+    async fn signal_process(
+        &self,
+        sandbox: &SandboxHandle,
+        target: &ProcessSelector,
+        signal: Signal,
+    ) -> Result<(), Error> {
+        let channel = self.agent_channel(sandbox, Operation::SIGNAL_PROCESS)?;
+        agent::process::signal(self, &channel, target, signal).await
+    }
 }
 
 /// Directory watches over the agent's channel (agent plane only).
@@ -1152,10 +1218,12 @@ mod tests {
             .fold(Capabilities::NONE, |set, c| set.with(c, true));
         assert_eq!(docker_capabilities(), expected);
         assert_eq!(docker_capabilities_for(DataPlane::Exec), expected);
-        // The agent plane streams files and watches directories; nothing else differs.
+        // The agent plane keeps background processes, streams files and watches directories;
+        // nothing else differs.
         assert_eq!(
             docker_capabilities_for(DataPlane::Agent),
             expected
+                .with(Capability::Processes, true)
                 .with(Capability::StreamedFiles, true)
                 .with(Capability::Watch, true)
         );

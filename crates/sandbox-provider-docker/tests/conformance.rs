@@ -18,6 +18,9 @@ use sandbox_provider_docker::{DataPlane, DockerConfig, DockerProvider, NetworkMo
 use sandbox_testkit::conformance::Target;
 use sandbox_testkit::conformance::harness::run_main_when_selected;
 
+/// The per-sandbox process cap of this run (`docker.processes_per_sandbox`).
+const PROCESS_CAP: usize = 24;
+
 /// The image xtask builds without a registry (`FROM scratch` + Debian's busybox-static).
 const TEST_IMAGE: &str = "sandbox-busybox:test";
 
@@ -39,15 +42,15 @@ fn data_plane() -> Result<(DataPlane, Option<std::path::PathBuf>), String> {
 
 /// The capability set this adapter must declare on `plane`, written out here rather than read
 /// from the adapter: every flag except `timeout_refresh`, `volumes`, `desktop`, and issue 17's
-/// `processes`, `streamed_files` and `watch`; the agent plane adds `streamed_files` and `watch`. Cases are
+/// `processes`, `streamed_files` and `watch`; the agent plane adds those three. Cases are
 /// registered from this set, so an adapter declaring less fails `declared_capabilities_match`
 /// instead of quietly dropping cases.
 ///
 /// The exec fallback is pinned without the three issue-17 capabilities: it cannot honestly
 /// serve them (a background process there would be a `docker exec` whose output nobody keeps
 /// once the call that started it ends, there is no event stream for a watch, and its writes
-/// are whole buffers). The agent plane serves streamed files and watches; `processes` it gains
-/// when the adapter maps it.
+/// are whole buffers). The agent plane serves all three: its agent keeps background processes
+/// and their output.
 fn required(plane: DataPlane) -> Capabilities {
     let base = Capability::ALL
         .into_iter()
@@ -66,6 +69,7 @@ fn required(plane: DataPlane) -> Capabilities {
     match plane {
         DataPlane::Exec => base,
         DataPlane::Agent => base
+            .with(Capability::Processes, true)
             .with(Capability::StreamedFiles, true)
             .with(Capability::Watch, true),
     }
@@ -92,6 +96,9 @@ fn main() -> ExitCode {
                 config.pull_policy = PullPolicy::Never;
                 config.network = NetworkMode::None;
                 config.idle_sweep = false;
+                // Small, so `process_cap_is_enforced` reaches the cap quickly; above the 20
+                // concurrent commands of `exec_concurrent_calls`, which count too.
+                config.processes_per_sandbox = PROCESS_CAP;
                 (config.data_plane, config.agent_path) = data_plane()?;
                 let declared = required(config.data_plane);
                 config

@@ -99,6 +99,14 @@ pub trait ProviderHooks: Send + Sync + fmt::Debug {
     async fn delete_snapshot(&self, next: &dyn Snapshots, id: &SnapshotId) -> Result<(), Error> {
         next.delete_snapshot(id).await
     }
+    async fn start_process(
+        &self,
+        next: &dyn Processes,
+        sandbox: &SandboxHandle,
+        spec: ProcessSpec,
+    ) -> Result<ProcessInfo, Error> {
+        next.start_process(sandbox, spec).await
+    }
     async fn attach_process(
         &self,
         next: &dyn Processes,
@@ -386,7 +394,7 @@ impl<H: ProviderHooks> Processes for Forward<H> {
     ) -> Result<ProcessInfo, Error> {
         let next = self.inner.as_processes();
         let next = next.ok_or_else(|| self.missing(Operation::START_PROCESS))?;
-        next.start_process(sandbox, spec).await
+        self.hooks.start_process(next, sandbox, spec).await
     }
     async fn list_processes(&self, sandbox: &SandboxHandle) -> Result<Vec<ProcessInfo>, Error> {
         let next = self.inner.as_processes();

@@ -34,7 +34,8 @@ fn main() -> ExitCode {
         Arc::new(|_namespace| {
             Box::pin(async {
                 Ok(Target {
-                    provider: Arc::new(FakeProvider::new()),
+                    // A small process cap, so `process_cap_is_enforced` reaches it cheaply.
+                    provider: Arc::new(FakeProvider::builder().process_cap(4).build()),
                     template: FakeProvider::template(),
                     declared: required(),
                 })

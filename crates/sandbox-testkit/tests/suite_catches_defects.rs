@@ -14,7 +14,8 @@ use sandbox_core::{
     Snapshots,
 };
 use sandbox_core::{
-    ProcessSelector, ProcessStream, Processes, ReadStream, StreamedFiles, Watch, WatchStream,
+    ErrorCode, ErrorKind, ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream, Processes,
+    ReadStream, StreamedFiles, Watch, WatchStream,
 };
 use sandbox_testkit::conformance::{Target, find_case, run_case};
 use sandbox_testkit::{FakeProvider, Forward, ProviderHooks, fake_capabilities};
@@ -39,6 +40,7 @@ enum Defect {
     ReplayIgnoresOffset,
     WriteLeavesPartialFile,
     WatchIsAlwaysRecursive,
+    CapRefusalUncoded,
 }
 
 /// The defect, planted through the test kit's forwarding helper: only the methods a defect
@@ -162,6 +164,27 @@ impl ProviderHooks for Broken {
         }
         next.remove(sandbox, path).await
     }
+    async fn start_process(
+        &self,
+        next: &dyn Processes,
+        sandbox: &SandboxHandle,
+        spec: ProcessSpec,
+    ) -> Result<ProcessInfo, Error> {
+        match next.start_process(sandbox, spec).await {
+            // The cap's refusal without its code: a caller cannot tell it from other capacity.
+            Err(e)
+                if self.defect == Defect::CapRefusalUncoded
+                    && e.code() == Some(ErrorCode::ProcessLimit) =>
+            {
+                Err(Error::new(
+                    ErrorKind::Capacity,
+                    Operation::START_PROCESS,
+                    e.message().to_owned(),
+                ))
+            }
+            other => other,
+        }
+    }
     async fn attach_process(
         &self,
         next: &dyn Processes,
@@ -272,6 +295,7 @@ async fn every_planted_defect_is_caught_by_its_case() {
         ),
         (Defect::WriteLeavesPartialFile, "streamed_write_is_atomic"),
         (Defect::WatchIsAlwaysRecursive, "watch_recursive_flag"),
+        (Defect::CapRefusalUncoded, "process_cap_is_enforced"),
     ];
     for (defect, case) in table {
         let healthy = outcome(case, Arc::new(FakeProvider::new())).await;

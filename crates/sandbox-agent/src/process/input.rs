@@ -80,6 +80,12 @@ impl Input {
         self.wake.notify_one();
     }
 
+    /// Whether input is still taken (not closed, and the writer has not stopped).
+    pub(crate) fn is_open(&self) -> bool {
+        let s = self.lock();
+        !s.close && s.stopped.is_none()
+    }
+
     /// Bytes queued and not yet written.
     #[cfg(test)]
     pub(crate) fn queued(&self) -> usize {

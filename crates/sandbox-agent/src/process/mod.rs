@@ -19,6 +19,7 @@
 mod fdio;
 mod input;
 mod launch;
+mod listing;
 mod output;
 mod pty;
 
@@ -52,6 +53,8 @@ use crate::connect::{self, Body, RequestStream, ResponseStream};
 use crate::log;
 use crate::pid1::Children;
 use crate::server::CallContext;
+
+pub use self::listing::{LISTED_EXITED, Listed, Listing};
 
 /// Request header of `Connect` (our extension): replay the process's output from this byte
 /// offset (all streams counted together, from 0 at the start), then go on live. The answer
@@ -206,6 +209,12 @@ impl ProcessService {
         }
     }
 
+    /// The live and the recently ended processes (`GET /sandbox-agent/processes`, the
+    /// `listing` module).
+    pub fn listing(&self) -> Listing {
+        self.inner.listing()
+    }
+
     /// Live processes now.
     pub fn live(&self) -> usize {
         self.inner.lock().live.len()
@@ -315,6 +324,41 @@ impl Inner {
                 })
                 .collect(),
         }
+    }
+
+    fn listing(&self) -> Listing {
+        let mut table = self.lock();
+        table.prune();
+        let ring_bytes = self.config.output_ring_bytes as u64;
+        let entry = |p: &Proc| {
+            let status = p.output.end_status();
+            Listed {
+                pid: p.pid,
+                tag: p.tag.clone(),
+                cmd: p.config.cmd.clone(),
+                args: p.config.args.clone(),
+                pty: p.is_pty,
+                stdin: p.input.as_ref().is_some_and(|i| i.is_open()),
+                output_bytes: p.output.end(),
+                ring_bytes,
+                // Running until its end is recorded, so an ended entry always has its status.
+                running: status.is_none(),
+                status: None,
+                exit_code: None,
+                signal: None,
+            }
+            .ended(status.as_deref())
+        };
+        let mut processes: Vec<Listed> = table.live.values().map(|p| entry(p)).collect();
+        let ended = table.exited.len();
+        processes.extend(
+            table
+                .exited
+                .iter()
+                .skip(ended.saturating_sub(LISTED_EXITED))
+                .map(|(_, p)| entry(p)),
+        );
+        Listing { processes }
     }
 
     /// The process `selector` names, if it is running (and so may be written to or signalled).
@@ -652,12 +696,23 @@ impl Inner {
         let signal = match request.signal {
             ps::Signal::Sigkill => Signal::KILL,
             ps::Signal::Sigterm => Signal::TERM,
-            other => {
+            // envd's answer for the unset value.
+            ps::Signal::Unspecified => {
                 return Err(ConnectError::new(
                     Code::Unimplemented,
-                    format!("invalid signal: {other:?}"),
+                    format!("invalid signal: {:?}", request.signal),
                 ));
             }
+            // proto3 enums are open: our extension takes the other signals of the provider
+            // port's set by number (see `EXTRA_SIGNALS`).
+            ps::Signal::Unrecognized(n) => extra_signal(n).ok_or_else(|| {
+                ConnectError::new(
+                    Code::InvalidArgument,
+                    format!(
+                        "invalid signal: {n} is not one of HUP, INT, QUIT, USR1, USR2, TERM, KILL"
+                    ),
+                )
+            })?,
         };
         let pid = i32::try_from(proc.pid)
             .ok()
@@ -730,6 +785,26 @@ async fn stream_input(inner: Arc<Inner>, mut requests: RequestStream) -> Respons
         Err(e) => out.end(Err(e)).await,
     }
     response
+}
+
+/// The signals `SendSignal` takes by number (envd's TERM and KILL also by name): the provider
+/// port's whole set (`sandbox_core`'s `Signal::ALL`), so every signal a caller of the port can
+/// name reaches the process. Any other number is refused.
+const EXTRA_SIGNALS: [(i32, Signal); 7] = [
+    (1, Signal::HUP),
+    (2, Signal::INT),
+    (3, Signal::QUIT),
+    (9, Signal::KILL),
+    (10, Signal::USR1),
+    (12, Signal::USR2),
+    (15, Signal::TERM),
+];
+
+fn extra_signal(number: i32) -> Option<Signal> {
+    EXTRA_SIGNALS
+        .iter()
+        .find(|(n, _)| *n == number)
+        .map(|(_, s)| *s)
 }
 
 fn kill_group(pid: u32, signal: Signal) {

@@ -151,9 +151,13 @@ impl Output {
     }
 
     /// Bytes produced so far.
-    #[cfg(test)]
     pub(crate) fn end(&self) -> u64 {
         self.lock().end
+    }
+
+    /// The status text of the recorded end (`None` until the process's end is recorded).
+    pub(crate) fn end_status(&self) -> Option<String> {
+        self.lock().finished.as_ref().map(|e| e.status.clone())
     }
 
     /// Bytes the ring holds now.

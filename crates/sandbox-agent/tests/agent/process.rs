@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use sandbox_core::ErrorKind;
+use sandbox_envd::process::process_event::Event;
 use sandbox_envd::process::{self as ps, ProcessInput, ProcessSelector};
 use sandbox_transport::envd::CallOptions;
 
@@ -321,11 +322,218 @@ async fn unsupported_signals_are_unimplemented() {
         .await
         .unwrap();
     assert_eq!(response.status(), hyper::StatusCode::NOT_IMPLEMENTED);
+    // By number, a signal outside the provider port's set is invalid_argument.
+    let response = raw
+        .request(rpc_request(
+            &agent.url(),
+            "/process.Process/SendSignal",
+            "application/json",
+            &[],
+            serde_json::json!({"process": {"pid": pid}, "signal": 40}).to_string(),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), hyper::StatusCode::BAD_REQUEST);
     kill(&client, pid).await;
     assert_eq!(
         drain(&mut stream).await.end.unwrap().status,
         "signal: killed"
     );
+}
+
+#[tokio::test]
+async fn every_signal_of_the_port_is_sent_by_number() {
+    let agent = TestAgent::start().await;
+    let client = agent.client(BOTH[1]);
+    for (number, status) in [
+        (1, "signal: hangup"),
+        (2, "signal: interrupt"),
+        (3, "signal: quit"),
+        (10, "signal: user defined signal 1"),
+        (12, "signal: user defined signal 2"),
+    ] {
+        let mut stream = client
+            .start(&start_request("sleep", &["30"]), CallOptions::new())
+            .await
+            .unwrap();
+        let pid = pid_of(&mut stream).await;
+        client
+            .send_signal(
+                ProcessSelector::pid(pid),
+                ps::Signal::from_i32(number),
+                CallOptions::new(),
+            )
+            .await
+            .unwrap();
+        let end = drain(&mut stream).await.end.unwrap();
+        assert_eq!((number, end.status.as_str()), (number, status));
+    }
+}
+
+async fn listing(agent: &TestAgent) -> Vec<serde_json::Value> {
+    let answer: serde_json::Value = agent
+        .client(BOTH[1])
+        .get_json(
+            sandbox_core::Operation::new("list"),
+            "/sandbox-agent/processes",
+            1 << 20,
+            CallOptions::new(),
+        )
+        .await
+        .unwrap();
+    answer["processes"].as_array().unwrap().clone()
+}
+
+#[tokio::test]
+async fn the_processes_extension_lists_live_and_recently_ended_processes() {
+    let agent = TestAgent::start().await;
+    let client = agent.client(BOTH[1]);
+    // Behind the token, like every extension.
+    let raw = raw_client(BOTH[1]);
+    let refused = crate::get(&raw, &agent.url(), "/sandbox-agent/processes").await;
+    assert_eq!(refused.status(), hyper::StatusCode::UNAUTHORIZED);
+
+    let mut request = start_request("sleep", &["30"]);
+    request.tag = Some("sleeper".into());
+    request.stdin = Some(false);
+    let mut sleeper = client.start(&request, CallOptions::new()).await.unwrap();
+    let sleeper_pid = pid_of(&mut sleeper).await;
+    let mut ended = client
+        .start(&sh("printf abc; exit 3"), CallOptions::new())
+        .await
+        .unwrap();
+    let ended_pid = pid_of(&mut ended).await;
+    drain(&mut ended).await;
+    let mut with_stdin = client
+        .start(&start_request("cat", &[]), CallOptions::new())
+        .await
+        .unwrap();
+    let cat_pid = pid_of(&mut with_stdin).await;
+
+    let all = listing(&agent).await;
+    let find = |all: &[serde_json::Value], pid: u32| {
+        all.iter()
+            .find(|p| p["pid"] == pid)
+            .unwrap_or_else(|| panic!("pid {pid} not in {all:?}"))
+            .clone()
+    };
+    let live = find(&all, sleeper_pid);
+    assert_eq!(live["tag"], "sleeper");
+    assert_eq!(live["cmd"], "sleep");
+    assert_eq!(live["args"], serde_json::json!(["30"]));
+    assert_eq!(live["running"], true);
+    assert_eq!(live["stdin"], false);
+    assert!(live.get("exit_code").is_none() && live.get("signal").is_none());
+    assert_eq!(find(&all, cat_pid)["stdin"], true);
+    let done = find(&all, ended_pid);
+    assert_eq!(done["running"], false);
+    assert_eq!(done["exit_code"], 3);
+    assert_eq!(done["status"], "exit status 3");
+    assert_eq!(done["output_bytes"], 3);
+    assert!(done["ring_bytes"].as_u64().unwrap() >= 64 * 1024);
+    // envd's own List stays faithful: live processes only.
+    let envd: Vec<u32> = client
+        .list(CallOptions::new())
+        .await
+        .unwrap()
+        .iter()
+        .map(|p| p.pid)
+        .collect();
+    assert!(envd.contains(&sleeper_pid) && !envd.contains(&ended_pid));
+
+    // Closing stdin shows; a kill lists the signal.
+    client
+        .close_stdin(ProcessSelector::pid(cat_pid), CallOptions::new())
+        .await
+        .unwrap();
+    drain(&mut with_stdin).await;
+    kill(&client, sleeper_pid).await;
+    drain(&mut sleeper).await;
+    let all = listing(&agent).await;
+    let killed = find(&all, sleeper_pid);
+    assert_eq!(killed["running"], false);
+    assert_eq!(killed["signal"], 9);
+    assert!(killed.get("exit_code").is_none());
+    assert_eq!(find(&all, cat_pid)["exit_code"], 0);
+}
+
+#[tokio::test]
+async fn the_processes_extension_keeps_only_the_latest_ended() {
+    let agent = TestAgent::start().await;
+    let client = agent.client(BOTH[1]);
+    let mut pids = Vec::new();
+    for _ in 0..sandbox_agent::process::LISTED_EXITED + 5 {
+        let mut stream = client
+            .start(&start_request("true", &[]), CallOptions::new())
+            .await
+            .unwrap();
+        pids.push(pid_of(&mut stream).await);
+        drain(&mut stream).await;
+    }
+    let listed: Vec<u64> = listing(&agent)
+        .await
+        .iter()
+        .map(|p| p["pid"].as_u64().unwrap())
+        .collect();
+    let newest: Vec<u64> = pids[5..].iter().map(|p| u64::from(*p)).collect();
+    assert_eq!(listed, newest, "the newest ended ones, oldest ended first");
+}
+
+#[tokio::test]
+async fn the_clients_connect_from_sends_the_replay_offset_and_reads_the_answer() {
+    let agent = TestAgent::start().await;
+    for http in BOTH {
+        let client = agent.client(http);
+        let mut started = client
+            .start(&sh("printf abcdef; exec sleep 30"), CallOptions::new())
+            .await
+            .unwrap();
+        let pid = pid_of(&mut started).await;
+        drop(started);
+        let target = || ProcessSelector::pid(pid);
+        eventually(Duration::from_secs(5), "the output", || {
+            agent
+                .agent
+                .process()
+                .listing()
+                .processes
+                .iter()
+                .any(|p| p.pid == pid && p.output_bytes == 6)
+        })
+        .await;
+        // From an offset: the answer names where the replay starts, and the bytes follow.
+        let (mut stream, start) = client
+            .connect_from(target(), Some(2), CallOptions::new())
+            .await
+            .unwrap();
+        assert_eq!(start, Some(2));
+        pid_of(&mut stream).await;
+        match crate::next_event(&mut stream).await {
+            Event::Data(d) => assert_eq!(
+                d.output,
+                Some(ps::process_event::data_event::Output::Stdout(
+                    b"cdef".to_vec()
+                ))
+            ),
+            other => panic!("{other:?}"),
+        }
+        drop(stream);
+        // Live only: no header either way.
+        let (stream, start) = client
+            .connect_from(target(), None, CallOptions::new())
+            .await
+            .unwrap();
+        assert_eq!(start, None);
+        drop(stream);
+        // Past the output: out_of_range, at the stream's first message.
+        let (mut stream, _) = client
+            .connect_from(target(), Some(7), CallOptions::new())
+            .await
+            .unwrap();
+        let e = stream.message().await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{e}");
+        kill(&client, pid).await;
+    }
 }
 
 #[tokio::test]

@@ -194,6 +194,7 @@ mod tests {
             (ErrorCode::InvalidOffset, StatusCode::BAD_REQUEST),
             (ErrorCode::NotADirectory, StatusCode::BAD_REQUEST),
             (ErrorCode::WatchOverflow, StatusCode::TOO_MANY_REQUESTS),
+            (ErrorCode::ProcessLimit, StatusCode::TOO_MANY_REQUESTS),
         ] {
             check(
                 Error::conflict(Operation::ATTACH_PROCESS, "x").with_code(code),

@@ -384,6 +384,9 @@ pub trait Processes: Send + Sync {
     ///   with the tag of a running one is `conflict` with code `process_tag_in_use` (once it
     ///   ended, the tag is free again); a pid or tag no process has is `not_found` with code
     ///   `process_not_found`.
+    /// - `[process.cap]` The live processes of a sandbox are capped (the adapter's setting):
+    ///   a start past the cap is refused with `capacity` and code `process_limit`, starting
+    ///   nothing; once one of them ended a start succeeds again.
     async fn start_process(
         &self,
         sandbox: &SandboxHandle,
@@ -431,7 +434,8 @@ pub trait Processes: Send + Sync {
     ) -> Result<(), Error>;
 
     /// Sends `signal` to the process. `TERM` and `KILL` every backend sends; a backend that
-    /// cannot send another one refuses it with `unsupported` (envd sends only those two).
+    /// cannot send another one refuses it with `unsupported` (envd sends only those two; the
+    /// sandbox agent sends every one).
     /// - `[process.signal]` `KILL` ends the process; it is then listed as ended with no exit
     ///   code, and a signal for it is `process_exited`.
     async fn signal_process(

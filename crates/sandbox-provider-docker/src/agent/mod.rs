@@ -19,6 +19,9 @@
 //!   per command, with exec mode's semantics (shell, timeout, cancellation, output caps).
 //! - `terminal.rs`: terminals through the agent, a PTY process with exec mode's hang-up on
 //!   close.
+//! - `process.rs`: background processes (the port's `Processes`) through the agent: start,
+//!   the agent's listing of live and recently ended processes, attach with replay, input,
+//!   signals, under the per-sandbox cap `docker.processes_per_sandbox`.
 //!
 //! Agent mode is the default data plane; exec mode (`docker.data_plane = "exec"`) is the
 //! declared fallback, never switched to silently.
@@ -27,6 +30,7 @@ pub mod binary;
 pub(crate) mod exec;
 pub(crate) mod files;
 pub(crate) mod install;
+pub(crate) mod process;
 pub(crate) mod terminal;
 
 pub use binary::{AgentBinary, VERSION, default_path};
@@ -52,7 +56,14 @@ pub const AGENT_FLAGS: &[&str] = &[
     AGENT_SOCKET,
     "--activity-marker",
     crate::exec::ACTIVITY_MARKER,
+    // Every process's replay ring, named rather than left to the agent's default, because the
+    // adapter reports it (`process::RING_BYTES`).
+    "--output-ring-bytes",
+    "1048576",
 ];
+
+/// The flag that caps the processes the agent runs at once (`docker.processes_per_sandbox`).
+pub const MAX_PROCESSES_FLAG: &str = "--max-processes";
 
 /// The flag that names one reserved tree to the agent.
 pub const RESERVED_PATH_FLAG: &str = "--reserved-path";
@@ -75,9 +86,15 @@ pub fn entrypoint() -> Vec<String> {
 
 /// [`entrypoint`], with `env` as the default environment of every process the agent starts
 /// (`--env KEY=VALUE`): the sandbox's environment ([`sandbox_env`]), which the agent does not
-/// pass on from its own.
-pub fn entrypoint_with_env(env: &std::collections::BTreeMap<String, String>) -> Vec<String> {
+/// pass on from its own; and `max_processes` as the cap on the processes it runs at once
+/// ([`MAX_PROCESSES_FLAG`]; commands and terminals count too).
+pub fn entrypoint_with_env(
+    env: &std::collections::BTreeMap<String, String>,
+    max_processes: usize,
+) -> Vec<String> {
     let mut argv = entrypoint();
+    argv.push(MAX_PROCESSES_FLAG.to_owned());
+    argv.push(max_processes.to_string());
     for (k, v) in env {
         argv.push("--env".to_owned());
         argv.push(format!("{k}={v}"));
@@ -154,11 +171,17 @@ mod tests {
             ("A".to_owned(), "1=2".to_owned()),
             ("B".to_owned(), "x y".to_owned()),
         ]);
-        let argv = entrypoint_with_env(&env);
+        let argv = entrypoint_with_env(&env, 7);
         assert_eq!(&argv[..entrypoint().len()], entrypoint().as_slice());
         assert_eq!(
             &argv[entrypoint().len()..],
-            ["--env", "A=1=2", "--env", "B=x y"]
+            ["--max-processes", "7", "--env", "A=1=2", "--env", "B=x y"]
+        );
+        // The ring the adapter reports is the ring the agent is started with.
+        let at = argv.iter().position(|a| a == "--output-ring-bytes");
+        assert_eq!(
+            at.map(|at| argv[at + 1].as_str()),
+            Some(process::RING_BYTES.to_string().as_str())
         );
     }
 

@@ -63,7 +63,12 @@ async fn the_agent_is_pid_1_of_a_sandbox_without_network() {
 
     assert_eq!(sh(&p, &h, "readlink /proc/1/exe").await, agent::AGENT_PATH);
     let cmdline = sh(&p, &h, "tr '\\000' ' ' < /proc/1/cmdline").await;
-    assert_eq!(cmdline, agent::entrypoint().join(" "));
+    // The image sets no environment besides PATH; the cap is the default setting's.
+    let expected = agent::entrypoint_with_env(
+        &std::collections::BTreeMap::new(),
+        sandbox_provider_docker::config::DEFAULT_PROCESSES_PER_SANDBOX,
+    );
+    assert_eq!(cmdline, expected.join(" "));
     assert_eq!(sh(&p, &h, "stat -c '%a %u' /.sandbox").await, "755 0");
     assert_eq!(
         sh(&p, &h, "stat -c '%a %u %s' /.sandbox/sandbox-agent").await,

@@ -1,6 +1,6 @@
 //! The Docker adapter's own tests beyond conformance, one test binary with a module per topic
-//! so they link once. `agent`, `agent_exec`, `agent_files`, `channel`, `engine`, `image_env`, `registry` and `tcp_tls` need the Docker engine (and
-//! `agent`, `agent_exec`, `agent_files` and `channel` the static agent, `SANDBOX_AGENT_BIN`) (`#[ignore]`d
+//! so they link once. `agent`, `agent_exec`, `agent_files`, `agent_process`, `channel`, `engine`, `image_env`, `registry` and `tcp_tls` need the Docker engine (and
+//! `agent`, `agent_exec`, `agent_files`, `agent_process` and `channel` the static agent, `SANDBOX_AGENT_BIN`) (`#[ignore]`d
 //! without it; `cargo xtask test` runs them in its docker engine stage); `egress` needs root and
 //! iptables besides, and runs alone in the egress stage (`-E 'test(/^egress::/)' -j 1`);
 //! `tcp_guard` is hermetic and runs with the hermetic tier; `sdk_channel` needs the E2B SDK's
@@ -11,6 +11,7 @@ mod support;
 mod agent;
 mod agent_exec;
 mod agent_files;
+mod agent_process;
 mod channel;
 mod egress;
 mod engine;

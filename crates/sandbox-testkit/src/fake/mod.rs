@@ -21,7 +21,7 @@ mod exec;
 mod fs;
 mod process;
 
-pub use self::process::{REMEMBERED_EXITED, RING_BYTES};
+pub use self::process::{PROCESS_CAP, REMEMBERED_EXITED, RING_BYTES};
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
@@ -176,6 +176,8 @@ struct Inner {
     issue_tokens: bool,
     /// Tokens connect reissues (as Cube may after a resume), by sandbox.
     reissued: Mutex<HashMap<SandboxId, Secret>>,
+    /// The most background processes a sandbox runs at once.
+    process_cap: usize,
 }
 
 /// The fake provider. Cheap to clone; clones share state.
@@ -192,6 +194,7 @@ pub struct FakeProviderBuilder {
     templates: Vec<TemplateId>,
     clock: Option<Arc<dyn Clock>>,
     issue_tokens: bool,
+    process_cap: usize,
 }
 
 impl FakeProviderBuilder {
@@ -223,6 +226,13 @@ impl FakeProviderBuilder {
         self.issue_tokens = issue;
         self
     }
+    /// Caps the background processes a sandbox runs at once (default [`PROCESS_CAP`]), so a
+    /// test reaches the cap cheaply.
+    #[must_use]
+    pub fn process_cap(mut self, cap: usize) -> Self {
+        self.process_cap = cap;
+        self
+    }
     /// Uses `clock` for creation times.
     #[must_use]
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
@@ -252,6 +262,7 @@ impl FakeProviderBuilder {
                 calls: Mutex::new(HashMap::new()),
                 issue_tokens: self.issue_tokens,
                 reissued: Mutex::new(HashMap::new()),
+                process_cap: self.process_cap,
             }),
         }
     }
@@ -287,6 +298,7 @@ impl FakeProvider {
             templates: vec![FakeProvider::template()],
             issue_tokens: true,
             clock: None,
+            process_cap: PROCESS_CAP,
         }
     }
 
@@ -1011,7 +1023,8 @@ impl Processes for FakeProvider {
             &spec.env,
             Vec::new(),
         )?;
-        let result = lock(&parts.procs).start(spec.tag, process, spec.stdin);
+        let result =
+            lock(&parts.procs).start(spec.tag, process, spec.stdin, self.inner.process_cap);
         result.map_err(|e| self.err(e))
     }
 

@@ -11,6 +11,8 @@
 //!   every signal's default action the calls send is to terminate): its task is aborted and
 //!   it is listed as ended by that signal.
 //! - Processes die with their sandbox (the table aborts them when dropped).
+//! - A sandbox runs at most its cap of processes at once ([`PROCESS_CAP`] unless the builder
+//!   sets another); a start past it is `process_limit`.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -28,6 +30,10 @@ use super::exec::{self, Output, ProcessEnv};
 
 /// Output bytes each process keeps for replay.
 pub const RING_BYTES: u64 = 64 * 1024;
+
+/// The most background processes a sandbox runs at once by default (as Docker's agent plane
+/// allows by default); a start past the cap is `process_limit`.
+pub const PROCESS_CAP: usize = 64;
 
 /// Ended processes a sandbox remembers (the oldest are forgotten first).
 pub const REMEMBERED_EXITED: usize = 64;
@@ -190,7 +196,11 @@ impl ProcTable {
         tag: Option<ProcessTag>,
         process: ProcessEnv,
         keep_stdin: bool,
+        cap: usize,
     ) -> Result<ProcessInfo, Error> {
+        if self.procs.values().filter(|p| p.is_running()).count() >= cap {
+            return Err(errors::process_limit(cap));
+        }
         if let Some(tag) = &tag
             && self
                 .procs

@@ -378,6 +378,21 @@ where
         request: &R::Request,
         options: CallOptions,
     ) -> Result<ServerStream<R::Response>, Error> {
+        let (stream, _) = self
+            .server_stream_with_headers::<R>(request, options, hyper::HeaderMap::new())
+            .await?;
+        Ok(stream)
+    }
+
+    /// [`server_stream`](Self::server_stream) with extra request headers (a server's own
+    /// extension, such as the sandbox agent's replay offset), answering the response's
+    /// headers beside the stream. An extra header never replaces one the protocol sets.
+    pub async fn server_stream_with_headers<R: Rpc>(
+        &self,
+        request: &R::Request,
+        options: CallOptions,
+        extra: hyper::HeaderMap,
+    ) -> Result<(ServerStream<R::Response>, hyper::HeaderMap), Error> {
         let method = R::METHOD;
         let op = method.operation;
         if !method.server_streams() {
@@ -386,16 +401,21 @@ where
         let deadline = Deadline::start(options.budget(None));
         let envelope = envelope_bytes(op, request).map_err(|e| self.tag(e))?;
         let open = async {
-            let request = self.rpc_request(method, full(envelope), deadline)?;
+            let mut request = self.rpc_request(method, full(envelope), deadline)?;
+            let headers = request.headers_mut();
+            for (name, value) in &extra {
+                if !headers.contains_key(name) {
+                    headers.insert(name, value.clone());
+                }
+            }
             let response = self.send(op, request).await?;
             ok_response(op, response, CONTENT_TYPE_CONNECT_JSON, false).await
         };
         let response = deadline.bound(op, open).await.map_err(|e| self.tag(e))?;
-        Ok(ServerStream::new(
-            op,
-            response.into_body(),
-            deadline,
-            &self.inner.config,
+        let (parts, body) = response.into_parts();
+        Ok((
+            ServerStream::new(op, body, deadline, &self.inner.config),
+            parts.headers,
         ))
     }
 

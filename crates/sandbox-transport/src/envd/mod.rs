@@ -45,7 +45,7 @@ pub use forward::{
     AGENT_EXTENSION_PREFIX, ForwardBody, HOP_BY_HOP, OP_FORWARD, error_response, status_and_code,
     strip_hop_by_hop,
 };
-pub use services::InputStream;
+pub use services::{InputStream, REPLAY_OFFSET_HEADER};
 pub use stream::ServerStream;
 
 use sandbox_core::{Error, Origin, Provider};

@@ -6,6 +6,11 @@ use sandbox_envd::filesystem::{self as fs, rpc as fs_rpc};
 use sandbox_envd::process::{self as ps, rpc as ps_rpc};
 
 use super::call::{CallOptions, ClientStream, EnvdClient};
+
+/// The sandbox agent's request and answer header of `Process/Connect` that replays output
+/// from a byte offset ([`EnvdClient::connect_from`]); a plain envd ignores it.
+pub const REPLAY_OFFSET_HEADER: hyper::header::HeaderName =
+    hyper::header::HeaderName::from_static("sandbox-replay-offset");
 use super::stream::ServerStream;
 use crate::transported;
 
@@ -35,6 +40,52 @@ where
         };
         self.server_stream::<ps_rpc::Connect>(&request, options)
             .await
+    }
+
+    /// [`connect`](Self::connect) with the sandbox agent's replay extension: from `from`
+    /// (`Some`), the agent replays the process's output from that byte offset (all streams
+    /// counted together) before going on live. Answers the stream and the offset the replay
+    /// really starts at, from the answer's [`REPLAY_OFFSET_HEADER`]: later than asked when the
+    /// agent's ring no longer holds those bytes, `None` when no replay was asked or the server
+    /// does not know the extension (a plain envd). An offset past the output is `out_of_range`
+    /// (`invalid_request`).
+    pub async fn connect_from(
+        &self,
+        process: ps::ProcessSelector,
+        from: Option<u64>,
+        options: CallOptions,
+    ) -> Result<(ServerStream<ps::ConnectResponse>, Option<u64>), Error> {
+        let request = ps::ConnectRequest {
+            process: Some(process),
+        };
+        let mut extra = hyper::HeaderMap::new();
+        if let Some(offset) = from {
+            extra.insert(
+                REPLAY_OFFSET_HEADER,
+                hyper::header::HeaderValue::from(offset),
+            );
+        }
+        let (stream, headers) = self
+            .server_stream_with_headers::<ps_rpc::Connect>(&request, options, extra)
+            .await?;
+        let start = match (from, headers.get(REPLAY_OFFSET_HEADER)) {
+            (Some(_), Some(value)) => Some(
+                value
+                    .to_str()
+                    .ok()
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                    .ok_or_else(|| {
+                        self.tag(transported(Error::internal(
+                            ps::method::CONNECT.operation,
+                            format!(
+                                "the answer's {REPLAY_OFFSET_HEADER} {value:?} is not an offset"
+                            ),
+                        )))
+                    })?,
+            ),
+            _ => None,
+        };
+        Ok((stream, start))
     }
 
     /// The live processes.

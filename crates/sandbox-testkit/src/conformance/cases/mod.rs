@@ -306,6 +306,12 @@ pub fn all_cases() -> Vec<Case> {
             ["process.input"]
         ),
         case!(
+            processes::process_cap_is_enforced,
+            [Processes],
+            [],
+            ["process.cap"]
+        ),
+        case!(
             streamed::streamed_round_trip,
             [StreamedFiles],
             [],

@@ -375,6 +375,83 @@ pub(super) async fn process_replay_marks_the_gap(ctx: &Ctx) -> CaseResult {
     )
 }
 
+/// The most starts this case tries before it calls the cap missing (an adapter's test config
+/// sets a small cap, so the case stays cheap).
+const CAP_SEARCH: usize = 512;
+
+/// Starts are refused with `process_limit` once the sandbox runs its cap, starting nothing;
+/// after one of them is killed a start succeeds again.
+pub(super) async fn process_cap_is_enforced(ctx: &Ctx) -> CaseResult {
+    let h = ctx.create().await?;
+    let p = processes(ctx)?;
+    let sleeper = || ProcessSpec::argv("sleep", ["300"]);
+    let mut started: Vec<u32> = Vec::new();
+    let refusal = loop {
+        ensure(started.len() < CAP_SEARCH, || {
+            format!("{CAP_SEARCH} processes started and no start was refused")
+        })?;
+        match within(CALL_LIMIT, "start_process", p.start_process(&h, sleeper())).await? {
+            Ok(info) => started.push(info.pid),
+            Err(e) => break e,
+        }
+    };
+    ensure(!started.is_empty(), || {
+        format!("the first start was refused: {refusal}")
+    })?;
+    expect_code(
+        "a start past the cap",
+        Err::<(), _>(refusal),
+        ErrorKind::Capacity,
+        ErrorCode::ProcessLimit,
+    )?;
+    // The refused start started nothing: exactly the ones that were started run.
+    let running: Vec<u32> = within(CALL_LIMIT, "list_processes", p.list_processes(&h))
+        .await??
+        .into_iter()
+        .filter(|info| info.status.is_running())
+        .map(|info| info.pid)
+        .collect();
+    ensure_eq("running processes at the cap", running.len(), started.len())?;
+    ensure(started.iter().all(|pid| running.contains(pid)), || {
+        format!("started {started:?}, running {running:?}")
+    })?;
+    // Once one ended (a kill is asynchronous on a real backend), a start succeeds again.
+    let first = ProcessSelector::Pid(started[0]);
+    within(
+        CALL_LIMIT,
+        "signal_process",
+        p.signal_process(&h, &first, Signal::Kill),
+    )
+    .await??;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let replacement = loop {
+        match within(CALL_LIMIT, "start_process", p.start_process(&h, sleeper())).await? {
+            Ok(info) => break info,
+            Err(e) if e.code() == Some(ErrorCode::ProcessLimit) && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => {
+                return Err(Failure(format!(
+                    "a start after one of the {} processes was killed: {e}",
+                    started.len()
+                )));
+            }
+        }
+    };
+    ensure_eq(
+        "status of the new start",
+        replacement.status,
+        ProcessStatus::Running,
+    )?;
+    started.push(replacement.pid);
+    for pid in started.into_iter().skip(1) {
+        let _ = p
+            .signal_process(&h, &ProcessSelector::Pid(pid), Signal::Kill)
+            .await;
+    }
+    Ok(())
+}
+
 /// Input reaches stdin in order; closing stdin ends `cat`; input then is refused with a code.
 pub(super) async fn process_input_and_close_stdin(ctx: &Ctx) -> CaseResult {
     let h = ctx.create().await?;
