@@ -7,6 +7,7 @@
 
 mod gates;
 mod http;
+mod detach;
 mod pid1;
 mod process;
 mod relay;
