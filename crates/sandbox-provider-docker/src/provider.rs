@@ -57,17 +57,20 @@ pub fn docker_capabilities() -> Capabilities {
     ])
 }
 
-/// The capabilities of one data plane: [`docker_capabilities`], plus `streamed_files` and
-/// `watch` on the agent plane, whose channel streams files both ways and carries the agent's
-/// inotify watches. (`processes` the agent serves too, but the adapter does not map it yet:
-/// issue 17's next step.)
+/// The capabilities of one data plane: [`docker_capabilities`], plus `streamed_files`,
+/// `watch` and `terminal_reattach` on the agent plane, whose channel streams files both ways,
+/// carries the agent's inotify watches, and reaches the PTY processes the agent keeps (with
+/// their output rings) after their stream is gone. The exec plane cannot reattach: a
+/// `docker exec` PTY dies with its stream. (`processes` the agent serves too, but the adapter
+/// does not map it yet: issue 17's next step.)
 pub fn docker_capabilities_for(plane: DataPlane) -> Capabilities {
     let base = docker_capabilities();
     match plane {
         DataPlane::Exec => base,
         DataPlane::Agent => base
             .with(Capability::StreamedFiles, true)
-            .with(Capability::Watch, true),
+            .with(Capability::Watch, true)
+            .with(Capability::TerminalReattach, true),
     }
 }
 
@@ -996,6 +999,10 @@ impl SandboxProvider for DockerProvider {
     fn as_watch(&self) -> Option<&dyn Watch> {
         (self.data_plane() == DataPlane::Agent).then_some(self as &dyn Watch)
     }
+    fn as_terminal_reattach(&self) -> Option<&dyn sandbox_core::TerminalReattach> {
+        (self.data_plane() == DataPlane::Agent)
+            .then_some(self as &dyn sandbox_core::TerminalReattach)
+    }
 }
 
 /// Directory watches over the agent's channel (agent plane only).
@@ -1128,17 +1135,20 @@ mod tests {
                         | Capability::Processes
                         | Capability::StreamedFiles
                         | Capability::Watch
+                        | Capability::TerminalReattach
                 )
             })
             .fold(Capabilities::NONE, |set, c| set.with(c, true));
         assert_eq!(docker_capabilities(), expected);
         assert_eq!(docker_capabilities_for(DataPlane::Exec), expected);
-        // The agent plane streams files and watches directories; nothing else differs.
+        // The agent plane streams files, watches directories and reattaches terminals;
+        // nothing else differs.
         assert_eq!(
             docker_capabilities_for(DataPlane::Agent),
             expected
                 .with(Capability::StreamedFiles, true)
                 .with(Capability::Watch, true)
+                .with(Capability::TerminalReattach, true)
         );
     }
 
