@@ -272,8 +272,7 @@ impl ServiceConfig {
             }
         }
         let l = &self.limits;
-        if l.terminal_idle_seconds != 0 && !TERMINAL_IDLE_RANGE.contains(&l.terminal_idle_seconds)
-        {
+        if l.terminal_idle_seconds != 0 && !TERMINAL_IDLE_RANGE.contains(&l.terminal_idle_seconds) {
             return Err(ConfigError(format!(
                 "limits.terminal_idle_seconds (SANDBOX_TERMINAL_IDLE_SECONDS) is {}: use 0 for the default (900) or {} to {} seconds (1 min to 24 h); a shorter limit would kill terminals between keystrokes, a longer one keeps abandoned shells for days",
                 l.terminal_idle_seconds,

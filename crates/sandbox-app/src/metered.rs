@@ -27,8 +27,8 @@ use sandbox_core::{
     ListFilter, NetworkFields, Operation, OptimisticReads, Provider, ReadStream, ResolveSnapshot,
     RewindLock, RewindLocks, SandboxHandle, SandboxId, SandboxPath, SandboxProvider,
     SandboxSummary, Secret, SnapshotId, SnapshotRef, Snapshots, StatEntry, Template,
-    TemplateCatalog, TenantId, Terminal, TerminalOptions, TerminalReattach, TerminalSize, Terminals, TreeLimits, TreeListing,
-    TurnLeases, TurnState,
+    TemplateCatalog, TenantId, Terminal, TerminalOptions, TerminalReattach, TerminalSize,
+    Terminals, TreeLimits, TreeListing, TurnLeases, TurnState,
 };
 use sandbox_core::{
     ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream, Processes, Signal, StreamedFiles,

@@ -21,8 +21,8 @@ use sandbox_core::{
     LifecycleLock, ListFilter, NetworkFields, Operation, OptimisticReads, Origin, Provider,
     ReadStream, ResolveSnapshot, RewindLock, RewindLocks, SandboxHandle, SandboxId, SandboxPath,
     SandboxProvider, SandboxSummary, Secret, SnapshotId, SnapshotRef, Snapshots, StatEntry,
-    Template, TemplateCatalog, TenantId, Terminal, TerminalOptions, TerminalReattach, TerminalSize, Terminals, TreeLimits,
-    TreeListing, TurnLeases, TurnState,
+    Template, TemplateCatalog, TenantId, Terminal, TerminalOptions, TerminalReattach, TerminalSize,
+    Terminals, TreeLimits, TreeListing, TurnLeases, TurnState,
 };
 use sandbox_core::{
     ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream, Processes, Signal, StreamedFiles,

@@ -112,18 +112,16 @@ impl Detach {
                 r = attached.wait_for(|n| *n > 0) => if r.is_err() { return } else { false },
                 _ = exited.wait_for(|e| *e) => return,
             };
-            if expired {
-                    if *self.attached.borrow() == 0 && !*self.exited.borrow() && proc.running() {
-                        log::info!(
-                            logger,
-                            "process {}: no client attached for {} ms, killing its process group",
-                            proc.pid,
-                            self.timeout.as_millis()
-                        );
-                        kill_group(proc.pid, Signal::KILL);
-                        kill_session(proc.pid);
-                        return;
-                    }
+            if expired && *self.attached.borrow() == 0 && !*self.exited.borrow() && proc.running() {
+                log::info!(
+                    logger,
+                    "process {}: no client attached for {} ms, killing its session",
+                    proc.pid,
+                    self.timeout.as_millis()
+                );
+                kill_group(proc.pid, Signal::KILL);
+                kill_session(proc.pid);
+                return;
             }
         }
     }
@@ -136,7 +134,11 @@ fn kill_session(sid: u32) {
         return;
     };
     for entry in entries.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
             continue;
         };
         let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {

@@ -483,7 +483,16 @@ impl Inner {
             .map_err(start_error)?;
         let master = pty.map(|pair| pair.master);
 
-        match self.attach(pid, config, request.tag, master, stdin, stdout, stderr, detach) {
+        match self.attach(
+            pid,
+            config,
+            request.tag,
+            master,
+            stdin,
+            stdout,
+            stderr,
+            detach,
+        ) {
             Ok((proc, sources, writer)) => {
                 let cursor = proc.output.subscribe(ReadFrom::Offset(0)).map_err(|_| {
                     ConnectError::new(Code::Internal, "the output ring refused its first reader")

@@ -70,7 +70,11 @@ async fn a_detached_process_is_killed_with_its_session_and_an_attached_one_is_no
             .extension(HEADER, 600)
             .keepalive(Duration::from_secs(1));
         let (stream, pid, job) = start_shell(&client, options).await;
-        assert_ne!(pgid(job), pgid(pid), "the job must be in a group of its own");
+        assert_ne!(
+            pgid(job),
+            pgid(pid),
+            "the job must be in a group of its own"
+        );
 
         // Attached (the Start stream is open) for well past the timeout: nothing is killed.
         tokio::time::sleep(Duration::from_millis(2500)).await;

@@ -5,9 +5,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod detach;
 mod gates;
 mod http;
-mod detach;
 mod pid1;
 mod process;
 mod relay;

@@ -267,7 +267,10 @@ async fn pump(socket: Socket, interactive: bool) -> Result<u8, ClientError> {
                         Ok(api::TerminalServerFrame::Opened { pid }) => {
                             if let Some(pid) = pid {
                                 // On stderr, so output piped from stdout stays the shell's.
-                                eprint!("sandbox: terminal pid {pid} (reattach: sandbox shell <session> --pid {pid})\r\n");
+                                let note = format!("sandbox: terminal pid {pid} (reattach: sandbox shell <session> --pid {pid})\r\n");
+                                let mut stderr = tokio::io::stderr();
+                                let _ = stderr.write_all(note.as_bytes()).await;
+                                let _ = stderr.flush().await;
                             }
                         }
                         Ok(api::TerminalServerFrame::Exit { code }) => {

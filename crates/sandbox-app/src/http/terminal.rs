@@ -198,8 +198,7 @@ pub async fn open(
     };
     let open = match query.pid {
         Some(pid) => {
-            if query.cwd.is_some() || query.env.is_some() || query.user.is_some() || query.resume
-            {
+            if query.cwd.is_some() || query.env.is_some() || query.user.is_some() || query.resume {
                 return Err(ApiError::bad_request(
                     "invalid_query",
                     "pid reattaches to a running terminal: cwd, env, user and resume belong to a new one",
@@ -395,7 +394,12 @@ impl Relay {
             input,
             pid,
         } = terminal;
-        if !send(&mut socket, text_frame(&api::TerminalServerFrame::Opened { pid })).await {
+        if !send(
+            &mut socket,
+            text_frame(&api::TerminalServerFrame::Opened { pid }),
+        )
+        .await
+        {
             drop(output);
             guard.end(false).await;
             return;
@@ -736,7 +740,10 @@ mod tests {
         assert_eq!(code(query(Some("relative"), None, None)), "invalid_path");
         assert_eq!(code(query(None, None, Some("[1]"))), "invalid_query");
         assert_eq!(code(query(None, None, Some(r#"{"A":1}"#))), "invalid_query");
-        assert_eq!(code(query(None, None, Some(r#"{"A B":"1"}"#))), "invalid_command");
+        assert_eq!(
+            code(query(None, None, Some(r#"{"A B":"1"}"#))),
+            "invalid_command"
+        );
         assert_eq!(code(query(None, Some("-x"), None)), "invalid_command");
     }
 }

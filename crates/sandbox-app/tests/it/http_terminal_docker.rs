@@ -371,7 +371,9 @@ async fn opened_pid(ws: &mut Ws, seen: &mut Seen) -> u64 {
     read_until(ws, seen, "the opened frame", |s| !s.texts.is_empty()).await;
     let first = &seen.texts[0];
     assert_eq!(first["type"], "opened", "{seen:?}");
-    first["pid"].as_u64().unwrap_or_else(|| panic!("no pid: {seen:?}"))
+    first["pid"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no pid: {seen:?}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -382,15 +384,25 @@ async fn terminal_reattaches_by_pid_and_a_detached_one_dies_when_left_alone() {
         // The exec data plane cannot reattach: a pid is refused before the upgrade.
         let session = "term-re";
         let (status, r) = s
-            .call("POST", &format!("/v1/sessions/{session}/exec"), r#"{"command":"true"}"#)
+            .call(
+                "POST",
+                &format!("/v1/sessions/{session}/exec"),
+                r#"{"command":"true"}"#,
+            )
             .await;
         assert_eq!(status, 200, "{r}");
         let ticket = s.ticket(session).await;
         assert_eq!(
-            refused(s.addr, &format!("/v1/sessions/{session}/terminal?ticket={ticket}&pid=1")).await,
+            refused(
+                s.addr,
+                &format!("/v1/sessions/{session}/terminal?ticket={ticket}&pid=1")
+            )
+            .await,
             (501, "terminal_reattach_unsupported".to_owned())
         );
-        let (status, _) = s.call("DELETE", &format!("/v1/sessions/{session}"), "").await;
+        let (status, _) = s
+            .call("DELETE", &format!("/v1/sessions/{session}"), "")
+            .await;
         assert_eq!(status, 204);
         return;
     }
@@ -399,18 +411,27 @@ async fn terminal_reattaches_by_pid_and_a_detached_one_dies_when_left_alone() {
     let route = format!("/v1/sessions/{session}/terminal");
     for sess in [session, other] {
         let (status, r) = s
-            .call("POST", &format!("/v1/sessions/{sess}/exec"), r#"{"command":"true"}"#)
+            .call(
+                "POST",
+                &format!("/v1/sessions/{sess}/exec"),
+                r#"{"command":"true"}"#,
+            )
             .await;
         assert_eq!(status, 200, "{r}");
     }
 
     // Open, set a variable, then drop the socket without a close frame (a browser refresh).
     let ticket = s.ticket(session).await;
-    let mut ws = connect(s.addr, &format!("{route}?ticket={ticket}")).await.unwrap();
+    let mut ws = connect(s.addr, &format!("{route}?ticket={ticket}"))
+        .await
+        .unwrap();
     let mut seen = Seen::default();
     let pid = opened_pid(&mut ws, &mut seen).await;
     type_text(&mut ws, "export FOO=bar; echo rea\"\"dy-1\n").await;
-    read_until(&mut ws, &mut seen, "ready-1", |s| s.output.contains("ready-1")).await;
+    read_until(&mut ws, &mut seen, "ready-1", |s| {
+        s.output.contains("ready-1")
+    })
+    .await;
     drop(ws);
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(
@@ -421,9 +442,12 @@ async fn terminal_reattaches_by_pid_and_a_detached_one_dies_when_left_alone() {
     // A new ticket and `pid=N` reattach: the recent output is replayed, the variable is there,
     // and resizes and input work.
     let ticket = s.ticket(session).await;
-    let mut ws = connect(s.addr, &format!("{route}?ticket={ticket}&pid={pid}&cols=91&rows=27"))
-        .await
-        .unwrap();
+    let mut ws = connect(
+        s.addr,
+        &format!("{route}?ticket={ticket}&pid={pid}&cols=91&rows=27"),
+    )
+    .await
+    .unwrap();
     let mut seen = Seen::default();
     assert_eq!(opened_pid(&mut ws, &mut seen).await, pid);
     read_until(&mut ws, &mut seen, "the replayed ready-1", |s| {
@@ -443,31 +467,48 @@ async fn terminal_reattaches_by_pid_and_a_detached_one_dies_when_left_alone() {
     );
     let ticket = s.ticket(session).await;
     assert_eq!(
-        refused(s.addr, &format!("{route}?ticket={ticket}&pid={pid}&cwd=/tmp")).await,
+        refused(
+            s.addr,
+            &format!("{route}?ticket={ticket}&pid={pid}&cwd=/tmp")
+        )
+        .await,
         (400, "invalid_query".to_owned()),
         "a reattach takes no options"
     );
     // Another session's terminal cannot be named: its pid is looked up in this session's
     // sandbox only.
     let other_ticket = s.ticket(other).await;
-    let mut other_ws = connect(s.addr, &format!("/v1/sessions/{other}/terminal?ticket={other_ticket}"))
-        .await
-        .unwrap();
+    let mut other_ws = connect(
+        s.addr,
+        &format!("/v1/sessions/{other}/terminal?ticket={other_ticket}"),
+    )
+    .await
+    .unwrap();
     let mut other_seen = Seen::default();
     let other_pid = opened_pid(&mut other_ws, &mut other_seen).await;
     let ticket = s.ticket(session).await;
     let (status, code) = refused(s.addr, &format!("{route}?ticket={ticket}&pid={other_pid}")).await;
-    assert_eq!((status, code.as_str()), (404, "terminal_not_found"), "another session's pid {other_pid}");
+    assert_eq!(
+        (status, code.as_str()),
+        (404, "terminal_not_found"),
+        "another session's pid {other_pid}"
+    );
     other_ws
-        .close(Some(CloseFrame { code: CloseCode::Normal, reason: "".into() }))
+        .close(Some(CloseFrame {
+            code: CloseCode::Normal,
+            reason: "".into(),
+        }))
         .await
         .unwrap();
     drop(other_ws);
 
     // Done with it: a 1000 close ends the shell.
-    ws.close(Some(CloseFrame { code: CloseCode::Normal, reason: "".into() }))
-        .await
-        .unwrap();
+    ws.close(Some(CloseFrame {
+        code: CloseCode::Normal,
+        reason: "".into(),
+    }))
+    .await
+    .unwrap();
     drop(ws);
     s.no_shell_left(session).await;
 
@@ -495,9 +536,12 @@ async fn terminal_reattaches_by_pid_and_a_detached_one_dies_when_left_alone() {
         s.output.contains("<hi|/workspace/tdir|0>")
     })
     .await;
-    ws.close(Some(CloseFrame { code: CloseCode::Normal, reason: "".into() }))
-        .await
-        .unwrap();
+    ws.close(Some(CloseFrame {
+        code: CloseCode::Normal,
+        reason: "".into(),
+    }))
+    .await
+    .unwrap();
     drop(ws);
     for (query, expected) in [
         ("cwd=relative", (400, "invalid_path")),
@@ -518,7 +562,9 @@ async fn terminal_reattaches_by_pid_and_a_detached_one_dies_when_left_alone() {
     idle_state.limits.terminal_idle_seconds = 2;
     let idle_addr = support::serve(idle_state).await;
     let ticket = s.ticket(session).await;
-    let mut ws = connect(idle_addr, &format!("{route}?ticket={ticket}")).await.unwrap();
+    let mut ws = connect(idle_addr, &format!("{route}?ticket={ticket}"))
+        .await
+        .unwrap();
     let mut seen = Seen::default();
     let pid = opened_pid(&mut ws, &mut seen).await;
     type_text(&mut ws, "sleep 4321 & echo bg\"\"-up\n").await;

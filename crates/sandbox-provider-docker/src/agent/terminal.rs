@@ -154,9 +154,10 @@ pub(crate) async fn reattach(
         .await
         .map_err(|e| e.with_operation(op))?;
     let prefix = format!("{TERMINAL_TAG}-");
-    let Some(info) = listed.into_iter().find(|p| {
-        p.pid == pid && p.tag.as_deref().is_some_and(|t| t.starts_with(&prefix))
-    }) else {
+    let Some(info) = listed
+        .into_iter()
+        .find(|p| p.pid == pid && p.tag.as_deref().is_some_and(|t| t.starts_with(&prefix)))
+    else {
         return Err(sandbox_core::terminal::terminal_not_found(pid));
     };
     let marker = info
