@@ -187,3 +187,47 @@ pub fn terminal_not_found(pid: u32) -> Error {
 pub fn terminal_closed() -> Error {
     Error::conflict(Operation::TERMINAL_IO, "terminal is closed")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_are_validated_like_execs() {
+        assert!(TerminalOptions::default().validate().is_ok());
+        let code = |o: TerminalOptions| o.validate().unwrap_err().code();
+        let mut o = TerminalOptions::default();
+        o.env.insert("NOT OK".to_owned(), "1".to_owned());
+        assert_eq!(code(o), Some(ErrorCode::InvalidCommand));
+        let mut o = TerminalOptions::default();
+        o.env.insert("OK".to_owned(), "a\0b".to_owned());
+        assert_eq!(code(o), Some(ErrorCode::InvalidCommand));
+        let o = TerminalOptions {
+            user: Some("-root".to_owned()),
+            ..TerminalOptions::default()
+        };
+        let e = o.validate().unwrap_err();
+        assert_eq!(e.code(), Some(ErrorCode::InvalidCommand));
+        assert_eq!(e.kind(), crate::ErrorKind::InvalidRequest);
+        assert_eq!(e.operation(), Operation::OPEN_TERMINAL);
+        let o = TerminalOptions {
+            detach_timeout: Some(Duration::ZERO),
+            ..TerminalOptions::default()
+        };
+        assert_eq!(code(o), Some(ErrorCode::InvalidTimeout));
+        assert_eq!(
+            TerminalOptions::default().detach_timeout_or_default(),
+            crate::config::DEFAULT_TERMINAL_IDLE_DISCONNECT
+        );
+    }
+
+    #[test]
+    fn reattach_codes_answer_404_and_501() {
+        let e = terminal_not_found(9);
+        assert_eq!(e.kind(), crate::ErrorKind::NotFound);
+        assert_eq!(e.status_and_code(), (404, "terminal_not_found"));
+        let e = Error::unsupported(Operation::REATTACH_TERMINAL, "x")
+            .with_code(ErrorCode::TerminalReattachUnsupported);
+        assert_eq!(e.status_and_code(), (501, "terminal_reattach_unsupported"));
+    }
+}
