@@ -60,7 +60,10 @@ pub struct Limits {
     /// bodies): past it, requests answer 503 `server_busy` with `Retry-After` instead of
     /// growing the heap.
     pub inflight_max_bytes: u64,
-    /// An interactive terminal idle this long is disconnected.
+    /// An interactive terminal idle this long (no keystrokes, no output) is disconnected, and
+    /// one with no client attached this long is killed (where the backend keeps detached
+    /// terminals: the agent's detach timer). `0` is the default, 15 min; otherwise from 60 s
+    /// to 24 h ([`TERMINAL_IDLE_RANGE`]): a value outside is refused at start.
     pub terminal_idle_seconds: u64,
     /// Terminal tickets one tenant may hold unused at once.
     pub tickets_per_tenant: usize,
@@ -279,6 +282,14 @@ impl ServiceConfig {
             }
         }
         let l = &self.limits;
+        if l.terminal_idle_seconds != 0 && !TERMINAL_IDLE_RANGE.contains(&l.terminal_idle_seconds) {
+            return Err(ConfigError(format!(
+                "limits.terminal_idle_seconds (SANDBOX_TERMINAL_IDLE_SECONDS) is {}: use 0 for the default (900) or {} to {} seconds (1 min to 24 h); a shorter limit would kill terminals between keystrokes, a longer one keeps abandoned shells for days",
+                l.terminal_idle_seconds,
+                TERMINAL_IDLE_RANGE.start(),
+                TERMINAL_IDLE_RANGE.end()
+            )));
+        }
         if l.upload_max_bytes == 0
             || l.json_max_bytes == 0
             || l.download_max_bytes == 0
@@ -307,6 +318,9 @@ impl ServiceConfig {
         Ok(())
     }
 }
+
+/// The values `limits.terminal_idle_seconds` may take besides `0` (the default): [60 s, 24 h].
+pub const TERMINAL_IDLE_RANGE: std::ops::RangeInclusive<u64> = 60..=24 * 60 * 60;
 
 /// The most connections `server.max_connections` may name.
 pub const MAX_CONNECTIONS: usize = 1_000_000;
@@ -719,7 +733,7 @@ pub const ENV_VARS: &[EnvVar] = &[
         "limits.terminal_idle_seconds",
         Seconds,
         "900",
-        "an idle terminal is disconnected after this long",
+        "an idle terminal is disconnected, and a detached one killed, after this long (0: 900; else 60 to 86400)",
     ),
     var(
         "SANDBOX_TICKETS_PER_TENANT",
@@ -961,6 +975,31 @@ mod tests {
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect()
+    }
+
+    #[test]
+    fn the_terminal_idle_limit_is_refused_outside_its_range() {
+        let idle = |v: &str| {
+            ServiceConfig::load(None, &env(&[("SANDBOX_TERMINAL_IDLE_SECONDS", v)]))
+                .map(|c| c.limits.terminal_idle_seconds)
+        };
+        assert_eq!(idle("0").unwrap(), 0, "0 is the default");
+        assert_eq!(idle("60").unwrap(), 60);
+        assert_eq!(idle("86400").unwrap(), 86_400);
+        for bad in ["59", "1", "86401"] {
+            let e = idle(bad).unwrap_err().to_string();
+            assert!(
+                e.contains("limits.terminal_idle_seconds") && e.contains("60 to 86400"),
+                "{bad}: {e}"
+            );
+        }
+        assert_eq!(
+            ServiceConfig::load(None, &BTreeMap::new())
+                .unwrap()
+                .limits
+                .terminal_idle_seconds,
+            900
+        );
     }
 
     #[test]

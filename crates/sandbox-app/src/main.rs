@@ -46,6 +46,10 @@ enum Command {
         conn: Conn,
         /// The session.
         session: String,
+        /// Reattach to this running terminal (the pid `sandbox shell` printed when it opened
+        /// it) instead of opening a new one.
+        #[arg(long)]
+        pid: Option<u32>,
     },
     /// List a session's background processes (started with `sandbox exec --background`).
     Ps {
@@ -273,9 +277,9 @@ fn main() -> ExitCode {
         }
         Command::Exec(args) => client_command(|| exec(args)),
         Command::Files(command) => client_command(|| files(command)),
-        Command::Shell { conn, session } => client_command(|| async move {
+        Command::Shell { conn, session, pid } => client_command(|| async move {
             let client = conn.client()?;
-            client::shell::run(&client, &session).await
+            client::shell::run(&client, &session, pid).await
         }),
         Command::Ps {
             conn,

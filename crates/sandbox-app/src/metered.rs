@@ -27,8 +27,8 @@ use sandbox_core::{
     ListFilter, NetworkFields, Operation, OptimisticReads, Provider, ReadStream, ResolveSnapshot,
     RewindLock, RewindLocks, SandboxHandle, SandboxId, SandboxPath, SandboxProvider,
     SandboxSummary, Secret, SnapshotId, SnapshotRef, Snapshots, StatEntry, Template,
-    TemplateCatalog, TenantId, Terminal, TerminalOptions, Terminals, TreeLimits, TreeListing,
-    TurnLeases, TurnState,
+    TemplateCatalog, TenantId, Terminal, TerminalOptions, TerminalReattach, TerminalSize,
+    Terminals, TreeLimits, TreeListing, TurnLeases, TurnState,
 };
 use sandbox_core::{
     ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream, Processes, Signal, StreamedFiles,
@@ -203,6 +203,11 @@ impl SandboxProvider for MeteredProvider {
     fn as_terminals(&self) -> Option<&dyn Terminals> {
         self.inner.as_terminals().map(|_| self as &dyn Terminals)
     }
+    fn as_terminal_reattach(&self) -> Option<&dyn TerminalReattach> {
+        self.inner
+            .as_terminal_reattach()
+            .map(|_| self as &dyn TerminalReattach)
+    }
     fn as_desktop(&self) -> Option<&dyn Desktop> {
         self.inner.as_desktop().map(|_| self as &dyn Desktop)
     }
@@ -301,6 +306,25 @@ impl Terminals for MeteredProvider {
             .as_terminals()
             .ok_or_else(|| missing(self.provider(), op))?;
         self.observe(op, inner.open_terminal(sandbox, options))
+            .await
+    }
+}
+
+#[async_trait]
+#[deny(clippy::missing_trait_methods)]
+impl TerminalReattach for MeteredProvider {
+    async fn reattach_terminal(
+        &self,
+        sandbox: &SandboxHandle,
+        pid: u32,
+        size: TerminalSize,
+    ) -> Result<Terminal, Error> {
+        let op = Operation::REATTACH_TERMINAL;
+        let inner = self
+            .inner
+            .as_terminal_reattach()
+            .ok_or_else(|| missing(self.provider(), op))?;
+        self.observe(op, inner.reattach_terminal(sandbox, pid, size))
             .await
     }
 }

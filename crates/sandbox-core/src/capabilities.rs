@@ -48,11 +48,14 @@ pub enum Capability {
     StreamedFiles,
     /// Directory event streams ([`crate::Watch`]).
     Watch,
+    /// A terminal outlives its client: it keeps running detached, and is reattached by pid
+    /// ([`crate::TerminalReattach`]).
+    TerminalReattach,
 }
 
 impl Capability {
     /// Every capability, in declaration order.
-    pub const ALL: [Capability; 17] = [
+    pub const ALL: [Capability; 18] = [
         Capability::Reconnect,
         Capability::Metadata,
         Capability::List,
@@ -70,6 +73,7 @@ impl Capability {
         Capability::Processes,
         Capability::StreamedFiles,
         Capability::Watch,
+        Capability::TerminalReattach,
     ];
 
     /// The flag's name.
@@ -92,6 +96,7 @@ impl Capability {
             Capability::Processes => "processes",
             Capability::StreamedFiles => "streamed_files",
             Capability::Watch => "watch",
+            Capability::TerminalReattach => "terminal_reattach",
         }
     }
 }
@@ -123,6 +128,7 @@ pub struct Capabilities {
     pub processes: bool,
     pub streamed_files: bool,
     pub watch: bool,
+    pub terminal_reattach: bool,
 }
 
 impl Capabilities {
@@ -145,6 +151,7 @@ impl Capabilities {
         processes: false,
         streamed_files: false,
         watch: false,
+        terminal_reattach: false,
     };
 
     /// A set holding exactly `caps`.
@@ -173,6 +180,7 @@ impl Capabilities {
             Capability::Processes => self.processes,
             Capability::StreamedFiles => self.streamed_files,
             Capability::Watch => self.watch,
+            Capability::TerminalReattach => self.terminal_reattach,
         }
     }
 
@@ -197,6 +205,7 @@ impl Capabilities {
             Capability::Processes => &mut self.processes,
             Capability::StreamedFiles => &mut self.streamed_files,
             Capability::Watch => &mut self.watch,
+            Capability::TerminalReattach => &mut self.terminal_reattach,
         };
         *flag = on;
         self
@@ -249,7 +258,8 @@ mod tests {
                 "posix_shell",
                 "processes",
                 "streamed_files",
-                "watch"
+                "watch",
+                "terminal_reattach"
             ]
         );
         // The serde name, the struct field name and as_str agree.

@@ -192,6 +192,11 @@ pub enum ErrorCode {
     TerminalUnsupported,
     /// The backend cannot relay a desktop.
     DesktopUnsupported,
+    /// No terminal of the sandbox has the pid a reattach named (never started, ended, or a
+    /// process that is not a terminal).
+    TerminalNotFound,
+    /// The backend cannot reattach to a terminal: its terminals end with their connection.
+    TerminalReattachUnsupported,
     /// Another rewind holds the session.
     SessionRewindLocked,
     /// A chat turn holds the session, so a rewind must not start.
@@ -258,6 +263,8 @@ impl ErrorCode {
             ErrorCode::SandboxPaused => "session_sandbox_paused",
             ErrorCode::TerminalUnsupported => "terminal_unsupported",
             ErrorCode::DesktopUnsupported => "desktop_unsupported",
+            ErrorCode::TerminalNotFound => "terminal_not_found",
+            ErrorCode::TerminalReattachUnsupported => "terminal_reattach_unsupported",
             ErrorCode::SessionRewindLocked => "session_rewind_locked",
             ErrorCode::SessionTurnActive => "session_turn_active",
             ErrorCode::SessionWorkActive => "session_work_active",
@@ -349,6 +356,7 @@ impl Operation {
     pub const ENSURE_TEMPLATE: Operation = Operation::new("ensure_template");
     pub const OPEN_TERMINAL: Operation = Operation::new("open_terminal");
     pub const TERMINAL_IO: Operation = Operation::new("terminal_io");
+    pub const REATTACH_TERMINAL: Operation = Operation::new("reattach_terminal");
     pub const DIAL_DESKTOP: Operation = Operation::new("dial_desktop");
     pub const KEEP_ALIVE: Operation = Operation::new("keep_alive");
     pub const START_PROCESS: Operation = Operation::new("start_process");
@@ -589,7 +597,8 @@ impl Error {
                 | ErrorCode::NoLiveSandbox
                 | ErrorCode::SnapshotNotFound
                 | ErrorCode::SandboxGone
-                | ErrorCode::ProcessNotFound => 404,
+                | ErrorCode::ProcessNotFound
+                | ErrorCode::TerminalNotFound => 404,
                 ErrorCode::QuotaExceeded | ErrorCode::WatchOverflow | ErrorCode::ProcessLimit => {
                     429
                 }
@@ -600,7 +609,9 @@ impl Error {
                 | ErrorCode::ProcessExited
                 | ErrorCode::StdinClosed
                 | ErrorCode::ProcessTagInUse => 409,
-                ErrorCode::TerminalUnsupported | ErrorCode::DesktopUnsupported => 501,
+                ErrorCode::TerminalUnsupported
+                | ErrorCode::DesktopUnsupported
+                | ErrorCode::TerminalReattachUnsupported => 501,
                 ErrorCode::BackendDisabled
                 | ErrorCode::EgressProtectionUnavailable
                 | ErrorCode::LockOwnershipLost => 503,
@@ -912,6 +923,7 @@ mod tests {
             Operation::ENSURE_TEMPLATE,
             Operation::OPEN_TERMINAL,
             Operation::TERMINAL_IO,
+            Operation::REATTACH_TERMINAL,
             Operation::DIAL_DESKTOP,
             Operation::KEEP_ALIVE,
             Operation::VALIDATE,

@@ -60,7 +60,7 @@ pub use ownership::{OwnershipSource, OwnershipToken};
 pub use path::SandboxPath;
 pub use ports::provider::{
     ConnectProbe, Desktop, KeepAlive, Processes, SandboxProvider, Snapshots, StreamedFiles,
-    TemplateCatalog, Terminals, Watch, narrow,
+    TemplateCatalog, TerminalReattach, Terminals, Watch, narrow,
 };
 pub use ports::session::{
     Bootstrapper, ConfigLoader, LoadedConfig, PermissiveSessionExistence, SessionExistence,

@@ -1,10 +1,11 @@
 //! Interactive terminals (PTYs) and desktops, in provider-neutral form.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::error::{Error, Operation};
+use crate::error::{Error, ErrorCode, Operation};
 use crate::path::SandboxPath;
 use crate::secret::Secret;
 
@@ -55,12 +56,51 @@ pub struct TerminalOptions {
     pub user: Option<String>,
     /// Extra environment; `TERM` is always forced to [`TERMINAL_TERM`].
     pub env: BTreeMap<String, String>,
-    /// Reattach to this already-running PTY instead of starting a shell (falls back to a new
-    /// shell when reattach fails).
-    pub attach_pid: Option<u32>,
+    /// On a backend that can reattach (`terminal_reattach`): how long the terminal may run
+    /// with no client attached before the backend kills it (its whole session). `None` is
+    /// [`crate::config::DEFAULT_TERMINAL_IDLE_DISCONNECT`]. Backends honour any positive value
+    /// (callers clamp what their users may ask for); a backend that cannot reattach ignores
+    /// it, since its terminals end with their client.
+    pub detach_timeout: Option<Duration>,
     /// Let a lookup-only open resume a paused sandbox. Off by default: opening a panel must not
     /// wake (and re-bill) a paused instance without an explicit click.
     pub allow_resume: bool,
+}
+
+impl TerminalOptions {
+    /// Refuses what no backend can honour, as exec does (code `invalid_command`): environment
+    /// names outside `[A-Za-z_][A-Za-z0-9_]*`, NUL bytes in values, a malformed user, a zero
+    /// detach timeout. The working directory is a [`SandboxPath`], valid by construction.
+    pub fn validate(&self) -> Result<(), Error> {
+        let op = Operation::OPEN_TERMINAL;
+        for (name, value) in &self.env {
+            crate::exec::validate_env_name(name).map_err(|e| e.with_operation(op))?;
+            if value.contains('\0') {
+                return Err(Error::invalid_request(
+                    op,
+                    format!("invalid terminal: environment variable {name} contains a NUL byte"),
+                )
+                .with_code(ErrorCode::InvalidCommand));
+            }
+        }
+        if let Some(user) = &self.user {
+            crate::exec::validate_user(user).map_err(|e| e.with_operation(op))?;
+        }
+        if self.detach_timeout.is_some_and(|t| t.is_zero()) {
+            return Err(Error::invalid_request(
+                op,
+                "invalid terminal: a detach timeout must be positive",
+            )
+            .with_code(ErrorCode::InvalidTimeout));
+        }
+        Ok(())
+    }
+
+    /// The detach timeout in force: the caller's, or the default.
+    pub fn detach_timeout_or_default(&self) -> Duration {
+        self.detach_timeout
+            .unwrap_or(crate::config::DEFAULT_TERMINAL_IDLE_DISCONNECT)
+    }
 }
 
 /// One event on a terminal's output stream.
@@ -89,17 +129,24 @@ pub trait TerminalInput: Send + Sync + std::fmt::Debug {
     async fn write(&self, data: &[u8]) -> Result<(), Error>;
     /// Changes the window size; zero dimensions are ignored.
     async fn resize(&self, size: TerminalSize) -> Result<(), Error>;
-    /// Disconnects. A backend that can reattach leaves the shell running for a later reattach;
-    /// one that cannot (Docker) hangs up the whole session so no shell or job is stranded.
-    /// Idempotent.
+    /// Ends the terminal: the whole session is hung up (the shell and its jobs), so nothing
+    /// is stranded. Idempotent.
     async fn close(&self) -> Result<(), Error>;
+    /// Lets go of the terminal without ending it, where the backend can reattach
+    /// (`terminal_reattach`): the shell keeps running for a later reattach by pid, until the
+    /// options' detach timeout passes with nobody attached. A backend that cannot reattach
+    /// closes instead (the default), since nobody could ever reach the shell again.
+    /// Idempotent, and a no-op after `close`.
+    async fn detach(&self) -> Result<(), Error> {
+        self.close().await
+    }
 }
 
 /// An open terminal.
 #[derive(Debug)]
 pub struct Terminal {
-    /// The remote shell's PID, doubling as the reattach handle; `None` means a reconnect cannot
-    /// resume this shell.
+    /// The remote shell's PID, doubling as the reattach handle where the backend declares
+    /// `terminal_reattach`; `None` when the backend cannot tell it.
     pub pid: Option<u32>,
     pub output: Box<dyn TerminalOutput>,
     pub input: std::sync::Arc<dyn TerminalInput>,
@@ -125,7 +172,62 @@ pub trait DesktopStream: Send + std::fmt::Debug {
     async fn close(&mut self) -> Result<(), Error>;
 }
 
+/// The error of a reattach to a pid that is no live terminal of the sandbox (code
+/// `terminal_not_found`, kind `not_found`: the sandbox itself is fine, so callers must never
+/// replace a binding on it).
+pub fn terminal_not_found(pid: u32) -> Error {
+    Error::not_found(
+        Operation::REATTACH_TERMINAL,
+        format!("no running terminal of this sandbox has pid {pid}"),
+    )
+    .with_code(ErrorCode::TerminalNotFound)
+}
+
 /// An error for terminal I/O on a session that already ended.
 pub fn terminal_closed() -> Error {
     Error::conflict(Operation::TERMINAL_IO, "terminal is closed")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_are_validated_like_execs() {
+        assert!(TerminalOptions::default().validate().is_ok());
+        let code = |o: TerminalOptions| o.validate().unwrap_err().code();
+        let mut o = TerminalOptions::default();
+        o.env.insert("NOT OK".to_owned(), "1".to_owned());
+        assert_eq!(code(o), Some(ErrorCode::InvalidCommand));
+        let mut o = TerminalOptions::default();
+        o.env.insert("OK".to_owned(), "a\0b".to_owned());
+        assert_eq!(code(o), Some(ErrorCode::InvalidCommand));
+        let o = TerminalOptions {
+            user: Some("-root".to_owned()),
+            ..TerminalOptions::default()
+        };
+        let e = o.validate().unwrap_err();
+        assert_eq!(e.code(), Some(ErrorCode::InvalidCommand));
+        assert_eq!(e.kind(), crate::ErrorKind::InvalidRequest);
+        assert_eq!(e.operation(), Operation::OPEN_TERMINAL);
+        let o = TerminalOptions {
+            detach_timeout: Some(Duration::ZERO),
+            ..TerminalOptions::default()
+        };
+        assert_eq!(code(o), Some(ErrorCode::InvalidTimeout));
+        assert_eq!(
+            TerminalOptions::default().detach_timeout_or_default(),
+            crate::config::DEFAULT_TERMINAL_IDLE_DISCONNECT
+        );
+    }
+
+    #[test]
+    fn reattach_codes_answer_404_and_501() {
+        let e = terminal_not_found(9);
+        assert_eq!(e.kind(), crate::ErrorKind::NotFound);
+        assert_eq!(e.status_and_code(), (404, "terminal_not_found"));
+        let e = Error::unsupported(Operation::REATTACH_TERMINAL, "x")
+            .with_code(ErrorCode::TerminalReattachUnsupported);
+        assert_eq!(e.status_and_code(), (501, "terminal_reattach_unsupported"));
+    }
 }

@@ -59,9 +59,11 @@ pub fn docker_capabilities() -> Capabilities {
 }
 
 /// The capabilities of one data plane: [`docker_capabilities`], plus `processes`,
-/// `streamed_files` and `watch` on the agent plane, whose agent keeps background processes and
-/// their output, and whose channel streams files both ways and carries the agent's inotify
-/// watches.
+/// `streamed_files`, `watch` and `terminal_reattach` on the agent plane, whose agent keeps
+/// background processes and their output, whose channel streams files both ways and carries the
+/// agent's inotify watches, and which reaches the PTY processes the agent keeps (with their
+/// output rings) after their stream is gone. The exec plane cannot reattach: a `docker exec`
+/// PTY dies with its stream.
 pub fn docker_capabilities_for(plane: DataPlane) -> Capabilities {
     let base = docker_capabilities();
     match plane {
@@ -69,7 +71,8 @@ pub fn docker_capabilities_for(plane: DataPlane) -> Capabilities {
         DataPlane::Agent => base
             .with(Capability::Processes, true)
             .with(Capability::StreamedFiles, true)
-            .with(Capability::Watch, true),
+            .with(Capability::Watch, true)
+            .with(Capability::TerminalReattach, true),
     }
 }
 
@@ -1020,6 +1023,10 @@ impl SandboxProvider for DockerProvider {
     fn as_watch(&self) -> Option<&dyn Watch> {
         (self.data_plane() == DataPlane::Agent).then_some(self as &dyn Watch)
     }
+    fn as_terminal_reattach(&self) -> Option<&dyn sandbox_core::TerminalReattach> {
+        (self.data_plane() == DataPlane::Agent)
+            .then_some(self as &dyn sandbox_core::TerminalReattach)
+    }
     fn as_processes(&self) -> Option<&dyn Processes> {
         (self.data_plane() == DataPlane::Agent).then_some(self as &dyn Processes)
     }
@@ -1213,12 +1220,14 @@ mod tests {
                         | Capability::Processes
                         | Capability::StreamedFiles
                         | Capability::Watch
+                        | Capability::TerminalReattach
                 )
             })
             .fold(Capabilities::NONE, |set, c| set.with(c, true));
         assert_eq!(docker_capabilities(), expected);
         assert_eq!(docker_capabilities_for(DataPlane::Exec), expected);
-        // The agent plane keeps background processes, streams files and watches directories;
+        // The agent plane keeps background processes, streams files, watches directories and
+        // reattaches terminals;
         // nothing else differs.
         assert_eq!(
             docker_capabilities_for(DataPlane::Agent),
@@ -1226,6 +1235,7 @@ mod tests {
                 .with(Capability::Processes, true)
                 .with(Capability::StreamedFiles, true)
                 .with(Capability::Watch, true)
+                .with(Capability::TerminalReattach, true)
         );
     }
 

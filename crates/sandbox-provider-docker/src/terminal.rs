@@ -250,6 +250,28 @@ pub(crate) fn shell_env(
     Ok(env)
 }
 
+/// Reattaching needs the agent, which keeps a terminal's PTY process when its stream goes
+/// (declared on the agent plane only).
+#[async_trait]
+impl sandbox_core::TerminalReattach for DockerProvider {
+    async fn reattach_terminal(
+        &self,
+        sandbox: &SandboxHandle,
+        pid: u32,
+        size: sandbox_core::TerminalSize,
+    ) -> Result<Terminal, Error> {
+        let container = sandbox.id().as_str();
+        match self.channel(container) {
+            Some(channel) => crate::agent::terminal::reattach(self, &channel, pid, size).await,
+            None => Err(Error::unsupported(
+                Operation::REATTACH_TERMINAL,
+                "a terminal of the exec data plane ends with its stream: there is nothing to reattach to",
+            )
+            .with_code(sandbox_core::ErrorCode::TerminalReattachUnsupported)),
+        }
+    }
+}
+
 #[async_trait]
 impl Terminals for DockerProvider {
     async fn open_terminal(

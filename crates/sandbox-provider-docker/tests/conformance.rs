@@ -49,8 +49,9 @@ fn data_plane() -> Result<(DataPlane, Option<std::path::PathBuf>), String> {
 /// The exec fallback is pinned without the three issue-17 capabilities: it cannot honestly
 /// serve them (a background process there would be a `docker exec` whose output nobody keeps
 /// once the call that started it ends, there is no event stream for a watch, and its writes
-/// are whole buffers). The agent plane serves all three: its agent keeps background processes
-/// and their output.
+/// are whole buffers). Nor `terminal_reattach`: a `docker exec` PTY dies with its stream, so
+/// there is nothing to reattach to. The agent plane serves all four: its agent keeps background
+/// processes and their output, and the PTYs it runs outlive their stream.
 fn required(plane: DataPlane) -> Capabilities {
     let base = Capability::ALL
         .into_iter()
@@ -63,6 +64,7 @@ fn required(plane: DataPlane) -> Capabilities {
                     | Capability::Processes
                     | Capability::StreamedFiles
                     | Capability::Watch
+                    | Capability::TerminalReattach
             )
         })
         .fold(Capabilities::NONE, |set, c| set.with(c, true));
@@ -71,7 +73,8 @@ fn required(plane: DataPlane) -> Capabilities {
         DataPlane::Agent => base
             .with(Capability::Processes, true)
             .with(Capability::StreamedFiles, true)
-            .with(Capability::Watch, true),
+            .with(Capability::Watch, true)
+            .with(Capability::TerminalReattach, true),
     }
 }
 

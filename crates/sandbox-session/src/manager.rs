@@ -98,6 +98,12 @@ impl SessionManager {
         self.lifecycle.provider().provider()
     }
 
+    /// Whether the backend keeps detached terminals and reattaches to them by pid; asked
+    /// without touching any sandbox.
+    pub fn supports_terminal_reattach(&self) -> bool {
+        narrow::terminal_reattach(&**self.lifecycle.provider()).is_some()
+    }
+
     /// Whether the backend can open terminals (PTYs) at all; asked without touching any
     /// session, so a caller can refuse before it commits to anything.
     pub fn supports_terminals(&self) -> bool {
@@ -430,6 +436,40 @@ impl SessionManager {
         }
         let handle = self.bound(key, OP_TERMINAL).await?;
         let terminal = terminals.open_terminal(&handle, options).await?;
+        Ok(TerminalLease {
+            terminal,
+            _slot: slot,
+        })
+    }
+
+    /// Reattaches to the running terminal `pid` of the session's bound sandbox (within the
+    /// tenant's `max_terminals`, like an open). The sandbox is the session's, so a pid can only
+    /// name a terminal of this session's sandbox; one that names none is `terminal_not_found`
+    /// (never a reason to replace the binding). Lookup-only, and never resumes: a detached
+    /// terminal lives in a running sandbox. A backend that cannot reattach is
+    /// `terminal_reattach_unsupported`.
+    pub async fn reattach_terminal(
+        &self,
+        key: &BindingKey,
+        pid: u32,
+        size: sandbox_core::TerminalSize,
+    ) -> Result<TerminalLease, Error> {
+        let op = Operation::REATTACH_TERMINAL;
+        let provider = self.lifecycle.provider();
+        let Some(reattach) = narrow::terminal_reattach(&**provider) else {
+            return Err(Error::unsupported(
+                op,
+                format!(
+                    "the {} backend cannot reattach to terminals: they end with their connection",
+                    provider.provider()
+                ),
+            )
+            .with_code(ErrorCode::TerminalReattachUnsupported));
+        };
+        let slot = self.terminal_slot(key.tenant)?;
+        self.require_running(key).await?;
+        let handle = self.bound(key, op).await?;
+        let terminal = reattach.reattach_terminal(&handle, pid, size).await?;
         Ok(TerminalLease {
             terminal,
             _slot: slot,

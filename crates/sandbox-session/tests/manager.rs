@@ -216,6 +216,14 @@ async fn terminals_need_the_capability_and_never_provision() {
         .await
         .unwrap_err();
     assert_eq!(err.code(), Some(ErrorCode::TerminalUnsupported));
+    // Nor can it reattach: refused before any sandbox is looked at.
+    assert!(!e.m.supports_terminal_reattach());
+    let err =
+        e.m.reattach_terminal(&key(), 7, sandbox_core::TerminalSize::DEFAULT)
+            .await
+            .unwrap_err();
+    assert_eq!(err.code(), Some(ErrorCode::TerminalReattachUnsupported));
+    assert_eq!(err.kind(), sandbox_core::ErrorKind::Unsupported);
     assert_eq!(e.fake.calls(FakeOp::Create), 0);
 }
 

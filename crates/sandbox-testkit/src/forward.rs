@@ -21,8 +21,8 @@ use sandbox_core::{
     LifecycleLock, ListFilter, NetworkFields, Operation, OptimisticReads, Origin, Provider,
     ReadStream, ResolveSnapshot, RewindLock, RewindLocks, SandboxHandle, SandboxId, SandboxPath,
     SandboxProvider, SandboxSummary, Secret, SnapshotId, SnapshotRef, Snapshots, StatEntry,
-    Template, TemplateCatalog, TenantId, Terminal, TerminalOptions, Terminals, TreeLimits,
-    TreeListing, TurnLeases, TurnState,
+    Template, TemplateCatalog, TenantId, Terminal, TerminalOptions, TerminalReattach, TerminalSize,
+    Terminals, TreeLimits, TreeListing, TurnLeases, TurnState,
 };
 use sandbox_core::{
     ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream, Processes, Signal, StreamedFiles,
@@ -265,6 +265,11 @@ impl<H: ProviderHooks> SandboxProvider for Forward<H> {
         self.shows(Capability::Pty, has)
             .then_some(self as &dyn Terminals)
     }
+    fn as_terminal_reattach(&self) -> Option<&dyn TerminalReattach> {
+        let has = self.inner.as_terminal_reattach().is_some();
+        self.shows(Capability::TerminalReattach, has)
+            .then_some(self as &dyn TerminalReattach)
+    }
     fn as_desktop(&self) -> Option<&dyn Desktop> {
         let has = self.inner.as_desktop().is_some();
         self.shows(Capability::Desktop, has)
@@ -347,6 +352,21 @@ impl<H: ProviderHooks> Terminals for Forward<H> {
         let next = self.inner.as_terminals();
         let next = next.ok_or_else(|| self.missing(Operation::OPEN_TERMINAL))?;
         next.open_terminal(sandbox, options).await
+    }
+}
+
+#[async_trait]
+#[deny(clippy::missing_trait_methods)]
+impl<H: ProviderHooks> TerminalReattach for Forward<H> {
+    async fn reattach_terminal(
+        &self,
+        sandbox: &SandboxHandle,
+        pid: u32,
+        size: TerminalSize,
+    ) -> Result<Terminal, Error> {
+        let next = self.inner.as_terminal_reattach();
+        let next = next.ok_or_else(|| self.missing(Operation::REATTACH_TERMINAL))?;
+        next.reattach_terminal(sandbox, pid, size).await
     }
 }
 

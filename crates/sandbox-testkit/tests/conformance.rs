@@ -11,7 +11,7 @@ use sandbox_testkit::conformance::Target;
 use sandbox_testkit::conformance::harness::run_main;
 
 /// The set the fake must declare, written out independently of the fake: every flag except
-/// `posix_shell`, `pty`, `desktop` and `volumes`.
+/// `posix_shell`, `pty`, `desktop` and `volumes`, and `terminal_reattach` (which needs `pty`).
 fn required() -> Capabilities {
     Capability::ALL
         .into_iter()
@@ -22,6 +22,7 @@ fn required() -> Capabilities {
                     | Capability::Pty
                     | Capability::Desktop
                     | Capability::Volumes
+                    | Capability::TerminalReattach
             )
         })
         .fold(Capabilities::NONE, |set, c| set.with(c, true))

@@ -30,6 +30,7 @@ fn capability_set_is_exactly_everything_but_shell_pty_desktop_volumes() {
                     | Capability::Pty
                     | Capability::Desktop
                     | Capability::Volumes
+                    | Capability::TerminalReattach
             )
         })
         .fold(Capabilities::NONE, |set, c| set.with(c, true));

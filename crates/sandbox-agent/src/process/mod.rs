@@ -16,6 +16,7 @@
 //! - **One waiter.** Exit statuses come from the agent's reaper ([`crate::pid1`]), never from
 //!   waiting on the child directly.
 
+mod detach;
 mod fdio;
 mod input;
 mod launch;
@@ -61,6 +62,7 @@ pub use self::listing::{LISTED_EXITED, Listed, Listing};
 /// carries the same header with the offset the replay really starts at, later than asked when
 /// the ring no longer holds those bytes. An offset beyond the output so far is `out_of_range`.
 pub const HEADER_REPLAY_OFFSET: &str = "sandbox-replay-offset";
+pub use self::detach::HEADER_DETACH_TIMEOUT;
 
 /// How long an exited process can still be connected to (served as `start`, any replay, and
 /// `end`).
@@ -91,6 +93,8 @@ struct Proc {
     /// Set once the reaper has collected the process: its pid may be reused from then on, so
     /// it is no longer signalled or written to.
     reaped: AtomicBool,
+    /// The detach timer, when the `Start` asked for one (`detach`).
+    detach: Option<Arc<detach::Detach>>,
 }
 
 impl Proc {
@@ -409,12 +413,16 @@ impl Inner {
     fn start(self: &Arc<Self>, call: CallContext, request: ps::StartRequest) -> Response<Body> {
         let began = Instant::now();
         match self.launch(&call, request, began) {
-            Ok((pid, cursor)) => {
+            Ok((pid, cursor, attached)) => {
                 let (out, response) = ResponseStream::open();
                 let deadline = call.timeout.map(|t| began + t);
-                tokio::spawn(pump(out, pid, cursor, call.keepalive, deadline, |e| {
-                    ps::StartResponse { event: Some(e) }
-                }));
+                tokio::spawn(async move {
+                    let _attached = attached;
+                    pump(out, pid, cursor, call.keepalive, deadline, |e| {
+                        ps::StartResponse { event: Some(e) }
+                    })
+                    .await;
+                });
                 response
             }
             Err(e) => connect::stream_error(e),
@@ -426,8 +434,9 @@ impl Inner {
         call: &CallContext,
         request: ps::StartRequest,
         began: Instant,
-    ) -> Result<(u32, output::Cursor), ConnectError> {
+    ) -> Result<(u32, output::Cursor, Option<detach::Attached>), ConnectError> {
         let config = request.process.unwrap_or_default();
+        let detach = detach::requested(&call.headers)?.map(detach::Detach::new);
         if config.cmd.is_empty() {
             return Err(ConnectError::new(
                 Code::InvalidArgument,
@@ -518,7 +527,16 @@ impl Inner {
             .map_err(start_error)?;
         let master = pty.map(|pair| pair.master);
 
-        match self.attach(pid, config, request.tag, master, stdin, stdout, stderr) {
+        match self.attach(
+            pid,
+            config,
+            request.tag,
+            master,
+            stdin,
+            stdout,
+            stderr,
+            detach,
+        ) {
             Ok((proc, sources, writer)) => {
                 let cursor = proc.output.subscribe(ReadFrom::Offset(0)).map_err(|_| {
                     ConnectError::new(Code::Internal, "the output ring refused its first reader")
@@ -530,6 +548,10 @@ impl Inner {
                     "process {pid} started: {}",
                     proc.config.cmd
                 );
+                let attached = proc.detach.as_ref().map(|d| {
+                    d.spawn(&proc, self.config.log.clone());
+                    d.attach()
+                });
                 tokio::spawn(supervise(
                     Arc::clone(self),
                     proc,
@@ -538,7 +560,7 @@ impl Inner {
                     exit,
                     deadline,
                 ));
-                Ok((pid, cursor))
+                Ok((pid, cursor, attached))
             }
             Err(e) => {
                 // Registered with the reaper already; it collects the process once killed.
@@ -568,6 +590,7 @@ impl Inner {
         stdin: Option<OwnedFd>,
         stdout: Option<OwnedFd>,
         stderr: Option<OwnedFd>,
+        detach: Option<Arc<detach::Detach>>,
     ) -> std::io::Result<(
         Arc<Proc>,
         Vec<(Kind, Arc<AsyncIo>, usize)>,
@@ -602,6 +625,7 @@ impl Inner {
             is_pty: pty_io.is_some(),
             pty: Mutex::new(pty_io),
             reaped: AtomicBool::new(false),
+            detach,
         });
         let writer = match (input, writer_io) {
             (Some(input), Some(io)) => Some(tokio::spawn(input.run_writer(io))),
@@ -621,15 +645,21 @@ impl Inner {
 
     fn connect(&self, call: CallContext, request: &ps::ConnectRequest) -> Response<Body> {
         match self.attach_reader(&call, request) {
-            Ok((pid, cursor, replay)) => {
+            Ok((proc, cursor, replay)) => {
                 let (out, mut response) = ResponseStream::open();
                 if replay && let Ok(v) = HeaderValue::from_str(&cursor.start().to_string()) {
                     response.headers_mut().insert(HEADER_REPLAY_OFFSET, v);
                 }
                 let deadline = call.timeout.map(|t| Instant::now() + t);
-                tokio::spawn(pump(out, pid, cursor, call.keepalive, deadline, |e| {
-                    ps::ConnectResponse { event: Some(e) }
-                }));
+                let attached = proc.detach.as_ref().map(detach::Detach::attach);
+                let pid = proc.pid;
+                tokio::spawn(async move {
+                    let _attached = attached;
+                    pump(out, pid, cursor, call.keepalive, deadline, |e| {
+                        ps::ConnectResponse { event: Some(e) }
+                    })
+                    .await;
+                });
                 response
             }
             Err(e) => connect::stream_error(e),
@@ -640,7 +670,7 @@ impl Inner {
         &self,
         call: &CallContext,
         request: &ps::ConnectRequest,
-    ) -> Result<(u32, output::Cursor, bool), ConnectError> {
+    ) -> Result<(Arc<Proc>, output::Cursor, bool), ConnectError> {
         let proc = self.find(request.process.as_ref(), true)?;
         let replay = match call.headers.get(HEADER_REPLAY_OFFSET) {
             None => None,
@@ -668,7 +698,7 @@ impl Inner {
                 ),
             )
         })?;
-        Ok((proc.pid, cursor, replay.is_some()))
+        Ok((proc, cursor, replay.is_some()))
     }
 
     fn close_stdin(
@@ -850,6 +880,9 @@ async fn supervise(
         None => exit.await,
     };
     proc.reaped.store(true, Ordering::Release);
+    if let Some(detach) = &proc.detach {
+        detach.exited();
+    }
     let _ = exited_tx.send(true);
     for reader in readers {
         let _ = reader.await;

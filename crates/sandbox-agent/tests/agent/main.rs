@@ -5,6 +5,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod detach;
 mod gates;
 mod http;
 mod pid1;

@@ -429,10 +429,12 @@ family! {
     TerminalErrors = &[
         err(
             400,
-            "The session ID or query is unusable, or the request is not a valid WebSocket upgrade",
+            "The session ID or query is unusable (a bad `cwd`, `env` or `user` included), or the request is not a valid WebSocket upgrade",
             &[
                 "invalid_session",
                 "invalid_query",
+                "invalid_path",
+                "invalid_command",
                 "websocket_upgrade_required",
             ],
         ),
@@ -443,12 +445,13 @@ family! {
         ),
         err(
             404,
-            "Nothing is bound to the session, or its sandbox is gone",
+            "Nothing is bound to the session, its sandbox is gone, or `pid` names no running terminal of it",
             &[
                 "no_live_sandbox",
                 "session_deleted",
                 "not_found",
                 "sandbox_gone",
+                "terminal_not_found",
             ],
         ),
         E409,
@@ -460,8 +463,12 @@ family! {
         E429, E500,
         err(
             501,
-            "The backend cannot open terminals",
-            &["terminal_unsupported", "unsupported"],
+            "The backend cannot open terminals, or cannot reattach to one (`pid`)",
+            &[
+                "terminal_unsupported",
+                "terminal_reattach_unsupported",
+                "unsupported",
+            ],
         ),
         E502, E503, E504,
     ]

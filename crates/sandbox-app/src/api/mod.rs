@@ -472,6 +472,20 @@ pub struct TerminalQuery {
     /// Initial height (0 or absent: 24)
     #[serde(default)]
     pub rows: u16,
+    /// Reattach to this running terminal of the session's sandbox (the pid of its `opened`
+    /// frame) instead of opening a new one; `cwd`, `env` and `user` must then be absent
+    #[serde(default)]
+    pub pid: Option<u32>,
+    /// Working directory of a new terminal (absolute; absent: the workspace root)
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// Account of a new terminal (absent: the default exec user)
+    #[serde(default)]
+    pub user: Option<String>,
+    /// Environment of a new terminal: a JSON object of strings, URL-encoded
+    /// (`env=%7B%22A%22%3A%221%22%7D` for `{"A":"1"}`)
+    #[serde(default)]
+    pub env: Option<String>,
 }
 
 /// A text frame the client sends on the terminal WebSocket (binary frames carry raw PTY bytes
@@ -486,6 +500,9 @@ pub enum TerminalClientFrame {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum TerminalServerFrame {
+    /// The first frame: the terminal is open (or reattached), and `pid` is what a later
+    /// upgrade passes as `pid=` to reattach after this socket is gone.
+    Opened { pid: Option<u32> },
     /// The shell exited (`-1` when its status is unknown).
     Exit { code: i32 },
     /// The terminal failed, or the client sent a text frame that is no control message.
@@ -884,6 +901,10 @@ mod tests {
         assert_eq!(
             wire(&TerminalServerFrame::Exit { code: 0 }),
             json!({ "type": "exit", "code": 0 })
+        );
+        assert_eq!(
+            wire(&TerminalServerFrame::Opened { pid: Some(42) }),
+            json!({ "type": "opened", "pid": 42 })
         );
         assert_eq!(
             wire(&TerminalClientFrame::Resize { cols: 80, rows: 24 }),

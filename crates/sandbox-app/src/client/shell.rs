@@ -5,6 +5,11 @@
 //! session (restored on every way out) and window-size changes (SIGWINCH) are sent as resize
 //! messages; when stdin is a pipe, its bytes are typed into the terminal and its end is sent as
 //! Ctrl-D, so scripted use ends as an interactive one would.
+//!
+//! The service names the terminal's pid in its first frame; it is printed on stderr, and
+//! `sandbox shell <session> --pid N` reattaches to that terminal after this client went away
+//! (where the backend keeps detached terminals: it then replays the recent output). The client
+//! leaves with a close frame without a code, which detaches: only the shell's exit ends it.
 
 use std::io::IsTerminal as _;
 use std::os::fd::AsFd;
@@ -78,8 +83,17 @@ type Socket = tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>;
 
 /// Opens the terminal of `session`: a ticket, then the upgrade. A session without a live
 /// sandbox is provisioned first (the terminal route itself never provisions).
-async fn open(client: &Client, session: &str, size: Option<Size>) -> Result<Socket, ClientError> {
-    match upgrade(client, session, size).await {
+async fn open(
+    client: &Client,
+    session: &str,
+    size: Option<Size>,
+    pid: Option<u32>,
+) -> Result<Socket, ClientError> {
+    if pid.is_some() {
+        // A reattach names a running terminal: nothing to provision.
+        return upgrade(client, session, size, pid).await;
+    }
+    match upgrade(client, session, size, None).await {
         Err(ClientError::Api { code, .. }) if code == "no_live_sandbox" => {
             let url = client.session_url(session, &["exec"], &[]);
             let spec = api::ExecSpec {
@@ -89,7 +103,7 @@ async fn open(client: &Client, session: &str, size: Option<Size>) -> Result<Sock
             client
                 .json::<_, api::ExecResult>(Method::POST, &url, Some(&spec))
                 .await?;
-            upgrade(client, session, size).await
+            upgrade(client, session, size, None).await
         }
         other => other,
     }
@@ -99,13 +113,19 @@ async fn upgrade(
     client: &Client,
     session: &str,
     size: Option<Size>,
+    pid: Option<u32>,
 ) -> Result<Socket, ClientError> {
     let url = client.session_url(session, &["terminal", "ticket"], &[]);
     let api::TerminalTicket { ticket, .. } = client.json::<(), _>(Method::POST, &url, None).await?;
     let (cols, rows) = size.map_or((String::new(), String::new()), |s| {
         (s.cols.to_string(), s.rows.to_string())
     });
-    let mut query = vec![("ticket", ticket.as_str()), ("resume", "true")];
+    let pid = pid.map(|p| p.to_string());
+    let mut query = vec![("ticket", ticket.as_str())];
+    match &pid {
+        Some(pid) => query.push(("pid", pid.as_str())),
+        None => query.push(("resume", "true")),
+    }
     if size.is_some() {
         query.extend([("cols", cols.as_str()), ("rows", rows.as_str())]);
     }
@@ -158,11 +178,12 @@ async fn connect(url: &Url) -> Result<tokio::net::TcpStream, ClientError> {
     Ok(stream)
 }
 
-/// Runs an interactive terminal in `session` until the shell exits; its exit status.
-pub async fn run(client: &Client, session: &str) -> Result<u8, ClientError> {
+/// Runs an interactive terminal in `session` (a new one, or the running terminal `pid`) until
+/// the shell exits; its exit status.
+pub async fn run(client: &Client, session: &str, pid: Option<u32>) -> Result<u8, ClientError> {
     let interactive = std::io::stdin().is_terminal();
     let size = local_size();
-    let socket = open(client, session, size).await?;
+    let socket = open(client, session, size, pid).await?;
     let _raw = if interactive {
         Some(RawMode::enable()?)
     } else {
@@ -243,6 +264,15 @@ async fn pump(socket: Socket, interactive: bool) -> Result<u8, ClientError> {
                 Some(Ok(Message::Text(text))) => {
                     // A frame of a kind this client does not know (a newer service): ignored.
                     match serde_json::from_str::<api::TerminalServerFrame>(text.as_str()) {
+                        Ok(api::TerminalServerFrame::Opened { pid }) => {
+                            if let Some(pid) = pid {
+                                // On stderr, so output piped from stdout stays the shell's.
+                                let note = format!("sandbox: terminal pid {pid} (reattach: sandbox shell <session> --pid {pid})\r\n");
+                                let mut stderr = tokio::io::stderr();
+                                let _ = stderr.write_all(note.as_bytes()).await;
+                                let _ = stderr.flush().await;
+                            }
+                        }
                         Ok(api::TerminalServerFrame::Exit { code }) => {
                             exit = Some(u8::try_from(code).unwrap_or(1));
                         }

@@ -4,22 +4,40 @@
 //!   a short-lived single-use ticket bound to the caller's `(tenant, session)`. Browsers cannot
 //!   send a bearer header on a WebSocket and tokens never travel in a query string, so the
 //!   ticket is what authorises the upgrade.
-//! - `GET /v1/sessions/{session}/terminal?ticket=..[&resume=true][&cols=C&rows=R]`: the upgrade.
-//!   Everything that can refuse is answered as an HTTP error *before* upgrading: no, used,
-//!   expired or foreign ticket 401 `invalid_ticket`; nothing bound 404 `no_live_sandbox`; bound
-//!   but not running 409 `session_sandbox_paused` (unless `resume=true`); a backend without
-//!   PTYs 501 `terminal_unsupported`. Lookup-only: it never provisions a sandbox. The ticket is
-//!   used up only once those checks pass.
+//! - `GET /v1/sessions/{session}/terminal?ticket=..[&resume=true][&cols=C&rows=R]
+//!   [&cwd=/dir][&user=name][&env={"A":"1"}]`: the upgrade, opening a new terminal; or
+//!   `..?ticket=..&pid=N[&cols=C&rows=R]`: reattaching to the running terminal `N` of the
+//!   session's sandbox. Everything that can refuse is answered as an HTTP error *before*
+//!   upgrading: no, used, expired or foreign ticket 401 `invalid_ticket`; a bad `cwd` 400
+//!   `invalid_path`, a bad `env` (not a JSON object of strings) 400 `invalid_query`, a bad
+//!   environment name or user 400 `invalid_command`, `pid` with `cwd`/`env`/`user`/`resume` 400
+//!   `invalid_query`; nothing bound 404 `no_live_sandbox`; a `pid` that is no running terminal
+//!   of the session's sandbox 404 `terminal_not_found` (the sandbox comes from the ticket's
+//!   session, so another session's terminals cannot be named at all); bound but not running
+//!   409 `session_sandbox_paused` (unless `resume=true`, for an open); a backend without PTYs
+//!   501 `terminal_unsupported`, one that cannot reattach 501 `terminal_reattach_unsupported`.
+//!   Lookup-only: it never provisions a sandbox. The ticket is used up only once the checks
+//!   that need no terminal pass.
 //!
-//! On the socket, binary frames carry raw PTY bytes both ways; the client sends
+//! On the socket, the server's first frame is `{"type":"opened","pid":N}` (`pid` null when the
+//! backend cannot tell it), the reattach handle; a reattach then replays the terminal's recent
+//! output before live output. Binary frames carry raw PTY bytes both ways; the client sends
 //! `{"type":"resize","cols":C,"rows":R}` as a text frame. The server ends with
 //! `{"type":"exit","code":N}` (`-1` when unknown) or `{"type":"error","code":..,"message":..}`
 //! and a close frame. Keystrokes are coalesced (a queue of 64 chunks; each PTY write drains up
 //! to 4 KiB, no timer). A terminal with neither keystrokes nor output for
-//! `limits.terminal_idle_seconds` (0 = 15 min) is closed; while open, the provider's idle timer
-//! is refreshed at the interval `keep_alive` answers. Every way out — exit, error, idle, the
-//! client closing or vanishing, the task being dropped — closes the terminal input, which for
-//! Docker hangs up the shell and its jobs.
+//! `limits.terminal_idle_seconds` (0 = 15 min; the config accepts 60 s to 24 h) is
+//! disconnected; while open, the provider's idle timer is refreshed at the interval
+//! `keep_alive` answers.
+//!
+//! How the socket ends decides the shell's fate. A client close frame with code 1000 (normal:
+//! "I am done") ends the terminal: the shell and its jobs are hung up. Every other end — a
+//! close frame with another code or none (a browser navigating away says 1001), the client
+//! vanishing, the idle disconnect, the task being dropped — detaches: where the backend
+//! declares `terminal_reattach` (Docker with the agent) the shell keeps running, reattachable
+//! by pid, until it has had no client for the same `limits.terminal_idle_seconds`, when the
+//! backend kills it (the agent's own timer, so it holds across a restart of this service);
+//! elsewhere a detach is a close (Docker's exec plane cannot reattach).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,7 +48,8 @@ use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 use sandbox_core::{
-    BindingKey, SessionId, Terminal, TerminalEvent, TerminalInput, TerminalOptions, TerminalSize,
+    BindingKey, SandboxPath, SessionId, Terminal, TerminalEvent, TerminalInput, TerminalOptions,
+    TerminalSize,
 };
 use sandbox_session::manager::SessionManager;
 use tokio::sync::mpsc;
@@ -143,7 +162,7 @@ pub async fn issue_ticket(
     responses(
         (
             status = 101,
-            description = "Switching to the WebSocket protocol: binary frames carry PTY bytes both ways; text frames are `TerminalClientFrame` from the client (`{\"type\":\"resize\",..}`) and `TerminalServerFrame` from the service (`{\"type\":\"exit\"|\"error\",..}`)",
+            description = "Switching to the WebSocket protocol: binary frames carry PTY bytes both ways; text frames are `TerminalClientFrame` from the client (`{\"type\":\"resize\",..}`) and `TerminalServerFrame` from the service (first `{\"type\":\"opened\",\"pid\":N}`, the reattach handle for a later `pid=N`; at the end `{\"type\":\"exit\"|\"error\",..}`). A client close frame with code 1000 ends the terminal; any other end of the socket detaches it (kept for a reattach where the backend can, killed after `limits.terminal_idle_seconds` without a client)",
             extensions(
                 ("x-websocket-client-frame" = json!({ "$ref": "#/components/schemas/TerminalClientFrame" })),
                 ("x-websocket-server-frame" = json!({ "$ref": "#/components/schemas/TerminalServerFrame" })),
@@ -173,6 +192,22 @@ pub async fn open(
         .ok_or_else(invalid_ticket)?;
     let upgrade = upgrade
         .map_err(|e| ApiError::new(e.status(), "websocket_upgrade_required", e.body_text()))?;
+    let size = TerminalSize {
+        cols: query.cols,
+        rows: query.rows,
+    };
+    let open = match query.pid {
+        Some(pid) => {
+            if query.cwd.is_some() || query.env.is_some() || query.user.is_some() || query.resume {
+                return Err(ApiError::bad_request(
+                    "invalid_query",
+                    "pid reattaches to a running terminal: cwd, env, user and resume belong to a new one",
+                ));
+            }
+            Open::Reattach(pid)
+        }
+        None => Open::New(new_options(&query, size, idle_limit(&state.limits))?),
+    };
 
     // Lookup-only checks, before the ticket is used up and before anything is opened.
     if !state.manager.supports_terminals() {
@@ -181,6 +216,16 @@ pub async fn open(
             "terminal_unsupported",
             format!(
                 "the {} backend cannot open terminals",
+                state.manager.backend()
+            ),
+        ));
+    }
+    if matches!(open, Open::Reattach(_)) && !state.manager.supports_terminal_reattach() {
+        return Err(ApiError::new(
+            StatusCode::NOT_IMPLEMENTED,
+            "terminal_reattach_unsupported",
+            format!(
+                "the {} backend cannot reattach to terminals: they end with their connection",
                 state.manager.backend()
             ),
         ));
@@ -206,24 +251,14 @@ pub async fn open(
         return Err(invalid_ticket());
     }
 
-    let options = TerminalOptions {
-        size: TerminalSize {
-            cols: query.cols,
-            rows: query.rows,
-        }
-        .or(TerminalSize::DEFAULT),
-        allow_resume: query.resume,
-        ..TerminalOptions::default()
+    let lease = match open {
+        Open::New(options) => state.manager.open_terminal(&key, options).await,
+        Open::Reattach(pid) => state.manager.reattach_terminal(&key, pid, size).await,
     };
-    let (terminal, slot) = state
-        .manager
-        .open_terminal(&key, options)
-        .await
-        .map_err(ApiError::from)?
-        .into_parts();
-    // From here on the guard closes the terminal whatever happens, including a failed upgrade
-    // (the callback below is then dropped without running).
-    let guard = CloseOnDrop(Some(terminal.input.clone()));
+    let (terminal, slot) = lease.map_err(ApiError::from)?.into_parts();
+    // From here on the guard detaches the terminal whatever happens, including a failed
+    // upgrade (the callback below is then dropped without running).
+    let guard = EndOnDrop(Some(terminal.input.clone()));
     let relay = Relay {
         manager: state.manager.clone(),
         metrics: state.metrics.clone(),
@@ -240,32 +275,79 @@ pub async fn open(
         }))
 }
 
-/// Closes the terminal input when dropped without [`CloseOnDrop::close`] having run.
-struct CloseOnDrop(Option<Arc<dyn TerminalInput>>);
+/// What the upgrade does: open a new terminal, or reattach to a running one.
+#[derive(Debug)]
+enum Open {
+    New(TerminalOptions),
+    Reattach(u32),
+}
 
-impl CloseOnDrop {
-    async fn close(mut self) {
+/// The options of a new terminal from the query, validated (before the ticket is used up).
+fn new_options(
+    query: &api::TerminalQuery,
+    size: TerminalSize,
+    idle: Duration,
+) -> Result<TerminalOptions, ApiError> {
+    let cwd = query
+        .cwd
+        .as_deref()
+        .map(SandboxPath::new)
+        .transpose()
+        .map_err(ApiError::from)?;
+    let env = match query.env.as_deref() {
+        None => std::collections::BTreeMap::new(),
+        Some(raw) => serde_json::from_str(raw).map_err(|e| {
+            ApiError::bad_request(
+                "invalid_query",
+                format!("env must be a JSON object of strings, such as {{\"A\":\"1\"}}: {e}"),
+            )
+        })?,
+    };
+    let options = TerminalOptions {
+        size: size.or(TerminalSize::DEFAULT),
+        cwd,
+        user: query.user.clone(),
+        env,
+        detach_timeout: Some(idle),
+        allow_resume: query.resume,
+    };
+    options.validate().map_err(ApiError::from)?;
+    Ok(options)
+}
+
+/// Ends the terminal input when dropped without [`EndOnDrop::end`] having run: a detach (the
+/// relay was dropped, so nobody said the terminal is done).
+struct EndOnDrop(Option<Arc<dyn TerminalInput>>);
+
+impl EndOnDrop {
+    /// Closes (`close`: the shell is hung up) or detaches it.
+    async fn end(mut self, close: bool) {
         if let Some(input) = self.0.take() {
-            close_input(input).await;
+            end_input(input, close).await;
         }
     }
 }
 
-impl Drop for CloseOnDrop {
+impl Drop for EndOnDrop {
     fn drop(&mut self) {
         if let Some(input) = self.0.take()
             && let Ok(runtime) = tokio::runtime::Handle::try_current()
         {
-            runtime.spawn(close_input(input));
+            runtime.spawn(end_input(input, false));
         }
     }
 }
 
-async fn close_input(input: Arc<dyn TerminalInput>) {
-    match timeout(CLOSE_TIMEOUT, input.close()).await {
+async fn end_input(input: Arc<dyn TerminalInput>, close: bool) {
+    let ended = if close {
+        timeout(CLOSE_TIMEOUT, input.close()).await
+    } else {
+        timeout(CLOSE_TIMEOUT, input.detach()).await
+    };
+    match ended {
         Ok(Ok(())) => {}
-        Ok(Err(e)) => tracing::warn!(error = %e, "closing a terminal failed"),
-        Err(_) => tracing::warn!("closing a terminal timed out"),
+        Ok(Err(e)) => tracing::warn!(error = %e, close, "ending a terminal failed"),
+        Err(_) => tracing::warn!(close, "ending a terminal timed out"),
     }
 }
 
@@ -288,6 +370,9 @@ enum InputOp {
 /// Why the relay ended.
 #[derive(Debug)]
 enum End {
+    /// The client's close frame said 1000: it is done with the terminal.
+    ClientDone,
+    /// A close frame with another code, or none: the client only went away.
     ClientClosed,
     ClientGone,
     Exited(Option<i32>),
@@ -303,10 +388,22 @@ struct Relay {
 }
 
 impl Relay {
-    async fn run(self, mut socket: WebSocket, terminal: Terminal, guard: CloseOnDrop) {
+    async fn run(self, mut socket: WebSocket, terminal: Terminal, guard: EndOnDrop) {
         let Terminal {
-            mut output, input, ..
+            mut output,
+            input,
+            pid,
         } = terminal;
+        if !send(
+            &mut socket,
+            text_frame(&api::TerminalServerFrame::Opened { pid }),
+        )
+        .await
+        {
+            drop(output);
+            guard.end(false).await;
+            return;
+        }
         let (tx, rx) = mpsc::channel::<InputOp>(INPUT_QUEUE);
         let writer = AbortOnDrop(tokio::spawn(write_loop(input, rx)));
         let refresher = AbortOnDrop(tokio::spawn(refresh_loop(
@@ -318,7 +415,12 @@ impl Relay {
             tokio::select! {
                 message = socket.recv() => match message {
                     None | Some(Err(_)) => break End::ClientGone,
-                    Some(Ok(Message::Close(_))) => break End::ClientClosed,
+                    Some(Ok(Message::Close(frame))) => {
+                        break match frame {
+                            Some(f) if f.code == close_code::NORMAL => End::ClientDone,
+                            _ => End::ClientClosed,
+                        };
+                    }
                     Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
                     Some(Ok(Message::Binary(data))) => {
                         if data.is_empty() {
@@ -365,15 +467,19 @@ impl Relay {
                 () = tokio::time::sleep_until(deadline) => break End::Idle,
             }
         };
-        // Stop feeding and refreshing, then hang up the shell before telling the client.
+        // Stop feeding and refreshing, then end the terminal before telling the client: a close
+        // when it is over or the client said it is done, else a detach (the output stream goes
+        // first, so a backend that keeps the shell sees nobody attached).
         drop(tx);
         drop(writer);
         drop(refresher);
-        guard.close().await;
+        drop(output);
+        let close = matches!(end, End::ClientDone | End::Exited(_) | End::Failed(_));
+        guard.end(close).await;
         tracing::debug!(session = %self.key, end = ?end, "terminal closed");
         let (last, close) = match end {
             End::ClientGone => return,
-            End::ClientClosed => {
+            End::ClientDone | End::ClientClosed => {
                 // Let tungstenite flush its reply to the client's close frame.
                 let _ = timeout(Duration::from_secs(1), socket.recv()).await;
                 return;
@@ -557,6 +663,10 @@ mod tests {
             self.0.lock().unwrap().push("close".to_owned());
             Ok(())
         }
+        async fn detach(&self) -> Result<(), sandbox_core::Error> {
+            self.0.lock().unwrap().push("detach".to_owned());
+            Ok(())
+        }
     }
 
     #[tokio::test]
@@ -582,19 +692,58 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn guard_closes_on_drop() {
+    async fn guard_detaches_on_drop_and_ends_as_told() {
         let rec = Arc::new(Recorder::default());
-        drop(CloseOnDrop(Some(rec.clone())));
+        drop(EndOnDrop(Some(rec.clone())));
         for _ in 0..100 {
             if !rec.0.lock().unwrap().is_empty() {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        assert_eq!(*rec.0.lock().unwrap(), ["close".to_owned()]);
+        assert_eq!(*rec.0.lock().unwrap(), ["detach".to_owned()]);
         let rec2 = Arc::new(Recorder::default());
-        CloseOnDrop(Some(rec2.clone())).close().await;
+        EndOnDrop(Some(rec2.clone())).end(true).await;
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert_eq!(*rec2.0.lock().unwrap(), ["close".to_owned()], "closed once");
+        let rec3 = Arc::new(Recorder::default());
+        EndOnDrop(Some(rec3.clone())).end(false).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(*rec3.0.lock().unwrap(), ["detach".to_owned()]);
+    }
+
+    #[test]
+    fn new_terminal_options_come_from_the_query_validated() {
+        let idle = Duration::from_secs(120);
+        let query = |cwd: Option<&str>, user: Option<&str>, env: Option<&str>| api::TerminalQuery {
+            cwd: cwd.map(str::to_owned),
+            user: user.map(str::to_owned),
+            env: env.map(str::to_owned),
+            ..api::TerminalQuery::default()
+        };
+        let o = new_options(
+            &query(Some("/tmp/x"), Some("app"), Some(r#"{"FOO":"bar"}"#)),
+            TerminalSize { cols: 0, rows: 0 },
+            idle,
+        )
+        .unwrap();
+        assert_eq!(o.cwd.unwrap().as_str(), "/tmp/x");
+        assert_eq!(o.user.as_deref(), Some("app"));
+        assert_eq!(o.env["FOO"], "bar");
+        assert_eq!(o.detach_timeout, Some(idle));
+        assert_eq!(o.size, TerminalSize::DEFAULT);
+        let code = |q: api::TerminalQuery| {
+            new_options(&q, TerminalSize::DEFAULT, idle)
+                .unwrap_err()
+                .code
+        };
+        assert_eq!(code(query(Some("relative"), None, None)), "invalid_path");
+        assert_eq!(code(query(None, None, Some("[1]"))), "invalid_query");
+        assert_eq!(code(query(None, None, Some(r#"{"A":1}"#))), "invalid_query");
+        assert_eq!(
+            code(query(None, None, Some(r#"{"A B":"1"}"#))),
+            "invalid_command"
+        );
+        assert_eq!(code(query(None, Some("-x"), None)), "invalid_command");
     }
 }

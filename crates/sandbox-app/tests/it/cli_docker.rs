@@ -389,6 +389,32 @@ async fn shell_runs_in_a_real_terminal_with_raw_mode_and_resize() {
     pty.type_keys("stty size\r");
     pty.expect("40 120", Some("stty size\r")).await;
 
+    // Reattach: the service named the terminal's pid on stderr; this client vanishes (SIGKILL:
+    // it says nothing), and `sandbox shell --pid N` finds the same shell, its variable set.
+    pty.type_keys("export KEEP=kept$((6*7)); echo ex\"\"ported\r");
+    pty.expect("exported", None).await;
+    let seen = pty.seen();
+    let term_pid: u32 = seen
+        .split("sandbox: terminal pid ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no pid note in the output:\n{seen}"));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // The killed client could not restore the mode; the next one restores what it found.
+    rustix::termios::tcsetattr(
+        pty.secondary.as_fd(),
+        rustix::termios::OptionalActions::Now,
+        &before,
+    )
+    .unwrap();
+    let mut cmd = cli(&s);
+    cmd.args(["shell", "term", "--pid", &term_pid.to_string()]);
+    let mut child = pty.spawn(cmd);
+    pty.type_keys("echo \"[$KEEP]\"\r");
+    pty.expect("[kept42]", Some("echo \"[$KEEP]\"\r")).await;
+
     pty.type_keys("exit 3\r");
     let status = tokio::task::spawn_blocking(move || {
         let start = Instant::now();

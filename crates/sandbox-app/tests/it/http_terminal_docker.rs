@@ -1,7 +1,9 @@
 //! The interactive terminal over a WebSocket, end to end over the real Docker engine: tickets
 //! (single use, bound to the session, expiring), the lookup-only refusals answered before the
-//! upgrade, typing and output, resize, the exit frame, the idle disconnect, and no shell left
-//! behind after a close.
+//! upgrade, typing and output, resize, the exit frame, the idle disconnect, no shell left
+//! behind after a close; and (agent plane, the default) reattaching by pid after a dropped
+//! socket with the shell's state intact, `cwd`/`env`/`user` on open, and a detached terminal
+//! killed after the idle limit.
 //!
 //! Needs the engine and the `sandbox-busybox:test` image: ignored in a plain `cargo test`, run
 //! by `cargo xtask test`. Containers are counted by this test's namespace label.
@@ -23,6 +25,8 @@ use serde_json::{Value, json};
 use tokio::net::TcpStream;
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 
 const TOKEN_A: &str = "token-tenant-a";
 
@@ -232,8 +236,13 @@ async fn terminal_over_websocket() {
         (401, "invalid_ticket".to_owned())
     );
 
-    // Closing the socket hangs up the shell and its jobs.
-    ws.close(None).await.unwrap();
+    // Closing the socket with 1000 (the client is done) hangs up the shell and its jobs.
+    ws.close(Some(CloseFrame {
+        code: CloseCode::Normal,
+        reason: "".into(),
+    }))
+    .await
+    .unwrap();
     drop(ws);
     s.no_shell_left(session).await;
 
@@ -351,6 +360,226 @@ async fn terminal_over_websocket() {
     s.no_shell_left(session).await;
 
     for gone in [session, "term-other"] {
+        let (status, _) = s.call("DELETE", &format!("/v1/sessions/{gone}"), "").await;
+        assert_eq!(status, 204);
+    }
+    assert_eq!(s.containers().await, 0);
+}
+
+/// The pid of the `opened` frame, the first text frame the service sends.
+async fn opened_pid(ws: &mut Ws, seen: &mut Seen) -> u64 {
+    read_until(ws, seen, "the opened frame", |s| !s.texts.is_empty()).await;
+    let first = &seen.texts[0];
+    assert_eq!(first["type"], "opened", "{seen:?}");
+    first["pid"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no pid: {seen:?}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Docker engine and the sandbox-busybox:test image: cargo xtask test runs it"]
+async fn terminal_reattaches_by_pid_and_a_detached_one_dies_when_left_alone() {
+    let s = start().await;
+    if !s.state.manager.supports_terminal_reattach() {
+        // The exec data plane cannot reattach: a pid is refused before the upgrade.
+        let session = "term-re";
+        let (status, r) = s
+            .call(
+                "POST",
+                &format!("/v1/sessions/{session}/exec"),
+                r#"{"command":"true"}"#,
+            )
+            .await;
+        assert_eq!(status, 200, "{r}");
+        let ticket = s.ticket(session).await;
+        assert_eq!(
+            refused(
+                s.addr,
+                &format!("/v1/sessions/{session}/terminal?ticket={ticket}&pid=1")
+            )
+            .await,
+            (501, "terminal_reattach_unsupported".to_owned())
+        );
+        let (status, _) = s
+            .call("DELETE", &format!("/v1/sessions/{session}"), "")
+            .await;
+        assert_eq!(status, 204);
+        return;
+    }
+    let session = "term-re";
+    let other = "term-re-other";
+    let route = format!("/v1/sessions/{session}/terminal");
+    for sess in [session, other] {
+        let (status, r) = s
+            .call(
+                "POST",
+                &format!("/v1/sessions/{sess}/exec"),
+                r#"{"command":"true"}"#,
+            )
+            .await;
+        assert_eq!(status, 200, "{r}");
+    }
+
+    // Open, set a variable, then drop the socket without a close frame (a browser refresh).
+    let ticket = s.ticket(session).await;
+    let mut ws = connect(s.addr, &format!("{route}?ticket={ticket}"))
+        .await
+        .unwrap();
+    let mut seen = Seen::default();
+    let pid = opened_pid(&mut ws, &mut seen).await;
+    type_text(&mut ws, "export FOO=bar; echo rea\"\"dy-1\n").await;
+    read_until(&mut ws, &mut seen, "ready-1", |s| {
+        s.output.contains("ready-1")
+    })
+    .await;
+    drop(ws);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        s.terminal_processes(session).await >= 1,
+        "the detached shell must keep running"
+    );
+
+    // A new ticket and `pid=N` reattach: the recent output is replayed, the variable is there,
+    // and resizes and input work.
+    let ticket = s.ticket(session).await;
+    let mut ws = connect(
+        s.addr,
+        &format!("{route}?ticket={ticket}&pid={pid}&cols=91&rows=27"),
+    )
+    .await
+    .unwrap();
+    let mut seen = Seen::default();
+    assert_eq!(opened_pid(&mut ws, &mut seen).await, pid);
+    read_until(&mut ws, &mut seen, "the replayed ready-1", |s| {
+        s.output.contains("ready-1")
+    })
+    .await;
+    type_text(&mut ws, "echo \"[$FOO\"']'; stty size\n").await;
+    read_until(&mut ws, &mut seen, "[bar]", |s| s.output.contains("[bar]")).await;
+    read_until(&mut ws, &mut seen, "27 91", |s| s.output.contains("27 91")).await;
+
+    // Refusals of a reattach, all before the upgrade (and without using up the ticket).
+    let ticket = s.ticket(session).await;
+    assert_eq!(
+        refused(s.addr, &format!("{route}?ticket={ticket}&pid=4999999")).await,
+        (404, "terminal_not_found".to_owned()),
+        "no such terminal"
+    );
+    let ticket = s.ticket(session).await;
+    assert_eq!(
+        refused(
+            s.addr,
+            &format!("{route}?ticket={ticket}&pid={pid}&cwd=/tmp")
+        )
+        .await,
+        (400, "invalid_query".to_owned()),
+        "a reattach takes no options"
+    );
+    // Another session's terminal cannot be named: its pid is looked up in this session's
+    // sandbox only.
+    let other_ticket = s.ticket(other).await;
+    let mut other_ws = connect(
+        s.addr,
+        &format!("/v1/sessions/{other}/terminal?ticket={other_ticket}"),
+    )
+    .await
+    .unwrap();
+    let mut other_seen = Seen::default();
+    let other_pid = opened_pid(&mut other_ws, &mut other_seen).await;
+    let ticket = s.ticket(session).await;
+    let (status, code) = refused(s.addr, &format!("{route}?ticket={ticket}&pid={other_pid}")).await;
+    assert_eq!(
+        (status, code.as_str()),
+        (404, "terminal_not_found"),
+        "another session's pid {other_pid}"
+    );
+    other_ws
+        .close(Some(CloseFrame {
+            code: CloseCode::Normal,
+            reason: "".into(),
+        }))
+        .await
+        .unwrap();
+    drop(other_ws);
+
+    // Done with it: a 1000 close ends the shell.
+    ws.close(Some(CloseFrame {
+        code: CloseCode::Normal,
+        reason: "".into(),
+    }))
+    .await
+    .unwrap();
+    drop(ws);
+    s.no_shell_left(session).await;
+
+    // cwd, env and user on open; malformed ones are refused before the upgrade.
+    let (status, r) = s
+        .call(
+            "POST",
+            &format!("/v1/sessions/{session}/exec"),
+            r#"{"command":"mkdir -p /workspace/tdir","shell":true}"#,
+        )
+        .await;
+    assert_eq!(status, 200, "{r}");
+    let ticket = s.ticket(session).await;
+    let env = "%7B%22GREETING%22%3A%22hi%22%7D"; // {"GREETING":"hi"}
+    let mut ws = connect(
+        s.addr,
+        &format!("{route}?ticket={ticket}&cwd=/workspace/tdir&user=root&env={env}"),
+    )
+    .await
+    .unwrap();
+    let mut seen = Seen::default();
+    opened_pid(&mut ws, &mut seen).await;
+    type_text(&mut ws, "echo \"<$GREETING|$(pwd)|$(id -u)\"'>'\n").await;
+    read_until(&mut ws, &mut seen, "<hi|/workspace/tdir|0>", |s| {
+        s.output.contains("<hi|/workspace/tdir|0>")
+    })
+    .await;
+    ws.close(Some(CloseFrame {
+        code: CloseCode::Normal,
+        reason: "".into(),
+    }))
+    .await
+    .unwrap();
+    drop(ws);
+    for (query, expected) in [
+        ("cwd=relative", (400, "invalid_path")),
+        ("env=%5B1%5D", (400, "invalid_query")),
+        ("env=%7B%22A%20B%22%3A%221%22%7D", (400, "invalid_command")),
+        ("user=-x", (400, "invalid_command")),
+    ] {
+        let ticket = s.ticket(session).await;
+        let (status, code) = refused(s.addr, &format!("{route}?ticket={ticket}&{query}")).await;
+        assert_eq!((status, code.as_str()), expected, "{query}");
+    }
+    s.no_shell_left(session).await;
+
+    // Left alone: the same service with a 2 s terminal idle limit (below the config's 60 s
+    // floor, which only the config file and environment enforce) kills a detached terminal,
+    // its background job included, and the pid no longer reattaches.
+    let mut idle_state = s.state.clone();
+    idle_state.limits.terminal_idle_seconds = 2;
+    let idle_addr = support::serve(idle_state).await;
+    let ticket = s.ticket(session).await;
+    let mut ws = connect(idle_addr, &format!("{route}?ticket={ticket}"))
+        .await
+        .unwrap();
+    let mut seen = Seen::default();
+    let pid = opened_pid(&mut ws, &mut seen).await;
+    type_text(&mut ws, "sleep 4321 & echo bg\"\"-up\n").await;
+    read_until(&mut ws, &mut seen, "bg-up", |s| s.output.contains("bg-up")).await;
+    assert!(s.terminal_processes(session).await >= 2);
+    drop(ws);
+    s.no_shell_left(session).await;
+    let ticket = s.ticket(session).await;
+    assert_eq!(
+        refused(idle_addr, &format!("{route}?ticket={ticket}&pid={pid}")).await,
+        (404, "terminal_not_found".to_owned()),
+        "a killed terminal does not reattach"
+    );
+
+    for gone in [session, other] {
         let (status, _) = s.call("DELETE", &format!("/v1/sessions/{gone}"), "").await;
         assert_eq!(status, 204);
     }

@@ -24,14 +24,14 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::capabilities::{Capabilities, Capability};
-use crate::error::{Error, Operation};
+use crate::error::{Error, ErrorCode, Operation};
 use crate::exec::{Command, ExecRequest, ExecResult};
 use crate::fs::{DirEntry, ReadStream, StatEntry, TreeLimits, TreeListing};
 use crate::ids::{SandboxId, SnapshotId};
 use crate::path::SandboxPath;
 use crate::ports::provider::{
     ConnectProbe, Desktop, KeepAlive, Processes, SandboxProvider, Snapshots, StreamedFiles,
-    TemplateCatalog, Terminals, Watch,
+    TemplateCatalog, TerminalReattach, Terminals, Watch,
 };
 use crate::process::{ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream, Signal};
 use crate::provider::Provider;
@@ -39,7 +39,7 @@ use crate::sandbox::{
     ConnectRequest, CreateRequest, ListFilter, NetworkFields, SandboxHandle, SandboxSummary,
 };
 use crate::template::{SnapshotRef, Template};
-use crate::terminal::{DesktopOptions, DesktopStream, Terminal, TerminalOptions};
+use crate::terminal::{DesktopOptions, DesktopStream, Terminal, TerminalOptions, TerminalSize};
 use crate::watch::WatchStream;
 
 /// A provider behind the checking policy.
@@ -314,6 +314,12 @@ impl<P: SandboxProvider> SandboxProvider for Checked<P> {
         self.inner.as_terminals().map(|_| self as &dyn Terminals)
     }
 
+    fn as_terminal_reattach(&self) -> Option<&dyn TerminalReattach> {
+        self.inner
+            .as_terminal_reattach()
+            .map(|_| self as &dyn TerminalReattach)
+    }
+
     fn as_desktop(&self) -> Option<&dyn Desktop> {
         self.inner.as_desktop().map(|_| self as &dyn Desktop)
     }
@@ -399,9 +405,28 @@ impl<P: SandboxProvider> Terminals for Checked<P> {
         options: TerminalOptions,
     ) -> Result<Terminal, Error> {
         let op = Operation::OPEN_TERMINAL;
-        self.inner_capability(Capability::Pty, op, |p| p.as_terminals())?
-            .open_terminal(sandbox, options)
-            .await
+        let terminals = self.inner_capability(Capability::Pty, op, |p| p.as_terminals())?;
+        options.validate()?;
+        terminals.open_terminal(sandbox, options).await
+    }
+}
+
+#[async_trait]
+#[deny(clippy::missing_trait_methods)]
+impl<P: SandboxProvider> TerminalReattach for Checked<P> {
+    async fn reattach_terminal(
+        &self,
+        sandbox: &SandboxHandle,
+        pid: u32,
+        size: TerminalSize,
+    ) -> Result<Terminal, Error> {
+        let op = Operation::REATTACH_TERMINAL;
+        self.inner_capability(Capability::TerminalReattach, op, |p| {
+            p.as_terminal_reattach()
+        })
+        .map_err(|e| e.with_code(ErrorCode::TerminalReattachUnsupported))?
+        .reattach_terminal(sandbox, pid, size)
+        .await
     }
 }
 

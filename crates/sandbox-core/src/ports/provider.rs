@@ -21,7 +21,7 @@ use crate::sandbox::{
     ConnectRequest, CreateRequest, ListFilter, NetworkFields, SandboxHandle, SandboxSummary,
 };
 use crate::template::{SnapshotRef, Template};
-use crate::terminal::{DesktopOptions, DesktopStream, Terminal, TerminalOptions};
+use crate::terminal::{DesktopOptions, DesktopStream, Terminal, TerminalOptions, TerminalSize};
 use crate::watch::WatchStream;
 
 /// A sandbox backend (Docker engine, E2B, Cube, the test kit's fake).
@@ -246,6 +246,11 @@ pub trait SandboxProvider: Send + Sync + std::fmt::Debug {
     fn as_terminals(&self) -> Option<&dyn Terminals> {
         None
     }
+    /// Reattaching to detached terminals, when implemented. Use
+    /// [`crate::narrow::terminal_reattach`], which also checks the flag.
+    fn as_terminal_reattach(&self) -> Option<&dyn TerminalReattach> {
+        None
+    }
     /// The desktop relay, when implemented.
     fn as_desktop(&self) -> Option<&dyn Desktop> {
         None
@@ -322,12 +327,37 @@ pub trait Terminals: Send + Sync {
     /// - `[terminal.resize]` A resize is visible to programs (`stty size`).
     /// - `[terminal.exit]` When the shell exits, `Exited` carries its status and the stream
     ///   ends.
-    /// - `[terminal.close]` Closing a terminal the backend cannot reattach to leaves no shell
-    ///   behind.
+    /// - `[terminal.close]` Closing a terminal leaves no shell behind; so does detaching one
+    ///   the backend cannot reattach to.
+    /// - `[terminal.options]` The shell starts in `cwd`, as `user`, with `env` set; malformed
+    ///   ones (an environment name outside `[A-Za-z_][A-Za-z0-9_]*`, a bad user) are
+    ///   `invalid_request` with code `invalid_command` before anything starts.
     async fn open_terminal(
         &self,
         sandbox: &SandboxHandle,
         options: TerminalOptions,
+    ) -> Result<Terminal, Error>;
+}
+
+/// Terminals that outlive their client (capability `terminal_reattach`): `detach` leaves the
+/// shell running, and it is reached again by its pid ([`Terminal::pid`], always set by a
+/// backend declaring this).
+#[async_trait]
+pub trait TerminalReattach: Send + Sync {
+    /// Reattaches to the running terminal `pid` of the sandbox and resizes it to `size` (zero
+    /// dimensions keep the current size).
+    /// - `[terminal.reattach]` A detached terminal keeps running: the reattached one replays
+    ///   the recent output (what the backend's ring still holds), then carries live output,
+    ///   and takes input and resizes; the shell's state (a variable set before) is intact.
+    /// - `[terminal.reattach.unknown]` A pid that is no running terminal of the sandbox (never
+    ///   one, or ended) is `not_found` with code `terminal_not_found`.
+    /// - `[terminal.detach_timeout]` A terminal left detached for its options' detach timeout
+    ///   is killed, its jobs with it; a reattach then is `terminal_not_found`.
+    async fn reattach_terminal(
+        &self,
+        sandbox: &SandboxHandle,
+        pid: u32,
+        size: TerminalSize,
     ) -> Result<Terminal, Error>;
 }
 
@@ -541,6 +571,12 @@ pub mod narrow {
         provider
             .as_terminals()
             .filter(|_| provider.capabilities().pty)
+    }
+    /// Terminal reattach, if implemented and declared.
+    pub fn terminal_reattach(provider: &dyn SandboxProvider) -> Option<&dyn TerminalReattach> {
+        provider
+            .as_terminal_reattach()
+            .filter(|_| provider.capabilities().terminal_reattach)
     }
     /// The desktop relay, if implemented and declared.
     pub fn desktop(provider: &dyn SandboxProvider) -> Option<&dyn Desktop> {

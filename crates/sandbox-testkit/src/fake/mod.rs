@@ -56,7 +56,8 @@ pub const FAKE_TEMPLATE: &str = "fake-base";
 pub const DEFAULT_EXEC_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The fake's full capability set: every flag except `posix_shell`, `pty`, `desktop` and
-/// `volumes`, which need a real userland, a real PTY or a real mount. Background processes
+/// `volumes`, which need a real userland, a real PTY or a real mount, and `terminal_reattach`,
+/// which needs `pty`. Background processes
 /// run its argv vocabulary (see the `fake::process` module for what they model).
 pub fn fake_capabilities() -> Capabilities {
     Capabilities::from_slice(&[

@@ -55,6 +55,11 @@ const KEPT_ALIVE: [Method; 4] = [
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CallOptions {
     timeout: Option<Option<Duration>>,
+    /// Overrides the config's `Keepalive-Ping-Interval` for this call.
+    keepalive: Option<Duration>,
+    /// Extension request headers with a numeric value (the agent's `sandbox-*` headers);
+    /// fixed slots keep the options `Copy`.
+    extensions: [Option<(&'static str, u64)>; 2],
 }
 
 impl CallOptions {
@@ -73,6 +78,26 @@ impl CallOptions {
     /// The call has no deadline, whatever the client's default.
     pub fn no_timeout(mut self) -> Self {
         self.timeout = Some(None);
+        self
+    }
+
+    /// Asks the server to ping this stream every `interval` (whole seconds, at least one),
+    /// instead of the config's interval: a server learns that a client went away only when it
+    /// next sends, so a shorter interval makes that known sooner.
+    pub fn keepalive(mut self, interval: Duration) -> Self {
+        self.keepalive = Some(interval.max(Duration::from_secs(1)));
+        self
+    }
+
+    /// Sends the extension header `name: value` (an agent extension such as
+    /// `sandbox-replay-offset`; plain envd ignores it). At most two per call: a third replaces
+    /// the second.
+    pub fn extension(mut self, name: &'static str, value: u64) -> Self {
+        let slot = match self.extensions.iter().position(Option::is_none) {
+            Some(free) => free,
+            None => self.extensions.len() - 1,
+        };
+        self.extensions[slot] = Some((name, value));
         self
     }
 
@@ -298,6 +323,7 @@ where
         method: Method,
         body: Body,
         deadline: Deadline,
+        options: CallOptions,
     ) -> Result<Request<Body>, Error> {
         let op = method.operation;
         let mut request = self.request(op, hyper::Method::POST, method.path, body)?;
@@ -322,8 +348,22 @@ where
             headers.insert(HEADER_TIMEOUT_MS, ms);
         }
         if KEPT_ALIVE.contains(&method) {
-            let secs = self.inner.config.keepalive_interval.as_secs();
-            headers.insert(HEADER_KEEPALIVE_PING_INTERVAL, HeaderValue::from(secs));
+            let interval = options
+                .keepalive
+                .unwrap_or(self.inner.config.keepalive_interval);
+            headers.insert(
+                HEADER_KEEPALIVE_PING_INTERVAL,
+                HeaderValue::from(interval.as_secs()),
+            );
+        }
+        for (name, value) in options.extensions.into_iter().flatten() {
+            let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
+                transported(Error::invalid_request(
+                    op,
+                    format!("{name:?} is not a header name"),
+                ))
+            })?;
+            headers.insert(name, HeaderValue::from(value));
         }
         if let Some(auth) = &self.inner.basic_auth {
             headers.insert(header::AUTHORIZATION, auth.clone());
@@ -355,7 +395,7 @@ where
         let deadline = Deadline::start(options.budget(self.inner.config.unary_timeout));
         let body = serde_json::to_vec(request).map_err(|e| self.tag(encode_error(op, &e)))?;
         let call = async {
-            let request = self.rpc_request(method, full(body), deadline)?;
+            let request = self.rpc_request(method, full(body), deadline, options)?;
             let response = self.send(op, request).await?;
             let response = ok_response(op, response, CONTENT_TYPE_JSON, false).await?;
             let limit = self.inner.config.max_message_size;
@@ -401,7 +441,7 @@ where
         let deadline = Deadline::start(options.budget(None));
         let envelope = envelope_bytes(op, request).map_err(|e| self.tag(e))?;
         let open = async {
-            let mut request = self.rpc_request(method, full(envelope), deadline)?;
+            let mut request = self.rpc_request(method, full(envelope), deadline, options)?;
             let headers = request.headers_mut();
             for (name, value) in &extra {
                 if !headers.contains_key(name) {
@@ -434,7 +474,7 @@ where
         // A small buffer: a sender that outruns envd waits instead of queueing without bound.
         let (sender, body) = http_body_util::channel::Channel::<Bytes, BoxError>::new(4);
         let request = self
-            .rpc_request(method, body.boxed_unsync(), deadline)
+            .rpc_request(method, body.boxed_unsync(), deadline, options)
             .map_err(|e| self.tag(e))?;
         let http = self.inner.http.clone();
         // The request runs on its own task: on HTTP/1.1 the answer's head may only come once

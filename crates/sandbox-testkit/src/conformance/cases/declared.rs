@@ -38,6 +38,11 @@ pub(super) async fn declared_capabilities_are_callable(ctx: &Ctx) -> CaseResult 
             narrow::streamed_files(p).is_some(),
         ),
         ("watch", caps.watch, narrow::watch(p).is_some()),
+        (
+            "terminal_reattach",
+            caps.terminal_reattach,
+            narrow::terminal_reattach(p).is_some(),
+        ),
     ];
     for (name, declared, callable) in pairs {
         ensure(declared == callable, || {

@@ -264,6 +264,30 @@ pub fn all_cases() -> Vec<Case> {
             ["terminal.close"]
         ),
         case!(
+            terminal::terminal_options_are_honoured,
+            [Pty, PosixShell],
+            [],
+            ["terminal.options"]
+        ),
+        case!(
+            terminal::terminal_reattach_keeps_the_shell,
+            [Pty, PosixShell, TerminalReattach],
+            [],
+            ["terminal.reattach"]
+        ),
+        case!(
+            terminal::terminal_reattach_unknown_pid,
+            [Pty, PosixShell, TerminalReattach],
+            [],
+            ["terminal.reattach.unknown"]
+        ),
+        case!(
+            terminal::terminal_detach_timeout_kills,
+            [Pty, PosixShell, TerminalReattach],
+            [],
+            ["terminal.detach_timeout"]
+        ),
+        case!(
             snapshots::snapshot_round_trip,
             [Snapshots],
             [],
