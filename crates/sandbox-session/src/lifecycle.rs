@@ -806,9 +806,15 @@ impl Lifecycle {
 
     /// The bound sandbox without provisioning anything: `Ok(None)` when nothing (of this
     /// provider) is bound or the bound sandbox is gone. Connect may resume a paused sandbox.
+    ///
+    /// With nothing bound, a sandbox this session already owns is recovered by its ownership
+    /// metadata and bound, exactly as a resolve would (under the lifecycle lock), but nothing is
+    /// ever created: after a restart on the memory store, or a lost binding, the lookup-only
+    /// routes (a file read, a process listing, a terminal) find the session's sandbox and what
+    /// runs in it instead of answering `no_live_sandbox` until some call provisions.
     pub async fn lookup(&self, key: &BindingKey) -> Result<Option<SandboxHandle>, Error> {
         let Some(b) = self.store.get(key).await? else {
-            return Ok(None);
+            return self.lookup_unbound(key).await;
         };
         if b.provider != self.provider.provider() {
             return Ok(None);
@@ -820,6 +826,42 @@ impl Lifecycle {
             }
             Err(e) if e.can_replace_binding() => Ok(None),
             Err(e) => Err(e.with_operation(OP_LOOKUP)),
+        }
+    }
+
+    /// [`Lifecycle::lookup`] of a session with nothing bound: a recovery under the lifecycle
+    /// lock, with the binding and the session's existence read again there.
+    async fn lookup_unbound(&self, key: &BindingKey) -> Result<Option<SandboxHandle>, Error> {
+        let caps = self.caps();
+        if !(caps.metadata && caps.list) {
+            return Ok(None);
+        }
+        let lock = self.store.lock_lifecycle(key).await?;
+        let hold = Arc::new(Hold { lock: Some(lock) });
+        let outcome = async {
+            if self.store.get(key).await?.is_some() {
+                // Bound meanwhile: the ordinary lookup, after the lock is released.
+                return Ok(Err(()));
+            }
+            if !self.existence.session_exists(key).await? {
+                return Ok(Ok(None));
+            }
+            self.recover(key, &hold).await.map(Ok)
+        }
+        .await;
+        let released = release(hold).await;
+        let found = match (outcome, released) {
+            (Ok(found), Ok(())) => found,
+            (Ok(_), Err(e)) | (Err(e), Ok(())) => return Err(e.with_operation(OP_LOOKUP)),
+            (Err(e), Err(lost)) => return Err(join(e, &lost).with_operation(OP_LOOKUP)),
+        };
+        match found {
+            Ok(Some(handle)) => {
+                self.observer.resolved(ResolveOutcome::Recovered);
+                Ok(Some(handle))
+            }
+            Ok(None) => Ok(None),
+            Err(()) => Box::pin(self.lookup(key)).await,
         }
     }
 

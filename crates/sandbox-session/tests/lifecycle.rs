@@ -247,6 +247,29 @@ async fn recovery_adopts_the_oldest_and_deletes_duplicates() {
     assert_eq!(b.traffic_token, Some(Secret::new("tok-adopted")));
 }
 
+/// A lookup with nothing bound recovers the sandbox the session owns (a restart on the memory
+/// store lost the binding) and binds it, but never creates: with nothing owned it is `None`
+/// and no sandbox exists afterwards.
+#[tokio::test]
+async fn a_lookup_recovers_an_owned_sandbox_and_never_creates() {
+    let e = env();
+    let owned = create_owned(&e, &key(1), true).await;
+    e.fake
+        .reissue_token_on_connect(owned.id(), Secret::new("tok-looked-up"));
+    let found = e.lifecycle.lookup(&key(1)).await.unwrap();
+    assert_eq!(found.as_ref().map(SandboxHandle::id), Some(owned.id()));
+    let b = e.store.get(&key(1)).await.unwrap().unwrap();
+    assert_eq!(b.sandbox_id, *owned.id(), "the recovered sandbox is bound");
+
+    assert!(e.lifecycle.lookup(&key(2)).await.unwrap().is_none());
+    assert_eq!(
+        e.fake.calls(FakeOp::Create),
+        1,
+        "only the test's own create"
+    );
+    assert!(e.store.get(&key(2)).await.unwrap().is_none());
+}
+
 /// Duplicate cleanup stops once lock ownership is lost.
 #[tokio::test]
 async fn duplicate_cleanup_stops_after_losing_the_lock() {
