@@ -16,6 +16,19 @@ pub struct Suite {
     pub package: &'static str,
     /// The `[[bench]]` target.
     pub bench: &'static str,
+    /// More `(package, bench)` targets run after it, into the same report: a suite whose
+    /// figures need a crate the first target's package cannot depend on (the Docker suite's
+    /// round trip through the service).
+    pub also: &'static [(&'static str, &'static str)],
+}
+
+impl Suite {
+    /// Every `(package, bench)` target of the suite, in the order they run.
+    pub fn targets(&self) -> Vec<(&'static str, &'static str)> {
+        std::iter::once((self.package, self.bench))
+            .chain(self.also.iter().copied())
+            .collect()
+    }
 }
 
 /// Every suite `cargo xtask bench <suite>` knows. Add a line per suite.
@@ -24,16 +37,19 @@ pub const SUITES: &[Suite] = &[
         name: "core",
         package: "sandbox-core",
         bench: "core",
+        also: &[],
     },
     // Needs a running Docker engine and the local `sandbox-busybox:test` image (`cargo xtask
     // test` provides both); `bench` starts no services, and the bench binary fails with a
     // message saying so when they are missing. Raw, exec mode and agent mode in one run:
     // `cargo xtask bench docker` builds the static agent first and names it
-    // (`SANDBOX_AGENT_BIN`, `bench_cmd.rs`).
+    // (`SANDBOX_AGENT_BIN`, `bench_cmd.rs`). Then the service's part (`sandbox-app`'s
+    // `streams`): a streamed 100 MiB round trip through the HTTP API against `docker cp`.
     Suite {
         name: "docker",
         package: "sandbox-provider-docker",
         bench: "docker",
+        also: &[("sandbox-app", "streams")],
     },
     // The HTTP API over the Docker provider called in-process, in exec mode and agent mode
     // (the agent built and named first, as for `docker`); needs the engine and the image.
@@ -41,12 +57,14 @@ pub const SUITES: &[Suite] = &[
         name: "api",
         package: "sandbox-app",
         bench: "api",
+        also: &[],
     },
     // Hermetic: the lifecycle coordinator on the fake provider and the memory store.
     Suite {
         name: "session",
         package: "sandbox-session",
         bench: "session",
+        also: &[],
     },
     // Hermetic: what the production stack Metered(Checked(fake)) adds to a provider call, in
     // the composition root where the metrics layer lives (the session bench measures the
@@ -55,6 +73,7 @@ pub const SUITES: &[Suite] = &[
         name: "layers",
         package: "sandbox-app",
         bench: "layers",
+        also: &[],
     },
     // The Redis binding store against the memory store, on the fake provider. The bench binary
     // starts its own redis-server (a child on a free loopback port, no persistence) and stops it
@@ -63,6 +82,7 @@ pub const SUITES: &[Suite] = &[
         name: "store",
         package: "sandbox-store-redis",
         bench: "store",
+        also: &[],
     },
     // Hermetic: the guarded HTTP client against a plain hyper client on a loopback server the
     // bench binary runs itself.
@@ -70,6 +90,7 @@ pub const SUITES: &[Suite] = &[
         name: "transport",
         package: "sandbox-transport",
         bench: "transport",
+        also: &[],
     },
     // The static agent as PID 1 of the Debian sandbox image: its size, `commands.run("true")`
     // through the official SDK and through a raw HTTP/1.1 client, against raw Docker exec.
@@ -79,6 +100,7 @@ pub const SUITES: &[Suite] = &[
         name: "agent",
         package: "xtask",
         bench: "agent",
+        also: &[],
     },
 ];
 
@@ -90,9 +112,9 @@ pub fn names() -> String {
     SUITES.iter().map(|s| s.name).collect::<Vec<_>>().join(", ")
 }
 
-/// The cargo arguments: `bench -p <package> --bench <bench> [-- --smoke]`.
-pub fn cargo_args(suite: &Suite, smoke: bool) -> Vec<String> {
-    let mut args: Vec<String> = ["bench", "-p", suite.package, "--bench", suite.bench]
+/// The cargo arguments of one target: `bench -p <package> --bench <bench> [-- --smoke]`.
+pub fn cargo_args(package: &str, bench: &str, smoke: bool) -> Vec<String> {
+    let mut args: Vec<String> = ["bench", "-p", package, "--bench", bench]
         .map(str::to_owned)
         .into();
     if smoke {
@@ -240,13 +262,22 @@ mod tests {
     #[test]
     fn args_for_full_and_smoke() {
         let s = find("core").unwrap();
+        assert_eq!(s.targets(), [("sandbox-core", "core")]);
         assert_eq!(
-            cargo_args(s, false).join(" "),
+            cargo_args("sandbox-core", "core", false).join(" "),
             "bench -p sandbox-core --bench core"
         );
         assert_eq!(
-            cargo_args(s, true).join(" "),
+            cargo_args("sandbox-core", "core", true).join(" "),
             "bench -p sandbox-core --bench core -- --smoke"
+        );
+        let docker = find("docker").unwrap();
+        assert_eq!(
+            docker.targets(),
+            [
+                ("sandbox-provider-docker", "docker"),
+                ("sandbox-app", "streams")
+            ]
         );
     }
 

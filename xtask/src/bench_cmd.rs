@@ -17,9 +17,11 @@ const METADATA_DEADLINE: Duration = Duration::from_secs(120);
 pub(crate) fn run(ctx: &Ctx, suite: &Suite, smoke_flag: bool) -> ExitCode {
     // CI only ever runs benchmarks in smoke mode: numbers from a shared 2-core runner are noise.
     let smoke = smoke_flag || ctx.ci;
-    if let Err(e) = bench_target_exists(ctx, suite) {
-        eprintln!("error: bench {}: {e}", suite.name);
-        return ExitCode::FAILURE;
+    for (package, bench) in suite.targets() {
+        if let Err(e) = bench_target_exists(ctx, package, bench) {
+            eprintln!("error: bench {}: {e}", suite.name);
+            return ExitCode::FAILURE;
+        }
     }
 
     let env = match suite_env(ctx, suite) {
@@ -29,32 +31,40 @@ pub(crate) fn run(ctx: &Ctx, suite: &Suite, smoke_flag: bool) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let args = bench::cargo_args(suite, smoke);
     let shown: String = env.iter().map(|(k, v)| format!("{k}={v} ")).collect();
-    let command = format!("{shown}cargo {}", args.join(" "));
-    println!("==> {command}");
-    let mut cmd = ctx.cargo_cmd(&args);
-    cmd.envs(env);
-    let mut echo = |stream: Stream, line: &str| match stream {
-        Stream::Stdout => println!("{line}"),
-        Stream::Stderr => eprintln!("{line}"),
-    };
-    let deadline = if smoke { SMOKE_DEADLINE } else { FULL_DEADLINE };
-    let outcome = match process::run_with_deadline(&mut cmd, deadline, Output::Stream(&mut echo)) {
-        Ok(o) => o,
-        Err(e) => {
-            eprintln!("error: {e}");
+    let mut commands = Vec::new();
+    let mut stdout = String::new();
+    for (package, bench) in suite.targets() {
+        let args = bench::cargo_args(package, bench, smoke);
+        let command = format!("{shown}cargo {}", args.join(" "));
+        println!("==> {command}");
+        let mut cmd = ctx.cargo_cmd(&args);
+        cmd.envs(env.iter().cloned());
+        let mut echo = |stream: Stream, line: &str| match stream {
+            Stream::Stdout => println!("{line}"),
+            Stream::Stderr => eprintln!("{line}"),
+        };
+        let deadline = if smoke { SMOKE_DEADLINE } else { FULL_DEADLINE };
+        let outcome =
+            match process::run_with_deadline(&mut cmd, deadline, Output::Stream(&mut echo)) {
+                Ok(o) => o,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+        if !outcome.success() {
+            eprintln!("error: {}", outcome.describe());
             return ExitCode::FAILURE;
         }
-    };
-    if !outcome.success() {
-        eprintln!("error: {}", outcome.describe());
-        return ExitCode::FAILURE;
+        commands.push(command);
+        stdout.push_str(&outcome.stdout);
     }
+    let command = commands.join("\n");
 
     let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".to_owned());
     let facts = bench::gather_facts(&ctx.root, &rustc);
-    let report = bench::report(suite, smoke, &facts, &command, &outcome.stdout);
+    let report = bench::report(suite, smoke, &facts, &command, &stdout);
     let path = if smoke {
         ctx.target.join("bench")
     } else {
@@ -71,7 +81,7 @@ pub(crate) fn run(ctx: &Ctx, suite: &Suite, smoke_flag: bool) -> ExitCode {
     }
     println!("wrote {}", path.display());
 
-    let headlines = bench::headline_lines(&outcome.stdout);
+    let headlines = bench::headline_lines(&stdout);
     if headlines.is_empty() {
         eprintln!(
             "warning: bench {} printed no `BENCH {} <key>=<value>` line",
@@ -117,7 +127,7 @@ fn needs_agent(suite: &Suite) -> bool {
 }
 
 /// A clear error when the suite's package or bench target does not exist (yet).
-fn bench_target_exists(ctx: &Ctx, suite: &Suite) -> Result<(), String> {
+fn bench_target_exists(ctx: &Ctx, package_name: &str, bench: &str) -> Result<(), String> {
     let mut cmd = ctx.cargo_cmd(["metadata", "--no-deps", "--format-version", "1"]);
     let out = process::run_with_deadline(&mut cmd, METADATA_DEADLINE, Output::Capture)?;
     out.check()
@@ -129,15 +139,15 @@ fn bench_target_exists(ctx: &Ctx, suite: &Suite) -> Result<(), String> {
         .and_then(Value::as_array)
         .into_iter()
         .flatten()
-        .find(|p| p.get("name").and_then(Value::as_str) == Some(suite.package))
-        .ok_or_else(|| format!("package {} is not in the workspace", suite.package))?;
+        .find(|p| p.get("name").and_then(Value::as_str) == Some(package_name))
+        .ok_or_else(|| format!("package {package_name} is not in the workspace"))?;
     let has_bench = package
         .get("targets")
         .and_then(Value::as_array)
         .into_iter()
         .flatten()
         .any(|t| {
-            t.get("name").and_then(Value::as_str) == Some(suite.bench)
+            t.get("name").and_then(Value::as_str) == Some(bench)
                 && t.get("kind")
                     .and_then(Value::as_array)
                     .is_some_and(|k| k.iter().any(|k| k.as_str() == Some("bench")))
@@ -148,7 +158,7 @@ fn bench_target_exists(ctx: &Ctx, suite: &Suite) -> Result<(), String> {
         Err(format!(
             "{} has no bench target `{}` yet (expected benches/{}.rs with \
              [[bench]] name = \"{}\", harness = false)",
-            suite.package, suite.bench, suite.bench, suite.bench
+            package_name, bench, bench, bench
         ))
     }
 }
