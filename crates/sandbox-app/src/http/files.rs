@@ -125,20 +125,28 @@ pub async fn download(
     q: QueryResult<PathQuery>,
 ) -> Result<Response, ApiError> {
     let (key, path) = key_and_path(caller, &session, q)?;
-    let mut stream = state
+    let stream = state
         .manager
         .read_file_stream(&key, &path, state.limits.download_max_bytes)
         .await
         .map_err(ApiError::from)?;
-    // The first chunk is awaited before answering, so a refusal the adapter can only make once
-    // the file is open (it turned out not to be a regular file, or larger than the cap) is
-    // still a proper error answer rather than a cut-off 200.
+    octet_stream(stream, &state.metrics).await
+}
+
+/// A file's bytes as an `application/octet-stream` answer, pulled from `stream` as the client
+/// reads. The first chunk is awaited before answering, so a refusal the adapter can only make
+/// once the file is open (it turned out not to be a regular file, or larger than the cap) is
+/// still a proper error answer rather than a cut-off 200.
+pub(super) async fn octet_stream(
+    mut stream: sandbox_core::ReadStream,
+    metrics: &std::sync::Arc<super::metrics::Metrics>,
+) -> Result<Response, ApiError> {
     let first = match stream.next_chunk().await {
         None => None,
         Some(Ok(chunk)) => Some(chunk),
         Some(Err(e)) => return Err(ApiError::from(e)),
     };
-    let metrics = state.metrics.clone();
+    let metrics = metrics.clone();
     let rest = futures_util::stream::unfold(Some(stream), move |stream| {
         let metrics = metrics.clone();
         async move {

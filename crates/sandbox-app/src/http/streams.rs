@@ -100,42 +100,12 @@ pub async fn download(
 ) -> Result<Response, ApiError> {
     let (key, path) = key_and_path(caller, &session, q)?;
     require_streamed(&state)?;
-    let mut stream = state
+    let stream = state
         .manager
         .read_stream(&key, &path, state.limits.stream_file_max_bytes)
         .await
         .map_err(ApiError::from)?;
-    // The first chunk is awaited before answering, so a refusal the backend makes only once
-    // the file is open (not a regular file, larger than the cap) is still an error answer.
-    let first = match stream.next_chunk().await {
-        None => None,
-        Some(Ok(chunk)) => Some(chunk),
-        Some(Err(e)) => return Err(ApiError::from(e)),
-    };
-    let metrics = state.metrics.clone();
-    let rest = futures_util::stream::unfold(Some(stream), move |stream| {
-        let metrics = metrics.clone();
-        async move {
-            let mut stream = stream?;
-            match stream.next_chunk().await {
-                Some(Ok(chunk)) => Some((Ok(Bytes::from(chunk)), Some(stream))),
-                Some(Err(e)) => {
-                    // No status is left to send mid-answer: the connection is cut, so the
-                    // client sees an incomplete body rather than a shorter "file".
-                    metrics.observe_error(&e);
-                    tracing::warn!(error = %e, "streamed download ended early");
-                    Some((Err(e), None))
-                }
-                None => None,
-            }
-        }
-    });
-    let body = futures_util::stream::iter(first.map(|c| Ok(Bytes::from(c)))).chain(rest);
-    Ok((
-        [(header::CONTENT_TYPE, "application/octet-stream")],
-        Body::from_stream(body),
-    )
-        .into_response())
+    super::files::octet_stream(stream, &state.metrics).await
 }
 
 /// The request body as the source a backend's `write_stream` pulls. No buffer: each pull reads
