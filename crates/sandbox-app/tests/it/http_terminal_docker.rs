@@ -477,15 +477,26 @@ async fn terminal_reattaches_by_pid_and_a_detached_one_dies_when_left_alone() {
     );
     // Another session's terminal cannot be named: its pid is looked up in this session's
     // sandbox only.
-    let other_ticket = s.ticket(other).await;
-    let mut other_ws = connect(
-        s.addr,
-        &format!("/v1/sessions/{other}/terminal?ticket={other_ticket}"),
-    )
-    .await
-    .unwrap();
-    let mut other_seen = Seen::default();
-    let other_pid = opened_pid(&mut other_ws, &mut other_seen).await;
+    // PIDs are per sandbox, so the other sandbox's shell may carry the very number of this
+    // session's terminal, which then names this session's own terminal: open shells there until
+    // one's pid is not that number (each new shell gets a new pid).
+    let mut others = Vec::new();
+    let other_pid = loop {
+        let other_ticket = s.ticket(other).await;
+        let mut other_ws = connect(
+            s.addr,
+            &format!("/v1/sessions/{other}/terminal?ticket={other_ticket}"),
+        )
+        .await
+        .unwrap();
+        let mut other_seen = Seen::default();
+        let other_pid = opened_pid(&mut other_ws, &mut other_seen).await;
+        others.push(other_ws);
+        if other_pid != pid {
+            break other_pid;
+        }
+        assert!(others.len() < 4, "every new shell got pid {pid}");
+    };
     let ticket = s.ticket(session).await;
     let (status, code) = refused(s.addr, &format!("{route}?ticket={ticket}&pid={other_pid}")).await;
     assert_eq!(
@@ -493,14 +504,15 @@ async fn terminal_reattaches_by_pid_and_a_detached_one_dies_when_left_alone() {
         (404, "terminal_not_found"),
         "another session's pid {other_pid}"
     );
-    other_ws
-        .close(Some(CloseFrame {
-            code: CloseCode::Normal,
-            reason: "".into(),
-        }))
-        .await
-        .unwrap();
-    drop(other_ws);
+    for mut other_ws in others {
+        other_ws
+            .close(Some(CloseFrame {
+                code: CloseCode::Normal,
+                reason: "".into(),
+            }))
+            .await
+            .unwrap();
+    }
 
     // Done with it: a 1000 close ends the shell.
     ws.close(Some(CloseFrame {
