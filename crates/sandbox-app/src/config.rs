@@ -697,7 +697,7 @@ pub const ENV_VARS: &[EnvVar] = &[
         "SANDBOX_DOCKER_PROCESSES_PER_SANDBOX",
         "docker.processes_per_sandbox",
         Count,
-        "64",
+        "256",
         "agent mode: the most processes one sandbox runs at once (background processes, commands and terminals; `process_limit` beyond)",
     ),
     var(

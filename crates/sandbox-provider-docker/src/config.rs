@@ -27,8 +27,9 @@ pub const DEFAULT_IMAGE: &str = "sandbox-busybox:test";
 pub const DEFAULT_CPU_LIMIT: f64 = 2.0;
 pub const DEFAULT_MEMORY_BYTES: i64 = 2 * 1024 * 1024 * 1024;
 pub const DEFAULT_PIDS_LIMIT: i64 = 512;
-/// The default cap on the processes the agent runs at once in one sandbox.
-pub const DEFAULT_PROCESSES_PER_SANDBOX: usize = 64;
+/// The default cap on the processes the agent runs at once in one sandbox: the agent's own
+/// default, under the PIDs limit, and above a burst of 100 parallel commands (each one counts).
+pub const DEFAULT_PROCESSES_PER_SANDBOX: usize = 256;
 /// How long a container may go without activity before the idle sweep reclaims it. The daemon
 /// has no TTL of its own, so this is all that stands between an abandoned session and a
 /// container living until the host runs out of memory.
