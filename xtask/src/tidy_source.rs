@@ -17,6 +17,11 @@
 //! `SessionManager` to its lifecycle coordinator or provider (`.lifecycle()`), so the rule that
 //! lookup-only operations never provision lives in one crate, `sandbox-session`, instead of
 //! partly in the handlers that call it.
+//!
+//! The rule `e2b-api-port-only`: the E2B-compatible API (`E2B_API_DIR`) reaches its backend
+//! through the provider port and the `EnvdPlane` it is handed, never by naming an adapter
+//! crate, so the same API can front any backend (and the E2B adapter can be tested against
+//! it) without a line of it changing. The composition root wires the adapter in.
 
 use std::path::{Path, PathBuf};
 
@@ -37,6 +42,35 @@ const INTERIOR_MUTABILITY: &[&str] = &[
 
 /// The HTTP handlers, relative to the crates directory (`handlers-through-manager`).
 const HANDLER_DIR: &str = "sandbox-app/src/http";
+
+/// The E2B-compatible API, relative to the crates directory (`e2b-api-port-only`).
+const E2B_API_DIR: &str = "sandbox-app/src/e2b";
+
+/// The adapter crates the E2B API may not name, as paths and as crate names.
+const ADAPTER_NAMES: &[&str] = &[
+    "sandbox_provider_docker",
+    "sandbox-provider-docker",
+    "sandbox_provider_e2b",
+    "sandbox_provider_cube",
+];
+
+/// Checks one file of the E2B API for `e2b-api-port-only`; `path` is only used in messages.
+/// Comments count too: a `use` hidden behind a macro or a doc link is still a dependency.
+pub fn check_e2b_api_source(path: &str, text: &str) -> Vec<Violation> {
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        if let Some(name) = ADAPTER_NAMES.iter().find(|name| line.contains(*name)) {
+            out.push(Violation {
+                rule: "e2b-api-port-only",
+                detail: format!(
+                    "{path}:{}: names {name} — the E2B API reaches its backend through the provider port and its EnvdPlane only; wire adapters in the composition root",
+                    n + 1
+                ),
+            });
+        }
+    }
+    out
+}
 
 /// Checks one HTTP handler file's text for `handlers-through-manager`; `path` is only used in
 /// messages.
@@ -148,6 +182,7 @@ pub fn check_crates(crates_dir: &Path) -> Result<Vec<Violation>, String> {
     let entries = std::fs::read_dir(crates_dir)
         .map_err(|e| format!("cannot read {}: {e}", crates_dir.display()))?;
     let handlers = crates_dir.join(HANDLER_DIR);
+    let e2b_api = crates_dir.join(E2B_API_DIR);
     for entry in entries.flatten() {
         for file in rust_files(&entry.path().join("src")) {
             let text = std::fs::read_to_string(&file)
@@ -156,6 +191,9 @@ pub fn check_crates(crates_dir: &Path) -> Result<Vec<Violation>, String> {
             out.extend(check_source(&shown, &text));
             if file.starts_with(&handlers) {
                 out.extend(check_handler_source(&shown, &text));
+            }
+            if file.starts_with(&e2b_api) {
+                out.extend(check_e2b_api_source(&shown, &text));
             }
         }
     }
@@ -258,6 +296,34 @@ mod tests {
         assert_eq!(v.len(), 1, "{v:#?}");
         assert_eq!(v[0].rule, "handlers-through-manager");
         assert!(v[0].detail.contains("http"), "{}", v[0]);
+    }
+
+    #[test]
+    fn the_e2b_api_names_no_adapter() {
+        let root = std::env::temp_dir().join(format!("tidy-e2b-{}", std::process::id()));
+        for (dir, text) in [
+            (
+                "sandbox-app/src/e2b",
+                "use sandbox_provider_docker::DockerProvider;\n",
+            ),
+            (
+                "sandbox-app/src/e2b/sub",
+                "// see sandbox-provider-docker\n",
+            ),
+            (
+                "sandbox-app/src",
+                "use sandbox_provider_docker::DockerProvider;\n",
+            ),
+        ] {
+            std::fs::create_dir_all(root.join(dir)).unwrap();
+            std::fs::write(root.join(dir).join("planted.rs"), text).unwrap();
+        }
+        let v = check_crates(&root).unwrap();
+        std::fs::remove_dir_all(&root).unwrap();
+        let e2b: Vec<_> = v.iter().filter(|v| v.rule == "e2b-api-port-only").collect();
+        assert_eq!(e2b.len(), 2, "{v:#?}");
+        assert!(e2b.iter().all(|v| v.detail.contains("/e2b/")), "{e2b:#?}");
+        assert!(check_e2b_api_source("e2b/x.rs", "use sandbox_core::SandboxProvider;").is_empty());
     }
 
     #[test]

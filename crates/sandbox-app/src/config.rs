@@ -44,7 +44,58 @@ pub struct ServiceConfig {
     /// tenant is configured (mode 0600), so `sandbox serve` works out of the box without the
     /// token ever being printed.
     pub dev_token_file: Option<PathBuf>,
+    /// Where the service keeps what must outlive a restart on one machine (the E2B API's
+    /// generated secret, and its sandbox deadlines with the memory store). Unset:
+    /// `$XDG_DATA_HOME/sandbox`, else `~/.local/share/sandbox` ([`ServiceConfig::data_dir`]).
+    pub data_dir: Option<PathBuf>,
+    /// The E2B-compatible API (its own listener; off unless enabled).
+    #[cfg(feature = "e2b-api")]
+    pub e2b: E2bSection,
 }
+
+/// The E2B-compatible API: the control plane the official E2B SDKs call, and the envd router
+/// that relays their data-plane requests to each sandbox's agent, both on one listener.
+#[cfg(feature = "e2b-api")]
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct E2bSection {
+    /// Off by default: a second listener is the operator's act.
+    pub enabled: bool,
+    /// Where both planes listen (`E2B_API_URL` and `E2B_SANDBOX_URL` are `http://<listen>`).
+    pub listen: SocketAddr,
+    /// Sandbox hosts are `<port>-<sandboxID>.<domain>`; the create answer names it.
+    pub domain: String,
+    /// The key every envd access token is derived from. With `store = "redis"` it must be
+    /// set (replicas that generated their own would refuse each other's tokens); otherwise
+    /// it is generated once into `<data_dir>/e2b-secret` (0600) when unset.
+    pub secret: Option<sandbox_core::Secret>,
+    /// A create that names no timeout gets this many seconds.
+    pub default_timeout_seconds: u64,
+    /// The longest timeout a create, connect or set-timeout may ask for.
+    pub max_timeout_seconds: u64,
+    /// Template names the API accepts, each the engine image it boots. `base` (the SDKs'
+    /// default) boots `docker.image` unless named here.
+    pub templates: BTreeMap<String, String>,
+}
+
+#[cfg(feature = "e2b-api")]
+impl Default for E2bSection {
+    fn default() -> Self {
+        E2bSection {
+            enabled: false,
+            listen: SocketAddr::from(([127, 0, 0, 1], 3000)),
+            domain: "localhost".to_owned(),
+            secret: None,
+            default_timeout_seconds: 300,
+            max_timeout_seconds: 24 * 60 * 60,
+            templates: BTreeMap::new(),
+        }
+    }
+}
+
+/// The shortest secret `e2b.secret` may be: tokens derived from less are guessable.
+#[cfg(feature = "e2b-api")]
+pub const E2B_SECRET_MIN_BYTES: usize = 32;
 
 /// Request limits.
 #[derive(Debug, Clone, Deserialize)]
@@ -162,6 +213,9 @@ impl Default for ServiceConfig {
             quotas: Quotas::default(),
             tenants: Vec::new(),
             dev_token_file: None,
+            data_dir: None,
+            #[cfg(feature = "e2b-api")]
+            e2b: E2bSection::default(),
         }
     }
 }
@@ -303,6 +357,8 @@ impl ServiceConfig {
                 "limits.inflight_max_bytes must hold at least one maximal upload and one maximal JSON body".to_owned(),
             ));
         }
+        #[cfg(feature = "e2b-api")]
+        self.validate_e2b()?;
         let s = &self.server;
         if s.header_read_timeout_seconds == 0
             || s.body_idle_timeout_seconds == 0
@@ -319,6 +375,89 @@ impl ServiceConfig {
     }
 }
 
+impl ServiceConfig {
+    /// The data directory: `data_dir`, else `$XDG_DATA_HOME/sandbox`, else
+    /// `~/.local/share/sandbox` (the temporary directory when there is no home).
+    pub fn data_dir(&self) -> PathBuf {
+        if let Some(dir) = &self.data_dir {
+            return dir.clone();
+        }
+        std::env::var_os("XDG_DATA_HOME")
+            .map(PathBuf::from)
+            .or_else(|| {
+                std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local").join("share"))
+            })
+            .unwrap_or_else(std::env::temp_dir)
+            .join("sandbox")
+    }
+
+    #[cfg(feature = "e2b-api")]
+    fn validate_e2b(&self) -> Result<(), ConfigError> {
+        let e = &self.e2b;
+        if !e.enabled {
+            return Ok(());
+        }
+        if self.store == "redis" && e.secret.is_none() {
+            return Err(ConfigError(
+                "e2b.secret (SANDBOX_E2B_SECRET) must be set with store \"redis\": every replica derives the sandboxes' envd tokens from it, and secrets generated per replica would refuse each other's tokens".to_owned(),
+            ));
+        }
+        if let Some(secret) = &e.secret
+            && secret.expose().len() < E2B_SECRET_MIN_BYTES
+        {
+            return Err(ConfigError(format!(
+                "e2b.secret (SANDBOX_E2B_SECRET) must be at least {E2B_SECRET_MIN_BYTES} bytes: `openssl rand -hex 32` makes one"
+            )));
+        }
+        let domain_ok = !e.domain.is_empty()
+            && e.domain.len() <= 253
+            && e.domain.split('.').all(|label| {
+                !label.is_empty()
+                    && label.len() <= 63
+                    && label
+                        .bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            });
+        if !domain_ok {
+            return Err(ConfigError(format!(
+                "e2b.domain {:?} is not a lower-case DNS name",
+                e.domain.chars().take(64).collect::<String>()
+            )));
+        }
+        let max = e.max_timeout_seconds;
+        if max == 0 || max > MAX_E2B_TIMEOUT_SECONDS {
+            return Err(ConfigError(format!(
+                "e2b.max_timeout_seconds must be from 1 to {MAX_E2B_TIMEOUT_SECONDS}"
+            )));
+        }
+        if e.default_timeout_seconds == 0 || e.default_timeout_seconds > max {
+            return Err(ConfigError(
+                "e2b.default_timeout_seconds must be from 1 to e2b.max_timeout_seconds".to_owned(),
+            ));
+        }
+        for (name, image) in &e.templates {
+            let name_ok = !name.is_empty()
+                && name.len() <= 128
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-_.:/".contains(&b));
+            if !name_ok {
+                return Err(ConfigError(format!(
+                    "e2b.templates: the name {:?} must be lower-case letters, digits and -_.:/",
+                    name.chars().take(64).collect::<String>()
+                )));
+            }
+            sandbox_core::TemplateId::new(image)
+                .map_err(|e| ConfigError(format!("e2b.templates.{name}: {}", e.message())))?;
+        }
+        Ok(())
+    }
+}
+
+/// The longest E2B sandbox timeout an operator may allow: the core's idle-timeout ceiling.
+#[cfg(feature = "e2b-api")]
+pub const MAX_E2B_TIMEOUT_SECONDS: u64 = sandbox_core::sandbox::MAX_IDLE_TIMEOUT.as_secs();
+
 /// The values `limits.terminal_idle_seconds` may take besides `0` (the default): [60 s, 24 h].
 pub const TERMINAL_IDLE_RANGE: std::ops::RangeInclusive<u64> = 60..=24 * 60 * 60;
 
@@ -331,6 +470,7 @@ pub const MAX_CONNECTIONS: usize = 1_000_000;
 const FEATURE_SECTIONS: &[(&str, &str, bool)] = &[
     ("docker", "docker", cfg!(feature = "docker")),
     ("redis", "redis", cfg!(feature = "redis")),
+    ("e2b", "e2b-api", cfg!(feature = "e2b-api")),
 ];
 
 /// Refuses a section of `table` whose feature this build lacks, naming the feature and, when
@@ -503,6 +643,55 @@ pub const ENV_VARS: &[EnvVar] = &[
         Text,
         "",
         "the development tenant's token file (unset: ~/.config/sandbox/dev-token)",
+    ),
+    var(
+        "SANDBOX_DATA_DIR",
+        "data_dir",
+        Text,
+        "",
+        "what must outlive a restart on this machine: the E2B API's generated secret and, with the memory store, its sandbox deadlines (unset: ~/.local/share/sandbox)",
+    ),
+    var(
+        "SANDBOX_E2B_ENABLED",
+        "e2b.enabled",
+        Flag,
+        "false",
+        "serve the E2B-compatible API (control plane and envd router) on `e2b.listen`",
+    ),
+    var(
+        "SANDBOX_E2B_LISTEN",
+        "e2b.listen",
+        Text,
+        "127.0.0.1:3000",
+        "address:port of the E2B API; point `E2B_API_URL` and `E2B_SANDBOX_URL` at `http://` it",
+    ),
+    var(
+        "SANDBOX_E2B_DOMAIN",
+        "e2b.domain",
+        Text,
+        "localhost",
+        "sandbox hosts are `<port>-<sandboxID>.<domain>`",
+    ),
+    var(
+        "SANDBOX_E2B_SECRET",
+        "e2b.secret",
+        Text,
+        "",
+        "the key envd access tokens are derived from, at least 32 bytes (a secret; required with the Redis store; unset: generated into the data directory)",
+    ),
+    var(
+        "SANDBOX_E2B_DEFAULT_TIMEOUT_SECONDS",
+        "e2b.default_timeout_seconds",
+        Seconds,
+        "300",
+        "an E2B sandbox created without a timeout is killed this long after its create",
+    ),
+    var(
+        "SANDBOX_E2B_MAX_TIMEOUT_SECONDS",
+        "e2b.max_timeout_seconds",
+        Seconds,
+        "86400",
+        "the longest timeout an E2B create, connect or set-timeout may ask for",
     ),
     var(
         "SANDBOX_REDIS_URL",

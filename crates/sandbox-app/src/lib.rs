@@ -14,6 +14,10 @@ pub mod auth;
 pub mod client;
 pub mod config;
 pub mod doctor;
+#[cfg(feature = "e2b-api")]
+pub mod e2b;
+#[cfg(all(feature = "e2b-api", feature = "docker"))]
+pub mod e2b_docker;
 pub mod http;
 pub mod image;
 pub mod metered;

@@ -23,9 +23,25 @@ pub const DEV_TENANT: u64 = 1;
 
 /// Builds the application state: tenants, the backend, the store, the session manager.
 pub async fn build_state(config: &ServiceConfig) -> Result<AppState, String> {
+    Ok(build(config).await?.state)
+}
+
+/// What [`build`] makes: the API's state, and what the E2B API needs of the backend.
+#[derive(Debug)]
+pub struct Built {
+    pub state: AppState,
+    /// The backend's envd relay (the Docker adapter's agent channels; `None` in exec mode).
+    #[cfg(feature = "e2b-api")]
+    pub envd: Option<Arc<dyn crate::e2b::EnvdPlane>>,
+}
+
+/// Builds the application state and the backend's envd plane.
+pub async fn build(config: &ServiceConfig) -> Result<Built, String> {
     let auth = tenants(config)?;
     let metrics = Arc::new(Metrics::with_data_plane(data_plane_label(config)));
-    let provider = serving_backend(config, &metrics).await?;
+    let (provider, envd) = serving_backend(config, &metrics).await?;
+    #[cfg(not(feature = "e2b-api"))]
+    let _ = envd;
     let (store, store_info) = binding_store(config).await?;
     // The production stack: Metered(Checked(adapter)), the adapter's constructor having
     // applied the checking layer.
@@ -56,7 +72,7 @@ pub async fn build_state(config: &ServiceConfig) -> Result<AppState, String> {
     .map_err(|e| e.to_string())?
     .with_observer(metrics.clone())
     .with_quotas(QuotaGate::new(quotas(config)?));
-    Ok(AppState {
+    let state = AppState {
         auth: Arc::new(auth),
         manager: SessionManager::new(lifecycle),
         provider,
@@ -68,8 +84,19 @@ pub async fn build_state(config: &ServiceConfig) -> Result<AppState, String> {
         ),
         store: store_info,
         budget: InflightBudget::new(config.limits.inflight_max_bytes),
+    };
+    Ok(Built {
+        state,
+        #[cfg(feature = "e2b-api")]
+        envd,
     })
 }
+
+/// The backend's envd plane, as [`serving_backend`] hands it over.
+#[cfg(feature = "e2b-api")]
+type EnvdPlaneOf = Option<Arc<dyn crate::e2b::EnvdPlane>>;
+#[cfg(not(feature = "e2b-api"))]
+type EnvdPlaneOf = ();
 
 /// The image the default config's sandboxes boot, and their idle TTL.
 #[cfg(feature = "docker")]
@@ -203,7 +230,7 @@ pub fn default_dev_token_file() -> std::path::PathBuf {
 
 /// Creates `dir` (and its parents) when missing; the directory the token is created in is
 /// made owner-only (0700), so no other account can even list it.
-fn create_private_dir(dir: &std::path::Path) -> Result<(), String> {
+pub(crate) fn create_private_dir(dir: &std::path::Path) -> Result<(), String> {
     let existed = dir.is_dir();
     std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     #[cfg(unix)]
@@ -217,7 +244,7 @@ fn create_private_dir(dir: &std::path::Path) -> Result<(), String> {
 
 /// An existing token file readable or writable by anyone but its owner is a leaked
 /// credential waiting to happen: it is narrowed to 0600 (with a warning), never used as is.
-fn keep_private(path: &std::path::Path) -> Result<(), String> {
+pub(crate) fn keep_private(path: &std::path::Path) -> Result<(), String> {
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt as _;
@@ -235,7 +262,7 @@ fn keep_private(path: &std::path::Path) -> Result<(), String> {
     Ok(())
 }
 
-fn write_private(path: &std::path::Path, token: &str) -> Result<(), String> {
+pub(crate) fn write_private(path: &std::path::Path, token: &str) -> Result<(), String> {
     use std::io::Write as _;
     #[cfg(unix)]
     use std::os::unix::fs::OpenOptionsExt as _;
@@ -260,19 +287,27 @@ pub async fn backend(
 }
 
 /// The backend the service runs on: [`backend`], its agent channels reporting to `metrics`,
-/// plus the image made present.
+/// plus the image made present; and its envd plane (agent mode's channels).
 #[cfg(feature = "docker")]
 async fn serving_backend(
     config: &ServiceConfig,
     metrics: &Arc<Metrics>,
-) -> Result<Arc<dyn sandbox_core::SandboxProvider>, String> {
+) -> Result<(Arc<dyn sandbox_core::SandboxProvider>, EnvdPlaneOf), String> {
     let observer: Arc<dyn sandbox_provider_docker::channel::ChannelObserver> = metrics.clone();
     let provider =
         sandbox_provider_docker::DockerProvider::connect_observed(config.docker.clone(), observer)
             .await
             .map_err(|e| e.to_string())?;
     prepare_image(&provider, &config.docker).await?;
-    Ok(Arc::new(provider))
+    #[cfg(feature = "e2b-api")]
+    let envd: EnvdPlaneOf = (config.docker.data_plane == sandbox_provider_docker::DataPlane::Agent)
+        .then(|| {
+            Arc::new(crate::e2b_docker::DockerEnvd((*provider).clone()))
+                as Arc<dyn crate::e2b::EnvdPlane>
+        });
+    #[cfg(not(feature = "e2b-api"))]
+    let envd: EnvdPlaneOf = ();
+    Ok((Arc::new(provider), envd))
 }
 
 /// The `data_plane` label of the configured backend's calls.
@@ -344,8 +379,12 @@ async fn prepare_image(
 async fn serving_backend(
     config: &ServiceConfig,
     _metrics: &Arc<Metrics>,
-) -> Result<Arc<dyn sandbox_core::SandboxProvider>, String> {
-    backend(config).await
+) -> Result<(Arc<dyn sandbox_core::SandboxProvider>, EnvdPlaneOf), String> {
+    #[cfg(feature = "e2b-api")]
+    let envd: EnvdPlaneOf = None;
+    #[cfg(not(feature = "e2b-api"))]
+    let envd: EnvdPlaneOf = ();
+    Ok((backend(config).await?, envd))
 }
 
 /// The configured backend provider.
@@ -359,19 +398,42 @@ pub async fn backend(
 /// Serves until SIGINT/SIGTERM, then drains in-flight requests for at most the configured
 /// grace period.
 pub async fn serve(config: ServiceConfig) -> Result<(), String> {
-    let state = build_state(&config).await?;
+    let built = build(&config).await?;
+    let state = built.state;
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
     let local = listener.local_addr().map_err(|e| e.to_string())?;
+    // One signal, heard by every listener and background task.
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let when_stopped = move || {
+        let mut stopped = stopped.clone();
+        async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        }
+    };
+    #[cfg(feature = "e2b-api")]
+    let e2b = if config.e2b.enabled {
+        Some(crate::e2b::serve::start(&config, &state, built.envd, &when_stopped).await?)
+    } else {
+        None
+    };
     tracing::info!(listen = %local, backend = %state.provider.provider(), "sandbox service listening");
+    tokio::spawn(async move {
+        shutdown().await;
+        let _ = stop.send(true);
+    });
     crate::server::serve(
         listener,
         crate::http::router(state),
         crate::server::ServerLimits::from_config(&config.server),
-        shutdown(),
+        when_stopped(),
     )
     .await;
+    #[cfg(feature = "e2b-api")]
+    if let Some(e2b) = e2b {
+        e2b.stopped().await;
+    }
     Ok(())
 }
 

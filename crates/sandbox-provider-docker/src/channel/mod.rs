@@ -161,6 +161,8 @@ impl ChannelConfig {
 #[derive(Debug)]
 struct Generation {
     client: ChannelClient,
+    /// The envd protocol version the agent said it speaks, in its version answer.
+    envd_version: Arc<str>,
     exec: Arc<ExecState>,
     /// Held by every [`Lease`]: the idle close waits for the last one.
     leases: Arc<()>,
@@ -187,6 +189,7 @@ impl Generation {
 #[derive(Debug, Clone)]
 pub struct Lease {
     client: ChannelClient,
+    envd_version: Arc<str>,
     _hold: Arc<()>,
 }
 
@@ -194,6 +197,12 @@ impl Lease {
     /// The envd client on the channel.
     pub fn client(&self) -> &ChannelClient {
         &self.client
+    }
+
+    /// The envd version the agent reported when this channel opened (what an E2B control
+    /// plane answers as the sandbox's `envdVersion`: the SDKs gate features on it).
+    pub fn envd_version(&self) -> &str {
+        &self.envd_version
     }
 
     /// Forwards a caller's own HTTP request (an SDK's) to the agent over this channel,
@@ -308,6 +317,7 @@ impl Channel {
         current.touch();
         Ok(Lease {
             client: current.client.clone(),
+            envd_version: Arc::clone(&current.envd_version),
             _hold: Arc::clone(&current.leases),
         })
     }
@@ -411,6 +421,7 @@ impl Channel {
             )?;
             Ok(Generation {
                 client,
+                envd_version: Arc::from(version.envd.as_str()),
                 exec,
                 leases: Arc::new(()),
                 last_used: Mutex::new(Instant::now()),
@@ -539,10 +550,12 @@ pub fn idle_timeout_for(idle_ttl: Duration) -> Duration {
     DEFAULT_IDLE_TIMEOUT.min(idle_ttl / IDLE_TTL_SHARE)
 }
 
-/// The version answer's fields the channel reads (others, such as `envd`, are ignored here).
+/// The version answer's fields the channel reads: the agent's own version, checked, and the
+/// envd version it speaks, kept for [`Lease::envd_version`].
 #[derive(Debug, serde::Deserialize)]
 struct AgentVersion {
     agent: String,
+    envd: String,
 }
 
 /// Refuses an agent whose version is not `expected`, naming the fix.

@@ -1,0 +1,667 @@
+//! The control plane's routes (module docs of [`super`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Json};
+use sandbox_core::{
+    CreateRequest, Error, IdleTimeout, ListFilter, SandboxState, SandboxSummary, TimeoutAction,
+    TimeoutPolicy,
+};
+use serde::Deserialize;
+use time::OffsetDateTime;
+
+use super::ids::E2bId;
+use super::wire::{self, CLIENT_ID, ListedSandbox, SandboxAnswer, SandboxDetail};
+use super::{ApiError, Caller, E2bApi, Inner, Located, MAX_BODY_BYTES, is_gone, meta};
+
+/// The control plane's routes (authenticated by the layer [`super::router`] puts on them).
+pub(crate) fn routes() -> Router<E2bApi> {
+    Router::new()
+        .route("/v2/sandboxes", post(create_v2).get(list_v2))
+        .route("/sandboxes", post(create_legacy).get(list_legacy))
+        .route("/sandboxes/{id}", get(get_one).delete(kill))
+        .route("/sandboxes/{id}/timeout", post(set_timeout))
+        .route("/sandboxes/{id}/refreshes", post(refresh))
+        .route("/v2/sandboxes/{id}/connect", post(connect))
+        .route("/sandboxes/{id}/connect", post(connect))
+}
+
+/// The legacy create's default timeout, as the API defines it.
+const LEGACY_DEFAULT_TIMEOUT: Duration = Duration::from_secs(15);
+/// The longest refresh the API accepts.
+const MAX_REFRESH: Duration = Duration::from_secs(3600);
+/// The user and working directory processes of an E2B sandbox default to.
+pub const DEFAULT_USER: &str = "user";
+pub const DEFAULT_WORKDIR: &str = "/home/user";
+
+async fn body_of(request: Request) -> Result<axum::body::Bytes, ApiError> {
+    axum::body::to_bytes(request.into_body(), MAX_BODY_BYTES)
+        .await
+        .map_err(|e| {
+            let too_large = std::error::Error::source(&e)
+                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+            if too_large {
+                ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!("the request body is larger than {MAX_BODY_BYTES} bytes"),
+                )
+            } else {
+                ApiError::bad_request(format!("the request body could not be read: {e}"))
+            }
+        })
+}
+
+/// A JSON body of `T`, or `T::default()` for an empty one (the routes whose body is optional).
+async fn optional_json<T: for<'de> Deserialize<'de> + Default>(
+    request: Request,
+) -> Result<T, ApiError> {
+    let body = body_of(request).await?;
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("the request body is not valid: {e}")))
+}
+
+fn timeout_of(api: &Inner, seconds: Option<i64>, default: Duration) -> Result<Duration, ApiError> {
+    let Some(seconds) = seconds else {
+        return Ok(default.min(api.settings.max_timeout));
+    };
+    if seconds <= 0 {
+        return Err(ApiError::bad_request("Timeout must be greater than 0"));
+    }
+    let asked = Duration::from_secs(seconds.unsigned_abs());
+    if asked > api.settings.max_timeout {
+        let max = api.settings.max_timeout.as_secs();
+        return Err(ApiError::bad_request(format!(
+            "Timeout cannot be greater than {} hours ({max} seconds)",
+            max / 3600
+        )));
+    }
+    Ok(asked)
+}
+
+fn after(now: OffsetDateTime, d: Duration) -> OffsetDateTime {
+    now + time::Duration::try_from(d).unwrap_or(time::Duration::MAX)
+}
+
+async fn create_v2(
+    State(api): State<E2bApi>,
+    Extension(caller): Extension<Caller>,
+    request: Request,
+) -> Result<Response, ApiError> {
+    create(api, caller, request, false).await
+}
+
+async fn create_legacy(
+    State(api): State<E2bApi>,
+    Extension(caller): Extension<Caller>,
+    request: Request,
+) -> Result<Response, ApiError> {
+    create(api, caller, request, true).await
+}
+
+async fn create(
+    api: E2bApi,
+    Caller(tenant): Caller,
+    request: Request,
+    legacy: bool,
+) -> Result<Response, ApiError> {
+    let inner = &api.inner;
+    let body = body_of(request).await?;
+    let new = wire::parse_new_sandbox(&body, legacy).map_err(|r| ApiError::bad_request(r.0))?;
+    meta::check_caller_metadata(&new.metadata).map_err(ApiError::bad_request)?;
+    for name in new.env.keys() {
+        sandbox_core::exec::validate_env_name(name)
+            .map_err(|e| ApiError::bad_request(format!("envVars: {}", e.message())))?;
+    }
+    let default = if legacy {
+        LEGACY_DEFAULT_TIMEOUT
+    } else {
+        inner.settings.default_timeout
+    };
+    let timeout = timeout_of(inner, new.timeout, default)?;
+    let name = new.template.to_ascii_lowercase();
+    let image = inner
+        .settings
+        .templates
+        .get(&name)
+        .or_else(|| {
+            inner
+                .settings
+                .templates
+                .get(name.trim_end_matches(":default"))
+        })
+        .cloned()
+        .ok_or_else(|| {
+            let shown: String = new.template.chars().take(128).collect();
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                format!("template '{shown}' not found"),
+            )
+        })?;
+
+    // One create at a time per tenant in this process, so the count below holds.
+    let lock = {
+        let mut locks = inner
+            .create_locks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        Arc::clone(locks.entry(tenant).or_default())
+    };
+    let _one_at_a_time = lock.lock().await;
+    if let Some(max) = inner.settings.max_sandboxes(tenant) {
+        let live = inner.provider.list(&tenant_filter(tenant)).await?;
+        if live.len() >= usize::try_from(max).unwrap_or(usize::MAX) {
+            return Err(ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                format!(
+                    "tenant {} already has {} sandboxes, its limit (quotas.max_sandboxes); kill one first",
+                    tenant.get(),
+                    live.len()
+                ),
+            ));
+        }
+    }
+
+    let id = E2bId::generate().map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e))?;
+    let deadline = after(OffsetDateTime::now_utc(), timeout);
+    // Written before the sandbox exists: a crash after this line leaves a deadline whose
+    // sandbox may or may not exist, which the timeout engine handles either way; a crash
+    // after the create and before the write would leave a sandbox nothing ever kills.
+    inner.deadlines.set_deadline(id.as_str(), deadline).await?;
+    let mut create = CreateRequest::new(image);
+    create.metadata = meta::stamped(
+        &new.metadata,
+        &id,
+        tenant,
+        deadline.unix_timestamp(),
+        &new.template,
+    );
+    create.env = new.env;
+    // Their own timeout engine owns them: the backend's idle reclaim must never.
+    create.timeout = TimeoutPolicy {
+        idle: IdleTimeout::Never,
+        on_timeout: TimeoutAction::Kill,
+        auto_resume: false,
+    };
+    if new.deny_internet {
+        create.network.allow_internet_access = Some(false);
+    }
+    create.user = Some(
+        sandbox_core::SandboxPath::new(DEFAULT_WORKDIR)
+            .and_then(|workdir| sandbox_core::SandboxUser::new(DEFAULT_USER, workdir))
+            .map_err(ApiError::from_core)?,
+    );
+    let handle = match inner.provider.create(create).await {
+        Ok(handle) => handle,
+        Err(e) => {
+            let _ = inner.deadlines.remove_deadline(id.as_str()).await;
+            return Err(create_failed(e));
+        }
+    };
+    let located = Located {
+        tenant,
+        sandbox: handle.id().clone(),
+    };
+    inner.index.remember(&id, located.clone());
+    let envd_version = match inner.envd.envd_version(handle.id()).await {
+        Ok(version) => inner.learn_envd_version(version),
+        Err(e) => {
+            // A sandbox whose agent does not answer is of no use to an SDK: undo the create.
+            tracing::warn!(sandbox = %id, error = %e, "e2b api: the new sandbox's agent did not answer; deleting it");
+            let _ = inner.provider.delete(&located.sandbox).await;
+            inner.index.forget(&id);
+            let _ = inner.deadlines.remove_deadline(id.as_str()).await;
+            return Err(create_failed(e));
+        }
+    };
+    tracing::info!(sandbox = %id, tenant = tenant.get(), template = %new.template, timeout_seconds = timeout.as_secs(), "e2b api: sandbox created");
+    let answer = sandbox_answer(inner, tenant, &id, &new.template, envd_version);
+    Ok((StatusCode::CREATED, Json(answer)).into_response())
+}
+
+/// A create the backend refused: a caller's mistake keeps its status, the backend's failures
+/// are 500s (503 when it is busy or away), with the backend's words.
+fn create_failed(error: Error) -> ApiError {
+    ApiError::from_core(error)
+}
+
+fn tenant_filter(tenant: sandbox_core::TenantId) -> ListFilter {
+    let mut metadata = meta::api_filter();
+    metadata.insert(meta::TENANT.to_owned(), tenant.get().to_string());
+    ListFilter {
+        metadata,
+        ..ListFilter::default()
+    }
+}
+
+fn sandbox_answer(
+    inner: &Inner,
+    tenant: sandbox_core::TenantId,
+    id: &E2bId,
+    template: &str,
+    envd_version: String,
+) -> SandboxAnswer {
+    SandboxAnswer {
+        template_id: template.to_owned(),
+        sandbox_id: id.as_str().to_owned(),
+        client_id: CLIENT_ID.to_owned(),
+        envd_version,
+        envd_access_token: inner.keys.access_token(tenant, id),
+        traffic_access_token: inner.keys.traffic_token(tenant, id),
+        domain: inner.settings.domain.clone(),
+    }
+}
+
+fn rfc3339(at: OffsetDateTime) -> String {
+    at.format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default()
+}
+
+/// The state word of the API: only `running` and `paused` exist on its wire.
+fn state_word(state: SandboxState) -> Option<&'static str> {
+    match state {
+        SandboxState::Running | SandboxState::Transitioning => Some("running"),
+        SandboxState::Paused => Some("paused"),
+        SandboxState::Terminal | SandboxState::Unknown => None,
+    }
+}
+
+async fn listed(inner: &Inner, summary: &SandboxSummary) -> Option<ListedSandbox> {
+    let id = summary.metadata.get(meta::ID)?;
+    let state = state_word(summary.state)?;
+    let end = match inner.deadlines.deadline(id).await {
+        Ok(Some(at)) => Some(at),
+        _ => meta::deadline_of(&summary.metadata),
+    };
+    let started = summary.started_at.unwrap_or_else(OffsetDateTime::now_utc);
+    Some(ListedSandbox {
+        template_id: summary
+            .metadata
+            .get(meta::TEMPLATE)
+            .cloned()
+            .unwrap_or_default(),
+        sandbox_id: id.clone(),
+        client_id: CLIENT_ID.to_owned(),
+        started_at: rfc3339(started),
+        end_at: rfc3339(end.unwrap_or(started)),
+        cpu_count: inner.settings.cpu_count,
+        memory_mb: inner.settings.memory_mb,
+        disk_size_mb: inner.settings.disk_size_mb,
+        state,
+        envd_version: envd_version_hint(inner, summary).await,
+        metadata: meta::caller_view(&summary.metadata),
+    })
+}
+
+/// The envd version a listing reports. Every agent this service installs is the one
+/// version it checked at start, so the version one sandbox's agent reported stands for all:
+/// a listing of a hundred sandboxes opens no hundred channels.
+async fn envd_version_hint(inner: &Inner, summary: &SandboxSummary) -> String {
+    if let Some(known) = inner.known_envd_version() {
+        return known;
+    }
+    match inner.envd.envd_version(&summary.id).await {
+        Ok(version) => inner.learn_envd_version(version),
+        Err(_) => String::new(),
+    }
+}
+
+async fn get_one(
+    State(api): State<E2bApi>,
+    Extension(Caller(tenant)): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let inner = &api.inner;
+    let (e2b_id, located) = inner.locate_owned(tenant, &id).await?;
+    let summary = match inner.provider.get(&located.sandbox).await {
+        Ok(summary) => summary,
+        Err(e) if is_gone(&e) => {
+            inner.index.forget(&e2b_id);
+            return Err(ApiError::sandbox_not_found(&id));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let listed = listed(inner, &summary)
+        .await
+        .ok_or_else(|| ApiError::sandbox_not_found(&id))?;
+    let detail = SandboxDetail {
+        listed,
+        envd_access_token: inner.keys.access_token(tenant, &e2b_id),
+        allow_internet_access: true,
+        domain: inner.settings.domain.clone(),
+        lifecycle: wire::Lifecycle {
+            auto_resume: false,
+            on_timeout: "kill",
+        },
+    };
+    Ok(Json(detail).into_response())
+}
+
+/// The query of `GET /v2/sandboxes`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ListQuery {
+    metadata: Option<String>,
+    state: Option<String>,
+    limit: Option<String>,
+    next_token: Option<String>,
+}
+
+/// The most a page may hold, and what a list without `limit` gets.
+const MAX_PAGE: usize = 100;
+
+async fn list_v2(
+    State(api): State<E2bApi>,
+    Extension(Caller(tenant)): Extension<Caller>,
+    Query(query): Query<ListQuery>,
+) -> Result<Response, ApiError> {
+    let inner = &api.inner;
+    let mut filter = tenant_filter(tenant);
+    if let Some(raw) = &query.metadata {
+        let wanted = meta::decode_filter(raw).map_err(ApiError::bad_request)?;
+        meta::check_caller_metadata(&wanted).map_err(ApiError::bad_request)?;
+        filter.metadata.extend(wanted);
+    }
+    let mut want_running = true;
+    let mut want_paused = true;
+    if let Some(states) = &query.state {
+        want_running = false;
+        want_paused = false;
+        for word in states.split(',').map(str::trim).filter(|w| !w.is_empty()) {
+            match word {
+                "running" => want_running = true,
+                "paused" => want_paused = true,
+                other => {
+                    let shown: String = other.chars().take(32).collect();
+                    return Err(ApiError::bad_request(format!(
+                        "state: {shown:?} is not running or paused"
+                    )));
+                }
+            }
+        }
+    }
+    let limit = match &query.limit {
+        None => MAX_PAGE,
+        Some(raw) => match raw.parse::<usize>() {
+            Ok(n @ 1..=MAX_PAGE) => n,
+            _ => {
+                return Err(ApiError::bad_request(format!(
+                    "limit must be a whole number from 1 to {MAX_PAGE}"
+                )));
+            }
+        },
+    };
+    if want_running {
+        filter
+            .states
+            .extend([SandboxState::Running, SandboxState::Transitioning]);
+    }
+    if want_paused {
+        filter.states.push(SandboxState::Paused);
+    }
+    let cursor = query.next_token.as_deref().filter(|t| !t.is_empty());
+    let page = page_of(inner.provider.list(&filter).await?, limit, cursor)?;
+    let mut out = Vec::with_capacity(page.items.len());
+    for summary in &page.items {
+        if let Some(item) = listed(inner, summary).await {
+            out.push(item);
+        }
+    }
+    let mut response = Json(out).into_response();
+    if let Some(next) = page.next
+        && let Ok(value) = HeaderValue::from_str(&next)
+    {
+        response.headers_mut().insert("x-next-token", value);
+    }
+    Ok(response)
+}
+
+/// One page of a listing, newest first (ties by ID), after the sandbox `cursor` names.
+struct Page {
+    items: Vec<SandboxSummary>,
+    next: Option<String>,
+}
+
+fn page_of(
+    mut all: Vec<SandboxSummary>,
+    limit: usize,
+    cursor: Option<&str>,
+) -> Result<Page, ApiError> {
+    let key = |s: &SandboxSummary| {
+        (
+            s.started_at.map(OffsetDateTime::unix_timestamp_nanos),
+            s.id.as_str().to_owned(),
+        )
+    };
+    all.sort_by(|a, b| key(b).cmp(&key(a)));
+    let start = match cursor {
+        None => 0,
+        Some(c) => {
+            let (nanos, id) = c
+                .split_once('_')
+                .and_then(|(n, id)| Some((n.parse::<i128>().ok(), id)))
+                .ok_or_else(|| {
+                    ApiError::bad_request("nextToken is not a token this server issued")
+                })?;
+            let after = (nanos, id.to_owned());
+            all.iter().position(|s| key(s) < after).unwrap_or(all.len())
+        }
+    };
+    let rest = all.split_off(start.min(all.len()));
+    let more = rest.len() > limit;
+    let items: Vec<_> = rest.into_iter().take(limit).collect();
+    let next = if more {
+        items.last().map(|s| {
+            let (nanos, id) = key(s);
+            format!("{}_{id}", nanos.map(|n| n.to_string()).unwrap_or_default())
+        })
+    } else {
+        None
+    };
+    Ok(Page { items, next })
+}
+
+/// The legacy list: running sandboxes only, no paging.
+async fn list_legacy(
+    State(api): State<E2bApi>,
+    Extension(Caller(tenant)): Extension<Caller>,
+    Query(query): Query<ListQuery>,
+) -> Result<Response, ApiError> {
+    let inner = &api.inner;
+    let mut filter = tenant_filter(tenant);
+    if let Some(raw) = &query.metadata {
+        let wanted = meta::decode_filter(raw).map_err(ApiError::bad_request)?;
+        meta::check_caller_metadata(&wanted).map_err(ApiError::bad_request)?;
+        filter.metadata.extend(wanted);
+    }
+    filter.states = vec![SandboxState::Running, SandboxState::Transitioning];
+    let all = inner.provider.list(&filter).await?;
+    let mut out = Vec::with_capacity(all.len());
+    for summary in &all {
+        if let Some(item) = listed(inner, summary).await {
+            out.push(item);
+        }
+    }
+    Ok(Json(out).into_response())
+}
+
+async fn kill(
+    State(api): State<E2bApi>,
+    Extension(Caller(tenant)): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let inner = &api.inner;
+    let (e2b_id, located) = inner.locate_owned(tenant, &id).await?;
+    match inner.provider.delete(&located.sandbox).await {
+        Ok(()) => {}
+        Err(e) if is_gone(&e) => {
+            inner.index.forget(&e2b_id);
+            let _ = inner.deadlines.remove_deadline(e2b_id.as_str()).await;
+            return Err(ApiError::sandbox_not_found(&id));
+        }
+        Err(e) => return Err(e.into()),
+    }
+    inner.index.forget(&e2b_id);
+    // The sandbox is gone; a deadline left behind (the store failing now) only makes the
+    // timeout engine try a delete that finds nothing.
+    if let Err(e) = inner.deadlines.remove_deadline(e2b_id.as_str()).await {
+        tracing::warn!(sandbox = %e2b_id, error = %e, "e2b api: the killed sandbox's deadline stays until the timeout engine clears it");
+    }
+    tracing::info!(sandbox = %e2b_id, tenant = tenant.get(), "e2b api: sandbox killed");
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// Checks `id` is `tenant`'s live sandbox, answering 404 when it is gone.
+async fn live_owned(
+    inner: &Inner,
+    tenant: sandbox_core::TenantId,
+    id: &str,
+) -> Result<(E2bId, Located, SandboxSummary), ApiError> {
+    let (e2b_id, located) = inner.locate_owned(tenant, id).await?;
+    match inner.provider.get(&located.sandbox).await {
+        Ok(summary) if state_word(summary.state).is_some() => Ok((e2b_id, located, summary)),
+        Ok(_) => Err(ApiError::sandbox_not_found(id)),
+        Err(e) if is_gone(&e) => {
+            inner.index.forget(&e2b_id);
+            Err(ApiError::sandbox_not_found(id))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+async fn set_timeout(
+    State(api): State<E2bApi>,
+    Extension(Caller(tenant)): Extension<Caller>,
+    Path(id): Path<String>,
+    request: Request,
+) -> Result<Response, ApiError> {
+    let inner = &api.inner;
+    let body: wire::TimeoutBody = optional_json(request).await?;
+    let Some(seconds) = body.timeout else {
+        return Err(ApiError::bad_request("timeout is required"));
+    };
+    let timeout = timeout_of(inner, Some(seconds), inner.settings.default_timeout)?;
+    let (e2b_id, _, _) = live_owned(inner, tenant, &id).await?;
+    // Overwrites: a shorter timeout than before is the caller's to ask for.
+    let deadline = after(OffsetDateTime::now_utc(), timeout);
+    inner
+        .deadlines
+        .set_deadline(e2b_id.as_str(), deadline)
+        .await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+async fn refresh(
+    State(api): State<E2bApi>,
+    Extension(Caller(tenant)): Extension<Caller>,
+    Path(id): Path<String>,
+    request: Request,
+) -> Result<Response, ApiError> {
+    let inner = &api.inner;
+    let body: wire::RefreshBody = optional_json(request).await?;
+    let duration = match body.duration {
+        None => inner.settings.default_timeout.min(MAX_REFRESH),
+        Some(d @ 0..=3600) => Duration::from_secs(d.unsigned_abs()),
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "duration must be from 0 to 3600 seconds",
+            ));
+        }
+    };
+    let (e2b_id, _, _) = live_owned(inner, tenant, &id).await?;
+    extend_to(inner, &e2b_id, after(OffsetDateTime::now_utc(), duration)).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// Moves a deadline later, never earlier.
+async fn extend_to(inner: &Inner, id: &E2bId, at: OffsetDateTime) -> Result<(), Error> {
+    let current = inner.deadlines.deadline(id.as_str()).await?;
+    if current.is_none_or(|c| c < at) {
+        inner.deadlines.set_deadline(id.as_str(), at).await?;
+    }
+    Ok(())
+}
+
+async fn connect(
+    State(api): State<E2bApi>,
+    Extension(Caller(tenant)): Extension<Caller>,
+    Path(id): Path<String>,
+    request: Request,
+) -> Result<Response, ApiError> {
+    let inner = &api.inner;
+    let body: wire::TimeoutBody = optional_json(request).await?;
+    let timeout = timeout_of(inner, body.timeout, inner.settings.default_timeout)?;
+    let (e2b_id, located, summary) = live_owned(inner, tenant, &id).await?;
+    let resumed = summary.state == SandboxState::Paused;
+    if resumed {
+        inner
+            .provider
+            .connect(sandbox_core::ConnectRequest::new(located.sandbox.clone()))
+            .await?;
+    }
+    // For a running sandbox a connect only ever extends its timeout.
+    extend_to(inner, &e2b_id, after(OffsetDateTime::now_utc(), timeout)).await?;
+    let envd_version = inner.learn_envd_version(inner.envd.envd_version(&located.sandbox).await?);
+    let template = summary
+        .metadata
+        .get(meta::TEMPLATE)
+        .cloned()
+        .unwrap_or_default();
+    let answer = sandbox_answer(inner, tenant, &e2b_id, &template, envd_version);
+    let status = if resumed {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(answer)).into_response())
+}
+
+/// The timeout engine's view: every sandbox of this API, and how to kill one.
+#[derive(Debug)]
+pub(crate) struct Target(pub(crate) E2bApi);
+
+#[async_trait::async_trait]
+impl super::expiry::ExpiryTarget for Target {
+    async fn expire(&self, key: &str) -> Result<(), Error> {
+        let inner = &self.0.inner;
+        let Some(id) = E2bId::parse(key) else {
+            return Ok(());
+        };
+        let Some(located) = inner.locate(&id).await? else {
+            return Ok(());
+        };
+        match inner.provider.delete(&located.sandbox).await {
+            Ok(()) => {}
+            Err(e) if is_gone(&e) => {}
+            Err(e) => return Err(e),
+        }
+        inner.index.forget(&id);
+        tracing::info!(sandbox = %id, tenant = located.tenant.get(), "e2b api: sandbox killed at its timeout");
+        Ok(())
+    }
+
+    async fn live(&self) -> Result<Vec<(String, Option<OffsetDateTime>)>, Error> {
+        let inner = &self.0.inner;
+        let filter = ListFilter {
+            metadata: meta::api_filter(),
+            ..ListFilter::default()
+        };
+        let all = inner.provider.list(&filter).await?;
+        Ok(all
+            .iter()
+            .filter(|s| !matches!(s.state, SandboxState::Terminal))
+            .filter_map(|s| {
+                let id = s.metadata.get(meta::ID)?;
+                Some((id.clone(), meta::deadline_of(&s.metadata)))
+            })
+            .collect())
+    }
+}

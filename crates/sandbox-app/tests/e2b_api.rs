@@ -1,0 +1,815 @@
+//! The E2B-compatible API over the fake provider, hermetic: the control plane's answers and
+//! error shapes, refused options, tenant isolation, paging, deadlines, and the envd router's
+//! addressing, authorisation and stripping (with a recording [`EnvdPlane`] in place of a
+//! sandbox's agent). The official SDK against the real thing is `tests/it/e2b_sdk.rs`.
+
+#![cfg(feature = "e2b-api")]
+#![allow(clippy::unwrap_used, clippy::expect_used)] // Test file: a failed unwrap is a failed test.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::Request;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use http_body_util::BodyExt as _;
+use sandbox_app::auth::{TenantAuth, digest, hex};
+use sandbox_app::e2b::ids::{FileOperation, Keys, file_signature};
+use sandbox_app::e2b::{E2bApi, EnvdPlane, Settings};
+use sandbox_core::{DeadlineStore, Error, SandboxId, SandboxProvider, Secret, TenantId};
+use sandbox_session::quota::{Quotas, TenantQuota};
+use sandbox_testkit::MemoryDeadlines;
+use sandbox_testkit::fake::FakeProvider;
+use serde_json::{Value, json};
+use tower::ServiceExt as _;
+
+const KEY_A: &str = "e2b_tenant_a_key";
+const KEY_B: &str = "e2b_tenant_b_key";
+const ENVD_VERSION: &str = "0.6.4";
+
+/// What the router handed the agent: the method, the target and the headers.
+#[derive(Debug, Default)]
+struct Recording {
+    seen: Mutex<Vec<(SandboxId, String, String, HeaderMap)>>,
+}
+
+#[async_trait::async_trait]
+impl EnvdPlane for Recording {
+    async fn envd_version(&self, _id: &SandboxId) -> Result<String, Error> {
+        Ok(ENVD_VERSION.to_owned())
+    }
+
+    async fn forward(&self, id: &SandboxId, request: Request<Body>) -> Response {
+        self.seen.lock().unwrap().push((
+            id.clone(),
+            request.method().to_string(),
+            request.uri().to_string(),
+            request.headers().clone(),
+        ));
+        (StatusCode::OK, "relayed").into_response()
+    }
+}
+
+struct Harness {
+    app: axum::Router,
+    envd: Arc<Recording>,
+    deadlines: Arc<MemoryDeadlines>,
+    provider: Arc<dyn SandboxProvider>,
+}
+
+fn harness_with(max_sandboxes: Option<u32>) -> Harness {
+    let provider: Arc<dyn SandboxProvider> = Arc::new(FakeProvider::new());
+    let envd = Arc::new(Recording::default());
+    let deadlines = Arc::new(MemoryDeadlines::new());
+    let auth = TenantAuth::new([
+        (1, hex(&digest(KEY_A)).as_str()),
+        (2, hex(&digest(KEY_B)).as_str()),
+    ])
+    .unwrap();
+    let settings = Settings {
+        domain: "sbx.test".to_owned(),
+        default_timeout: Duration::from_secs(300),
+        max_timeout: Duration::from_secs(3600),
+        templates: HashMap::from([("base".to_owned(), FakeProvider::template())]),
+        cpu_count: 2,
+        memory_mb: 2048,
+        disk_size_mb: 10240,
+        quotas: Quotas {
+            default: TenantQuota {
+                max_sandboxes,
+                ..TenantQuota::default()
+            },
+            tenants: HashMap::new(),
+        },
+    };
+    let api = E2bApi::new(
+        Arc::clone(&provider),
+        envd.clone(),
+        Arc::new(auth),
+        Keys::new(Secret::new("a-test-secret-of-at-least-32-bytes!!")),
+        deadlines.clone(),
+        settings,
+    );
+    Harness {
+        app: sandbox_app::e2b::router(api),
+        envd,
+        deadlines,
+        provider,
+    }
+}
+
+fn harness() -> Harness {
+    harness_with(None)
+}
+
+async fn call(
+    h: &Harness,
+    method: &str,
+    uri: &str,
+    headers: &[(&str, &str)],
+    body: Option<Value>,
+) -> (StatusCode, HeaderMap, Value) {
+    let mut request = Request::builder().method(method).uri(uri);
+    for (k, v) in headers {
+        request = request.header(*k, *v);
+    }
+    let body = match body {
+        Some(v) => {
+            request = request.header("content-type", "application/json");
+            Body::from(v.to_string())
+        }
+        None => Body::empty(),
+    };
+    let response = h
+        .app
+        .clone()
+        .oneshot(request.body(body).unwrap())
+        .await
+        .unwrap();
+    let status = response.status();
+    let headers = response.headers().clone();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    let value = if bytes.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&bytes)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()))
+    };
+    (status, headers, value)
+}
+
+async fn create(h: &Harness, key: &str, body: Value) -> Value {
+    let (status, _, answer) = call(
+        h,
+        "POST",
+        "/v2/sandboxes",
+        &[("x-api-key", key)],
+        Some(body),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{answer}");
+    answer
+}
+
+/// Every error answer is `{"code": <its status>, "message": <text>}`.
+fn assert_error(status: StatusCode, body: &Value, expected: StatusCode) {
+    assert_eq!(status, expected, "{body}");
+    assert_eq!(body["code"], json!(expected.as_u16()), "{body}");
+    assert!(
+        body["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "{body}"
+    );
+}
+
+#[tokio::test]
+async fn create_answers_201_with_a_token_and_the_agents_envd_version() {
+    let h = harness();
+    let answer = create(
+        &h,
+        KEY_A,
+        json!({"templateID": "base", "timeout": 120, "metadata": {"app": "x"}, "envVars": {"FOO": "bar"}}),
+    )
+    .await;
+    let id = answer["sandboxID"].as_str().unwrap();
+    assert!(id.starts_with('i') && id.len() == 20, "{answer}");
+    assert_eq!(answer["templateID"], "base");
+    assert_eq!(answer["envdVersion"], ENVD_VERSION);
+    assert_eq!(answer["clientID"], "6532622b");
+    assert_eq!(answer["domain"], "sbx.test");
+    let token = answer["envdAccessToken"].as_str().unwrap();
+    assert!(token.starts_with("ea1.1."), "{token}");
+
+    // The deadline was stored before the answer: about two minutes from now.
+    let deadline = h.deadlines.deadline(id).await.unwrap().expect("a deadline");
+    let left = deadline - time::OffsetDateTime::now_utc();
+    assert!(
+        left > time::Duration::seconds(100) && left <= time::Duration::seconds(121),
+        "{left}"
+    );
+
+    // The sandbox carries our marks and the caller's metadata, and no session ownership.
+    let (status, _, detail) = call(
+        &h,
+        "GET",
+        &format!("/sandboxes/{id}"),
+        &[("x-api-key", KEY_A)],
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{detail}");
+    assert_eq!(
+        detail["metadata"],
+        json!({"app": "x"}),
+        "callers see their own keys only"
+    );
+    assert_eq!(detail["state"], "running");
+    assert_eq!(detail["envdAccessToken"], token);
+    let all = h
+        .provider
+        .list(&sandbox_core::ListFilter::default())
+        .await
+        .unwrap();
+    assert_eq!(all.len(), 1);
+    let stamped = &all[0].metadata;
+    assert_eq!(stamped["sandbox.api"], "e2b");
+    assert_eq!(stamped["sandbox.e2b.id"], id);
+    assert_eq!(stamped["sandbox.tenant"], "1");
+    assert!(
+        stamped.keys().all(|k| !k.starts_with("sandbox_")),
+        "no session ownership metadata: {stamped:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_missing_or_wrong_key_is_401_before_the_body_is_read() {
+    let h = harness();
+    for headers in [
+        vec![],
+        vec![("x-api-key", "e2b_wrong")],
+        vec![("authorization", "Bearer e2b_wrong")],
+    ] {
+        let (status, _, body) = call(
+            &h,
+            "POST",
+            "/v2/sandboxes",
+            &headers,
+            Some(json!("not even an object")),
+        )
+        .await;
+        assert_error(status, &body, StatusCode::UNAUTHORIZED);
+    }
+    // The bearer form of a right key works too.
+    let (status, _, _) = call(
+        &h,
+        "GET",
+        "/v2/sandboxes",
+        &[("authorization", &format!("Bearer {KEY_A}"))],
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn options_that_cannot_be_honoured_are_400_naming_them_and_create_nothing() {
+    let h = harness();
+    for (body, field) in [
+        (
+            json!({"templateID": "base", "volumeMounts": [{"name": "v", "path": "/v"}]}),
+            "volumeMounts",
+        ),
+        (json!({"templateID": "base", "mcp": {"srv": {}}}), "mcp"),
+        (json!({"templateID": "base", "iam": {"tokens": {}}}), "iam"),
+        (
+            json!({"templateID": "base", "network": {"egressProxy": {"address": "p:1"}}}),
+            "egressProxy",
+        ),
+        (
+            json!({"templateID": "base", "network": {"allowOut": ["example.com"]}}),
+            "allowOut",
+        ),
+        (
+            json!({"templateID": "base", "network": {"rules": {"h": [{"transform": {}}]}}}),
+            "rules",
+        ),
+        (
+            json!({"templateID": "base", "metadata": {"sandbox_session_id": "s"}}),
+            "sandbox_session_id",
+        ),
+        (
+            json!({"templateID": "base", "envVars": {"1BAD": "x"}}),
+            "envVars",
+        ),
+        (json!({"templateID": "base", "timeout": 0}), "Timeout"),
+        (json!({"templateID": "base", "timeout": 7200}), "Timeout"),
+    ] {
+        let (status, _, answer) = call(
+            &h,
+            "POST",
+            "/v2/sandboxes",
+            &[("x-api-key", KEY_A)],
+            Some(body.clone()),
+        )
+        .await;
+        assert_error(status, &answer, StatusCode::BAD_REQUEST);
+        assert!(
+            answer["message"].as_str().unwrap().contains(field),
+            "{body}: {answer}"
+        );
+    }
+    let (status, _, answer) = call(
+        &h,
+        "POST",
+        "/v2/sandboxes",
+        &[("x-api-key", KEY_A)],
+        Some(json!({"templateID": "no-such-template"})),
+    )
+    .await;
+    assert_error(status, &answer, StatusCode::NOT_FOUND);
+    assert!(
+        answer["message"]
+            .as_str()
+            .unwrap()
+            .contains("no-such-template")
+    );
+    assert!(
+        h.provider
+            .list(&sandbox_core::ListFilter::default())
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        h.deadlines
+            .due(
+                time::OffsetDateTime::now_utc() + time::Duration::days(1),
+                10
+            )
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+#[tokio::test]
+async fn another_tenant_gets_404_for_every_route_of_a_sandbox_not_its_own() {
+    let h = harness();
+    let answer = create(
+        &h,
+        KEY_A,
+        json!({"templateID": "base", "metadata": {"who": "a"}}),
+    )
+    .await;
+    let id = answer["sandboxID"].as_str().unwrap().to_owned();
+    let b = [("x-api-key", KEY_B)];
+    for (method, uri, body) in [
+        ("GET", format!("/sandboxes/{id}"), None),
+        ("DELETE", format!("/sandboxes/{id}"), None),
+        (
+            "POST",
+            format!("/sandboxes/{id}/timeout"),
+            Some(json!({"timeout": 10})),
+        ),
+        (
+            "POST",
+            format!("/sandboxes/{id}/refreshes"),
+            Some(json!({"duration": 10})),
+        ),
+        (
+            "POST",
+            format!("/v2/sandboxes/{id}/connect"),
+            Some(json!({})),
+        ),
+        (
+            "POST",
+            format!("/sandboxes/{id}/connect"),
+            Some(json!({"timeout": 10})),
+        ),
+    ] {
+        let (status, _, answer) = call(&h, method, &uri, &b, body).await;
+        assert_error(status, &answer, StatusCode::NOT_FOUND);
+        assert!(
+            answer["message"].as_str().unwrap().contains(&id),
+            "{answer}"
+        );
+    }
+    let (status, _, listed) = call(&h, "GET", "/v2/sandboxes", &b, None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(listed, json!([]), "B lists none of A's");
+    let (_, _, listed) = call(&h, "GET", "/sandboxes", &b, None).await;
+    assert_eq!(listed, json!([]));
+    // A still has it, untouched.
+    let (status, _, _) = call(
+        &h,
+        "GET",
+        &format!("/sandboxes/{id}"),
+        &[("x-api-key", KEY_A)],
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    // And B cannot reach its envd: B's own sandbox's token does not open A's.
+    let b_sandbox = create(&h, KEY_B, json!({"templateID": "base"})).await;
+    let b_token = b_sandbox["envdAccessToken"].as_str().unwrap();
+    let (status, _, answer) = call(
+        &h,
+        "POST",
+        "/process.Process/List",
+        &[
+            ("e2b-sandbox-id", &id),
+            ("e2b-sandbox-port", "49983"),
+            ("x-access-token", b_token),
+        ],
+        Some(json!({})),
+    )
+    .await;
+    assert_error(status, &answer, StatusCode::NOT_FOUND);
+    assert!(
+        h.envd.seen.lock().unwrap().is_empty(),
+        "nothing reached an agent"
+    );
+}
+
+#[tokio::test]
+async fn listing_filters_by_metadata_as_the_sdk_encodes_it_and_pages() {
+    let h = harness();
+    let mut ids = Vec::new();
+    for _ in 0..5 {
+        let a = create(
+            &h,
+            KEY_A,
+            json!({"templateID": "base", "metadata": {"user": "a b&c=d"}}),
+        )
+        .await;
+        ids.push(a["sandboxID"].as_str().unwrap().to_owned());
+    }
+    create(
+        &h,
+        KEY_A,
+        json!({"templateID": "base", "metadata": {"user": "other"}}),
+    )
+    .await;
+    // What SDK 2.63 sends for {"user": "a b&c=d"}, limit 2.
+    let mut seen = Vec::new();
+    let mut next: Option<String> = None;
+    for _ in 0..10 {
+        let mut uri = "/v2/sandboxes?metadata=user%3Da%252520b%252526c%25253Dd&state=running%2Cpaused&limit=2".to_owned();
+        if let Some(token) = &next {
+            uri.push_str(&format!("&nextToken={token}"));
+        }
+        let (status, headers, page) = call(&h, "GET", &uri, &[("x-api-key", KEY_A)], None).await;
+        assert_eq!(status, StatusCode::OK, "{page}");
+        let items = page.as_array().unwrap();
+        assert!(items.len() <= 2);
+        for item in items {
+            for key in [
+                "templateID",
+                "sandboxID",
+                "clientID",
+                "startedAt",
+                "endAt",
+                "cpuCount",
+                "memoryMB",
+                "diskSizeMB",
+                "state",
+                "envdVersion",
+            ] {
+                assert!(item.get(key).is_some(), "{key}: {item}");
+            }
+            seen.push(item["sandboxID"].as_str().unwrap().to_owned());
+        }
+        next = headers
+            .get("x-next-token")
+            .map(|v| v.to_str().unwrap().to_owned());
+        if next.is_none() {
+            break;
+        }
+    }
+    assert!(next.is_none(), "paging ends");
+    let mut sorted = seen.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(sorted.len(), seen.len(), "no sandbox twice: {seen:?}");
+    ids.sort();
+    assert_eq!(sorted, ids);
+    // A bad filter, state or cursor is a 400, not an empty list.
+    for uri in [
+        "/v2/sandboxes?metadata=novalue",
+        "/v2/sandboxes?state=exploded",
+        "/v2/sandboxes?limit=0",
+        "/v2/sandboxes?limit=101",
+        "/v2/sandboxes?nextToken=forged",
+    ] {
+        let (status, _, answer) = call(&h, "GET", uri, &[("x-api-key", KEY_A)], None).await;
+        assert_error(status, &answer, StatusCode::BAD_REQUEST);
+    }
+}
+
+#[tokio::test]
+async fn timeouts_set_extend_and_kill_clears_the_deadline() {
+    let h = harness();
+    let a = create(&h, KEY_A, json!({"templateID": "base", "timeout": 60})).await;
+    let id = a["sandboxID"].as_str().unwrap().to_owned();
+    let key = [("x-api-key", KEY_A)];
+    let now = time::OffsetDateTime::now_utc;
+    let (status, _, _) = call(
+        &h,
+        "POST",
+        &format!("/sandboxes/{id}/timeout"),
+        &key,
+        Some(json!({"timeout": 1800})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let d = h.deadlines.deadline(&id).await.unwrap().unwrap();
+    assert!(d - now() > time::Duration::seconds(1700), "{d}");
+    // Set-timeout overwrites, shorter too; connect and refreshes only extend.
+    call(
+        &h,
+        "POST",
+        &format!("/sandboxes/{id}/timeout"),
+        &key,
+        Some(json!({"timeout": 30})),
+    )
+    .await;
+    let short = h.deadlines.deadline(&id).await.unwrap().unwrap();
+    assert!(short - now() <= time::Duration::seconds(31));
+    let (status, _, answer) = call(
+        &h,
+        "POST",
+        &format!("/v2/sandboxes/{id}/connect"),
+        &key,
+        Some(json!({"timeout": 10})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "running: 200 {answer}");
+    assert_eq!(answer["sandboxID"], json!(id));
+    assert_eq!(
+        h.deadlines.deadline(&id).await.unwrap().unwrap(),
+        short,
+        "a shorter connect timeout does not cut it"
+    );
+    call(
+        &h,
+        "POST",
+        &format!("/sandboxes/{id}/refreshes"),
+        &key,
+        Some(json!({"duration": 600})),
+    )
+    .await;
+    assert!(
+        h.deadlines.deadline(&id).await.unwrap().unwrap() - now() > time::Duration::seconds(590)
+    );
+    let (status, _, body) = call(
+        &h,
+        "POST",
+        &format!("/sandboxes/{id}/refreshes"),
+        &key,
+        Some(json!({"duration": 3601})),
+    )
+    .await;
+    assert_error(status, &body, StatusCode::BAD_REQUEST);
+    let (status, _, body) = call(
+        &h,
+        "POST",
+        &format!("/sandboxes/{id}/timeout"),
+        &key,
+        Some(json!({})),
+    )
+    .await;
+    assert_error(status, &body, StatusCode::BAD_REQUEST);
+
+    let (status, _, _) = call(&h, "DELETE", &format!("/sandboxes/{id}"), &key, None).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    assert_eq!(h.deadlines.deadline(&id).await.unwrap(), None);
+    let (status, _, body) = call(&h, "DELETE", &format!("/sandboxes/{id}"), &key, None).await;
+    assert_error(status, &body, StatusCode::NOT_FOUND);
+    let (status, _, body) = call(&h, "GET", "/sandboxes/not-an-id", &key, None).await;
+    assert_error(status, &body, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn a_tenants_sandbox_limit_is_429() {
+    let h = harness_with(Some(2));
+    create(&h, KEY_A, json!({"templateID": "base"})).await;
+    create(&h, KEY_A, json!({"templateID": "base"})).await;
+    let (status, headers, body) = call(
+        &h,
+        "POST",
+        "/v2/sandboxes",
+        &[("x-api-key", KEY_A)],
+        Some(json!({"templateID": "base"})),
+    )
+    .await;
+    assert_error(status, &body, StatusCode::TOO_MANY_REQUESTS);
+    assert!(headers.get("retry-after").is_some());
+    // Another tenant has its own count.
+    create(&h, KEY_B, json!({"templateID": "base"})).await;
+}
+
+#[tokio::test]
+async fn the_router_relays_authorised_requests_without_credentials() {
+    let h = harness();
+    let a = create(&h, KEY_A, json!({"templateID": "base"})).await;
+    let id = a["sandboxID"].as_str().unwrap().to_owned();
+    let token = a["envdAccessToken"].as_str().unwrap().to_owned();
+    let route = |extra: &[(&'static str, String)]| {
+        let mut v: Vec<(&str, String)> = vec![
+            ("e2b-sandbox-id", id.clone()),
+            ("e2b-sandbox-port", "49983".to_owned()),
+        ];
+        v.extend(extra.iter().cloned());
+        v
+    };
+    let call_with =
+        |h: &Harness, method: &'static str, uri: String, headers: Vec<(&'static str, String)>| {
+            let app = h.app.clone();
+            async move {
+                let mut r = Request::builder().method(method).uri(uri);
+                for (k, v) in &headers {
+                    r = r.header(*k, v);
+                }
+                let response = app.oneshot(r.body(Body::empty()).unwrap()).await.unwrap();
+                let status = response.status();
+                let body = response.into_body().collect().await.unwrap().to_bytes();
+                (status, String::from_utf8_lossy(&body).into_owned())
+            }
+        };
+
+    // The right token: relayed, without the routing and credential headers.
+    let (status, body) = call_with(
+        &h,
+        "POST",
+        "/process.Process/List".into(),
+        route(&[
+            ("x-access-token", token.clone()),
+            ("authorization", "Basic dXNlcjo=".into()),
+        ]),
+    )
+    .await;
+    assert_eq!((status, body.as_str()), (StatusCode::OK, "relayed"));
+    {
+        let seen = h.envd.seen.lock().unwrap();
+        let (_, method, uri, headers) = seen.last().unwrap();
+        assert_eq!(
+            (method.as_str(), uri.as_str()),
+            ("POST", "/process.Process/List")
+        );
+        for gone in ["x-access-token", "e2b-sandbox-id", "e2b-sandbox-port"] {
+            assert!(headers.get(gone).is_none(), "{gone} relayed");
+        }
+        assert!(
+            headers.get("authorization").is_some(),
+            "the user selection passes"
+        );
+    }
+    // By Host instead of headers.
+    let (status, _) = call_with(
+        &h,
+        "GET",
+        "/envs".into(),
+        vec![
+            ("host", format!("49983-{id}.sbx.test:3000")),
+            ("x-access-token", token.clone()),
+        ],
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+
+    // A wrong, tampered or missing token: 401 in envd's JSON shape, nothing relayed.
+    let before = h.envd.seen.lock().unwrap().len();
+    let tampered = format!("{}x", &token[..token.len() - 1]);
+    for t in [Some("nonsense".to_owned()), Some(tampered), None] {
+        let extra: Vec<(&'static str, String)> =
+            t.into_iter().map(|t| ("x-access-token", t)).collect();
+        let (status, body) = call_with(
+            &h,
+            "POST",
+            "/filesystem.Filesystem/Stat".into(),
+            route(&extra),
+        )
+        .await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["code"], 401);
+    }
+    // A token of the same tenant's other sandbox is a wrong token here: 401.
+    let other = create(&h, KEY_A, json!({"templateID": "base"})).await;
+    let other_token = other["envdAccessToken"].as_str().unwrap().to_owned();
+    let (status, _) = call_with(
+        &h,
+        "POST",
+        "/filesystem.Filesystem/Stat".into(),
+        route(&[("x-access-token", other_token)]),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    // Another port is not served yet; an absent sandbox is 404 (502 for /health).
+    let (status, _) = call_with(
+        &h,
+        "GET",
+        "/".into(),
+        vec![
+            ("e2b-sandbox-id", id.clone()),
+            ("e2b-sandbox-port", "8080".into()),
+            ("x-access-token", token.clone()),
+        ],
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY);
+    let (status, _) = call_with(
+        &h,
+        "POST",
+        "/process.Process/List".into(),
+        vec![
+            ("e2b-sandbox-id", "i0000000000000000000".into()),
+            ("e2b-sandbox-port", "49983".into()),
+            ("x-access-token", token.clone()),
+        ],
+    )
+    .await;
+    assert_eq!(
+        status,
+        StatusCode::NOT_FOUND,
+        "a genuine token, and no such sandbox"
+    );
+    let (status, _) = call_with(
+        &h,
+        "GET",
+        "/health".into(),
+        vec![
+            ("e2b-sandbox-id", "i0000000000000000000".into()),
+            ("e2b-sandbox-port", "49983".into()),
+        ],
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY);
+    assert_eq!(h.envd.seen.lock().unwrap().len(), before);
+    // /health needs no token.
+    let (status, _) = call_with(&h, "GET", "/health".into(), route(&[])).await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn signed_file_urls_open_their_path_until_they_expire() {
+    let h = harness();
+    let a = create(&h, KEY_A, json!({"templateID": "base"})).await;
+    let id = a["sandboxID"].as_str().unwrap().to_owned();
+    let token = a["envdAccessToken"].as_str().unwrap().to_owned();
+    let go = |uri: String, method: &'static str| {
+        let app = h.app.clone();
+        let id = id.clone();
+        async move {
+            let r = Request::builder()
+                .method(method)
+                .uri(uri)
+                .header("e2b-sandbox-id", id)
+                .header("e2b-sandbox-port", "49983")
+                .body(Body::empty())
+                .unwrap();
+            app.oneshot(r).await.unwrap().status()
+        }
+    };
+    let enc = |s: &str| url::form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>();
+    let later = time::OffsetDateTime::now_utc().unix_timestamp() + 600;
+    let read = file_signature(
+        "/home/user/a.txt",
+        FileOperation::Read,
+        Some("user"),
+        &token,
+        Some(later),
+    );
+    let ok = format!(
+        "/files?path={}&username=user&signature={}&signature_expiration={later}",
+        enc("/home/user/a.txt"),
+        enc(&read)
+    );
+    assert_eq!(go(ok.clone(), "GET").await, StatusCode::OK);
+    {
+        let seen = h.envd.seen.lock().unwrap();
+        let uri = &seen.last().unwrap().2;
+        assert!(
+            !uri.contains("signature"),
+            "the signature stays at the router: {uri}"
+        );
+        assert!(uri.contains("username=user"), "{uri}");
+    }
+    // The same URL for writing, another path, a stretched expiry, or an expired one: 401.
+    assert_eq!(go(ok.clone(), "POST").await, StatusCode::UNAUTHORIZED);
+    let other = ok.replace("a.txt", "b.txt");
+    assert_eq!(go(other, "GET").await, StatusCode::UNAUTHORIZED);
+    let stretched = ok.replace(&later.to_string(), &(later + 1).to_string());
+    assert_eq!(go(stretched, "GET").await, StatusCode::UNAUTHORIZED);
+    let past = later - 1200;
+    let old = file_signature(
+        "/home/user/a.txt",
+        FileOperation::Read,
+        Some("user"),
+        &token,
+        Some(past),
+    );
+    let expired = format!(
+        "/files?path={}&username=user&signature={}&signature_expiration={past}",
+        enc("/home/user/a.txt"),
+        enc(&old)
+    );
+    assert_eq!(go(expired, "GET").await, StatusCode::UNAUTHORIZED);
+    // A signature opens /files only.
+    assert_eq!(
+        go(format!("/envs?signature={}", enc(&read)), "GET").await,
+        StatusCode::UNAUTHORIZED
+    );
+}
+
+#[tokio::test]
+async fn the_control_plane_health_and_unknown_routes_answer_json() {
+    let h = harness();
+    let (status, _, body) = call(&h, "GET", "/health", &[], None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body, json!("Health check successful"));
+    let (status, _, body) = call(&h, "GET", "/v2/nothing", &[("x-api-key", KEY_A)], None).await;
+    assert_error(status, &body, StatusCode::NOT_FOUND);
+    let _ = TenantId::new(1).unwrap();
+}
