@@ -243,6 +243,10 @@ pub enum ErrorCode {
     NotADirectory,
     /// The sandbox already runs as many processes as its cap allows; nothing was started.
     ProcessLimit,
+    /// A deadline store was handed a key it cannot keep (blank, too long, a control character).
+    InvalidDeadlineKey,
+    /// A deadline store holds as many deadlines as it is bounded to; nothing was stored.
+    DeadlineLimit,
 }
 
 impl ErrorCode {
@@ -286,6 +290,8 @@ impl ErrorCode {
             ErrorCode::WatchOverflow => "watch_overflow",
             ErrorCode::NotADirectory => "not_a_directory",
             ErrorCode::ProcessLimit => "process_limit",
+            ErrorCode::InvalidDeadlineKey => "invalid_deadline_key",
+            ErrorCode::DeadlineLimit => "deadline_limit",
         }
     }
 }
@@ -592,16 +598,18 @@ impl Error {
                 | ErrorCode::FileTooLarge
                 | ErrorCode::InvalidSignal
                 | ErrorCode::InvalidOffset
-                | ErrorCode::NotADirectory => 400,
+                | ErrorCode::NotADirectory
+                | ErrorCode::InvalidDeadlineKey => 400,
                 ErrorCode::SessionDeleted
                 | ErrorCode::NoLiveSandbox
                 | ErrorCode::SnapshotNotFound
                 | ErrorCode::SandboxGone
                 | ErrorCode::ProcessNotFound
                 | ErrorCode::TerminalNotFound => 404,
-                ErrorCode::QuotaExceeded | ErrorCode::WatchOverflow | ErrorCode::ProcessLimit => {
-                    429
-                }
+                ErrorCode::QuotaExceeded
+                | ErrorCode::WatchOverflow
+                | ErrorCode::ProcessLimit
+                | ErrorCode::DeadlineLimit => 429,
                 ErrorCode::SandboxPaused
                 | ErrorCode::SessionRewindLocked
                 | ErrorCode::SessionTurnActive

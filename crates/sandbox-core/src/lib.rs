@@ -16,7 +16,7 @@
 //! - [`binding`]: binding key, binding schema v1, ownership metadata.
 //! - [`ownership`]: the runtime-free ownership token of the lifecycle lock.
 //! - [`ports`]: [`SandboxProvider`] and its capability traits, [`BindingStore`] and friends,
-//!   [`SessionExistence`], [`Bootstrapper`], [`ConfigLoader`].
+//!   [`SessionExistence`], [`Bootstrapper`], [`ConfigLoader`], [`DeadlineStore`].
 //! - [`config`]: named tenant configs, required fields, identity projection.
 //! - [`policy`]: shell quoting, workspace layout, skills (the script validator is in
 //!   `sandbox-session::policy`).
@@ -58,6 +58,10 @@ pub use ids::{ConfigId, SandboxId, SessionId, SnapshotId, TemplateId, TenantId};
 pub use layers::Checked;
 pub use ownership::{OwnershipSource, OwnershipToken};
 pub use path::SandboxPath;
+pub use ports::deadlines::{
+    DeadlineStore, MAX_DEADLINE_KEY_BYTES, MAX_DEADLINE_MILLIS, check_deadline_key,
+    deadline_from_millis, deadline_millis, due_cutoff_millis,
+};
 pub use ports::provider::{
     ConnectProbe, Desktop, KeepAlive, Processes, SandboxProvider, Snapshots, StreamedFiles,
     TemplateCatalog, TerminalReattach, Terminals, Watch, narrow,
