@@ -24,6 +24,10 @@ pub const SUITES: &[(&str, &str)] = &[
         "crates/sandbox-core/src/ports/store.rs",
         "crates/sandbox-testkit/src/conformance/store/cases/mod.rs",
     ),
+    (
+        "crates/sandbox-core/src/ports/deadlines.rs",
+        "crates/sandbox-testkit/src/conformance/deadlines/cases/mod.rs",
+    ),
 ];
 
 const RULE: &str = "contract-tags";

@@ -11,6 +11,7 @@
 //! by `cargo xtask conformance`, never silently skipped.
 
 mod cases;
+pub mod deadlines;
 pub mod harness;
 pub mod store;
 
