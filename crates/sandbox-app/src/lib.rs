@@ -14,6 +14,8 @@ pub mod auth;
 pub mod client;
 pub mod config;
 pub mod doctor;
+#[cfg(feature = "e2b-api")]
+pub mod e2b;
 pub mod http;
 pub mod image;
 pub mod metered;
