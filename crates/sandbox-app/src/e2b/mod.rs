@@ -1,1 +1,2 @@
 pub mod deadlines;
+pub mod expiry;
