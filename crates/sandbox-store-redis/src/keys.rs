@@ -9,6 +9,13 @@
 //! sandbox:session:{<ns>:<tenant>:<session>}:activity   background activities: hash id → lease
 //! ```
 //!
+//! The E2B-API sandboxes' deadlines (`crate::deadlines`) are one sorted set per namespace, with
+//! a hash tag of its own (one key, so one slot):
+//!
+//! ```text
+//! sandbox:e2b:{<ns>}:deadlines                          member = E2B sandbox ID, score = ms
+//! ```
+//!
 //! The namespace lets deployments share one Redis. Key parts never contain braces (a brace
 //! would move the hash tag) or control characters: tenant IDs are numbers, session IDs are
 //! validated by `sandbox-core`, and the namespace is validated here.
@@ -78,6 +85,12 @@ impl SessionKeys {
     }
 }
 
+/// The sorted set of the E2B-API sandboxes' deadlines in `ns`. A namespace has no braces or
+/// colons, so the tag `{<ns>}` is never a session's.
+pub fn deadlines_key(ns: &Namespace) -> String {
+    format!("sandbox:e2b:{{{}}}:deadlines", ns.0)
+}
+
 /// The prefix every binding key of `tenant` in `ns` starts with.
 fn tenant_prefix(ns: &Namespace, tenant: TenantId) -> String {
     format!("{ROOT}{{{}:{tenant}:", ns.0)
@@ -126,6 +139,14 @@ mod tests {
             assert_eq!(tag, "{prod:42:chat-1}", "{key}");
         }
         assert_eq!(keys.binding, "sandbox:session:{prod:42:chat-1}:binding");
+    }
+
+    #[test]
+    fn the_deadline_set_has_its_own_tag_in_the_namespace() {
+        let ns = Namespace::new("prod").unwrap();
+        assert_eq!(deadlines_key(&ns), "sandbox:e2b:{prod}:deadlines");
+        // Not a binding key of any session, so no binding SCAN ever meets it.
+        assert!(!deadlines_key(&ns).starts_with(ROOT));
     }
 
     #[test]

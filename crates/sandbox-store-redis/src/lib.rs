@@ -13,11 +13,13 @@
 //!   delete.
 //! - **Fail closed**: every Redis error is returned (kind `unavailable`/`timeout`, origin
 //!   [`Origin::Store`]); nothing reads as "unbound" and no lock is granted without Redis.
+//! - [`RedisDeadlines`]: the E2B-API sandboxes' deadlines, one sorted set on the same client.
 //! - Every error this crate returns is the store's (`[errors.origin]`): each one is made
 //!   through `stored`, core's binding validation included, so the service answers
 //!   `store_unavailable` for an outage whatever the operation is called.
 
 pub mod config;
+mod deadlines;
 #[cfg(feature = "failpoints")]
 mod failpoints;
 pub mod keys;
@@ -43,6 +45,7 @@ use sandbox_core::{
 use time::OffsetDateTime;
 
 pub use config::{RedisStoreConfig, TlsSettings, Topology};
+pub use deadlines::RedisDeadlines;
 use keys::{Namespace, SessionKeys};
 use scripts::Scripts;
 

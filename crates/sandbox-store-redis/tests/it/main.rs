@@ -4,6 +4,7 @@
 //! `SANDBOX_TEST_REDIS_URL` and `SANDBOX_TEST_REDIS_CLUSTER_NODES`.
 
 mod redis_cluster;
+mod redis_deadlines;
 mod redis_model;
 mod redis_round_trips;
 mod redis_tls;
