@@ -76,8 +76,8 @@ pub use process::{
 pub use provider::{Provider, SandboxType};
 pub use sandbox::{
     ConnectRequest, CreateRequest, IdleTimeout, ListFilter, Metadata, NetworkField, NetworkFields,
-    NetworkPolicy, SandboxHandle, SandboxState, SandboxSummary, TimeoutAction, TimeoutPolicy,
-    VolumeMount,
+    NetworkPolicy, SandboxHandle, SandboxState, SandboxSummary, SandboxUser, TimeoutAction,
+    TimeoutPolicy, VolumeMount,
 };
 pub use secret::Secret;
 pub use template::{SnapshotRef, Template};

@@ -477,6 +477,58 @@ impl VolumeMount {
     }
 }
 
+/// The account a sandbox's processes, files and terminals act as when a call names no user,
+/// and the directory its processes start in when a call names no `cwd`.
+///
+/// The fields are public for reading; build one with [`SandboxUser::new`], which validates.
+/// [`CreateRequest::validate`] checks a hand-built one again, so a bad name never reaches an
+/// adapter.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxUser {
+    /// A POSIX portable user name: `[a-z_][a-z0-9_-]{0,31}`.
+    pub name: String,
+    pub workdir: SandboxPath,
+}
+
+impl SandboxUser {
+    /// The longest name accepted (what `useradd` accepts by default).
+    pub const MAX_NAME_LEN: usize = 32;
+
+    /// Validates `name`: lower-case ASCII letters, digits, `_` and `-`, starting with a letter
+    /// or `_`, at most [`SandboxUser::MAX_NAME_LEN`] bytes. Narrower than what some systems
+    /// allow, on purpose: the name travels in container flags, HTTP headers and `/etc/passwd`
+    /// lookups, and a portable name means the same in each.
+    pub fn new(name: impl Into<String>, workdir: SandboxPath) -> Result<Self, Error> {
+        let user = SandboxUser {
+            name: name.into(),
+            workdir,
+        };
+        user.validate()?;
+        Ok(user)
+    }
+
+    /// Checks the name (a user built field by field has not been).
+    pub fn validate(&self) -> Result<(), Error> {
+        let bytes = self.name.as_bytes();
+        let ok = !bytes.is_empty()
+            && bytes.len() <= Self::MAX_NAME_LEN
+            && matches!(bytes[0], b'a'..=b'z' | b'_')
+            && bytes
+                .iter()
+                .all(|b| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'_' | b'-'));
+        if !ok {
+            return Err(Error::invalid_request(
+                Operation::VALIDATE,
+                format!(
+                    "invalid sandbox user {:?}: expected a POSIX user name ([a-z_][a-z0-9_-]{{0,31}})",
+                    self.name.chars().take(64).collect::<String>()
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// Parameters for spawning a new sandbox.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CreateRequest {
@@ -493,6 +545,10 @@ pub struct CreateRequest {
     pub network: NetworkPolicy,
     /// Providers without the `volumes` capability refuse non-empty mounts with `unsupported`.
     pub volumes: Vec<VolumeMount>,
+    /// Who processes, files and terminals that name no user act as, and where processes that
+    /// name no `cwd` start. `None`: the backend's default (root and `/workspace` on Docker).
+    /// Providers without the `default_user` capability refuse `Some` with `unsupported`.
+    pub user: Option<SandboxUser>,
 }
 
 impl CreateRequest {
@@ -506,14 +562,19 @@ impl CreateRequest {
             env: BTreeMap::new(),
             network: NetworkPolicy::default(),
             volumes: Vec::new(),
+            user: None,
         }
     }
 
-    /// Checks what can be checked without a provider: the timeout policy and env names.
+    /// Checks what can be checked without a provider: the timeout policy, env names and the
+    /// user's name.
     pub fn validate(&self) -> Result<(), Error> {
         self.timeout.validate()?;
         for name in self.env.keys() {
             crate::exec::validate_env_name(name)?;
+        }
+        if let Some(user) = &self.user {
+            user.validate()?;
         }
         Ok(())
     }
@@ -773,6 +834,52 @@ mod tests {
         assert!(f.matches(&summary));
         f.metadata.insert("a".into(), "other".into());
         assert!(!f.matches(&summary));
+    }
+
+    #[test]
+    fn sandbox_user_names_are_posix_portable() {
+        let home = SandboxPath::new("/home/user").unwrap();
+        for good in ["user", "_x", "a", "nobody", "www-data", "u_1-2", &"a".repeat(32)] {
+            let u = SandboxUser::new(good, home.clone()).unwrap();
+            assert_eq!(u.name, good);
+            assert_eq!(u.workdir, home);
+        }
+        for bad in [
+            "",
+            "User",
+            "1user",
+            "-user",
+            "a:b",
+            "a b",
+            "a/b",
+            "a.b",
+            "us\0er",
+            "é",
+            "root\n",
+            &"a".repeat(33),
+        ] {
+            let err = SandboxUser::new(bad, home.clone()).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::InvalidRequest, "{bad:?}");
+            assert!(err.message().contains("invalid sandbox user"), "{bad:?}");
+        }
+        // A user built field by field is checked again by the request's validation.
+        let mut request = CreateRequest::new(TemplateId::new("t").unwrap());
+        assert_eq!(request.user, None);
+        request.validate().unwrap();
+        request.user = Some(SandboxUser {
+            name: "Root".to_owned(),
+            workdir: home.clone(),
+        });
+        assert_eq!(
+            request.validate().unwrap_err().kind(),
+            ErrorKind::InvalidRequest
+        );
+        request.user = Some(SandboxUser::new("user", home).unwrap());
+        request.validate().unwrap();
+        // Its wire form names both fields.
+        let json = serde_json::to_value(request.user.as_ref().unwrap()).unwrap();
+        assert_eq!(json["name"], "user");
+        assert_eq!(json["workdir"], "/home/user");
     }
 
     #[test]

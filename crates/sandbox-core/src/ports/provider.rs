@@ -81,6 +81,11 @@ pub trait SandboxProvider: Send + Sync + std::fmt::Debug {
     ///   Anything else, whether missing, foreign or not a snapshot at all, is `not_found` with
     ///   code `snapshot_not_found` and one message for all of them, and nothing is fetched from
     ///   a registry on the way.
+    /// - `[create.user]` With the `default_user` capability, a request's
+    ///   [`user`](CreateRequest::user) is who every process, file operation and terminal that
+    ///   names no user acts as, and a process that names no `cwd` starts in its `workdir`
+    ///   (which exists afterwards); without the capability, a request naming a user is refused
+    ///   with `unsupported`.
     async fn create(&self, request: CreateRequest) -> Result<SandboxHandle, Error>;
 
     /// Re-attaches to an existing sandbox, resuming it when it is paused or stopped.
