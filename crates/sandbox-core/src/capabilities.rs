@@ -51,11 +51,14 @@ pub enum Capability {
     /// A terminal outlives its client: it keeps running detached, and is reattached by pid
     /// ([`crate::TerminalReattach`]).
     TerminalReattach,
+    /// A create request's [`user`](crate::CreateRequest::user) is honoured: what names no user
+    /// acts as it, and processes start in its workdir.
+    DefaultUser,
 }
 
 impl Capability {
     /// Every capability, in declaration order.
-    pub const ALL: [Capability; 18] = [
+    pub const ALL: [Capability; 19] = [
         Capability::Reconnect,
         Capability::Metadata,
         Capability::List,
@@ -74,6 +77,7 @@ impl Capability {
         Capability::StreamedFiles,
         Capability::Watch,
         Capability::TerminalReattach,
+        Capability::DefaultUser,
     ];
 
     /// The flag's name.
@@ -97,6 +101,7 @@ impl Capability {
             Capability::StreamedFiles => "streamed_files",
             Capability::Watch => "watch",
             Capability::TerminalReattach => "terminal_reattach",
+            Capability::DefaultUser => "default_user",
         }
     }
 }
@@ -129,6 +134,7 @@ pub struct Capabilities {
     pub streamed_files: bool,
     pub watch: bool,
     pub terminal_reattach: bool,
+    pub default_user: bool,
 }
 
 impl Capabilities {
@@ -152,6 +158,7 @@ impl Capabilities {
         streamed_files: false,
         watch: false,
         terminal_reattach: false,
+        default_user: false,
     };
 
     /// A set holding exactly `caps`.
@@ -181,6 +188,7 @@ impl Capabilities {
             Capability::StreamedFiles => self.streamed_files,
             Capability::Watch => self.watch,
             Capability::TerminalReattach => self.terminal_reattach,
+            Capability::DefaultUser => self.default_user,
         }
     }
 
@@ -206,6 +214,7 @@ impl Capabilities {
             Capability::StreamedFiles => &mut self.streamed_files,
             Capability::Watch => &mut self.watch,
             Capability::TerminalReattach => &mut self.terminal_reattach,
+            Capability::DefaultUser => &mut self.default_user,
         };
         *flag = on;
         self
@@ -259,7 +268,8 @@ mod tests {
                 "processes",
                 "streamed_files",
                 "watch",
-                "terminal_reattach"
+                "terminal_reattach",
+                "default_user"
             ]
         );
         // The serde name, the struct field name and as_str agree.

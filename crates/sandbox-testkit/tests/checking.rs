@@ -6,7 +6,8 @@
 
 use sandbox_core::{
     Capability, CreateRequest, ErrorKind, ExecRequest, ListFilter, NetworkField, NetworkFields,
-    NetworkPolicy, Origin, Provider, SandboxPath, SandboxProvider, SnapshotId, VolumeMount,
+    NetworkPolicy, Origin, Provider, SandboxPath, SandboxProvider, SandboxUser, SnapshotId,
+    VolumeMount,
 };
 use sandbox_testkit::{FakeOp, FakeProvider};
 
@@ -40,6 +41,32 @@ async fn network_fields_the_fake_does_not_enforce_are_refused_by_name() {
     // Refused before the adapter: the fake never saw either call.
     assert_eq!(fake.calls(FakeOp::Create), 0);
     // The empty policy asks nothing and passes.
+    fake.create(request()).await.unwrap();
+    assert_eq!(fake.calls(FakeOp::Create), 1);
+}
+
+#[tokio::test]
+async fn a_user_without_default_user_is_refused_by_name() {
+    let fake = FakeProvider::builder()
+        .without(Capability::DefaultUser)
+        .build();
+    let mut named = request();
+    named.user = Some(SandboxUser::new("user", SandboxPath::new("/home/user").unwrap()).unwrap());
+    let err = fake.create(named).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
+    assert!(err.message().contains("default_user"), "{err}");
+    assert!(err.message().contains("remove user"), "{err}");
+    assert_eq!(err.origin(), Origin::Provider(Provider::E2b));
+    // A name the constructor would have refused, built by hand, is invalid before anything.
+    let mut bad = request();
+    bad.user = Some(SandboxUser {
+        name: "Not A User".to_owned(),
+        workdir: SandboxPath::new("/tmp").unwrap(),
+    });
+    let err = fake.create(bad).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidRequest, "{err}");
+    // Refused before the adapter; no user asks nothing and passes.
+    assert_eq!(fake.calls(FakeOp::Create), 0);
     fake.create(request()).await.unwrap();
     assert_eq!(fake.calls(FakeOp::Create), 1);
 }

@@ -6,8 +6,9 @@
 //! them. What it checks, all from [`SandboxProvider::capabilities`] and
 //! [`SandboxProvider::network_fields`]:
 //! - create: the request's own validation (timeout policy, env names), then metadata without
-//!   `metadata`, mounts without `volumes` (`[create.metadata]`, `[create.volumes]`) and every
-//!   network-policy field the adapter does not enforce, each named;
+//!   `metadata`, mounts without `volumes` (`[create.metadata]`, `[create.volumes]`), a user
+//!   without `default_user` (`[create.user]`) and every network-policy field the adapter does
+//!   not enforce, each named;
 //! - exec: the request's own validation, and the shell form without `posix_shell`
 //!   (`[exec.shell]`); the same for a background process's start;
 //! - connect without `reconnect`, list without `list`, the directory operations without
@@ -105,6 +106,15 @@ impl<P: SandboxProvider> Checked<P> {
             return Err(
                 self.unsupported(op, format!("the {provider} backend does not mount volumes"))
             );
+        }
+        if request.user.is_some() && !caps.default_user {
+            return Err(self.unsupported(
+                op,
+                format!(
+                    "the {provider} backend cannot run a sandbox as a default user (it lacks \
+                     default_user); remove user from the request"
+                ),
+            ));
         }
         let enforced = self.inner.network_fields();
         let refused: Vec<&str> = enforced
