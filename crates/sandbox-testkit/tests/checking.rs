@@ -69,6 +69,12 @@ async fn a_user_without_default_user_is_refused_by_name() {
     assert_eq!(fake.calls(FakeOp::Create), 0);
     fake.create(request()).await.unwrap();
     assert_eq!(fake.calls(FakeOp::Create), 1);
+    // The full fake declares default_user, so the same request passes the layer.
+    let full = FakeProvider::new();
+    assert!(full.capabilities().default_user);
+    let mut named = request();
+    named.user = Some(SandboxUser::new("user", SandboxPath::new("/home/user").unwrap()).unwrap());
+    full.create(named).await.unwrap();
 }
 
 #[test]

@@ -386,3 +386,74 @@ async fn the_replay_ring_is_bounded() {
     assert_eq!(gap, Some((0, total as u64 - RING_BYTES)));
     assert_eq!(bytes, RING_BYTES);
 }
+
+/// `[create.user]` as the fake models it: what names no user runs as the default user and
+/// starts in its workdir (created at create); a call's own user and cwd win.
+#[tokio::test]
+async fn the_default_user_applies_to_what_names_none() {
+    use sandbox_core::{ProcessEvent, ProcessSelector, ProcessSpec, SandboxUser};
+    let fake = FakeProvider::new();
+    let run = |h: sandbox_core::SandboxHandle, request: ExecRequest| {
+        let fake = fake.clone();
+        async move {
+            let r = fake.exec(&h, request).await.unwrap();
+            assert_eq!(r.exit_code, 0, "{}", String::from_utf8_lossy(&r.stderr));
+            String::from_utf8(r.stdout).unwrap()
+        }
+    };
+    let plain = fake.create(request()).await.unwrap();
+    assert_eq!(
+        run(plain.clone(), ExecRequest::argv("id", ["-un"])).await,
+        "root\n"
+    );
+    assert_eq!(
+        run(plain, ExecRequest::argv("pwd", [] as [&str; 0])).await,
+        "/workspace\n"
+    );
+
+    let mut named = request();
+    let workdir = SandboxPath::new("/home/agent/work").unwrap();
+    named.user = Some(SandboxUser::new("agent", workdir.clone()).unwrap());
+    let h = fake.create(named).await.unwrap();
+    assert!(fake.stat(&h, &workdir).await.is_ok(), "the workdir exists");
+    assert_eq!(
+        run(h.clone(), ExecRequest::argv("whoami", [] as [&str; 0])).await,
+        "agent\n"
+    );
+    assert_eq!(
+        run(h.clone(), ExecRequest::argv("id", ["-un"])).await,
+        "agent\n"
+    );
+    assert_eq!(
+        run(h.clone(), ExecRequest::argv("pwd", [] as [&str; 0])).await,
+        "/home/agent/work\n"
+    );
+    let env = run(h.clone(), ExecRequest::argv("env", [] as [&str; 0])).await;
+    assert!(env.contains("HOME=/home/agent\n"), "{env}");
+    let mut explicit = ExecRequest::argv("id", ["-un"]);
+    explicit.user = Some("root".to_owned());
+    assert_eq!(run(h.clone(), explicit).await, "root\n");
+    let mut elsewhere = ExecRequest::argv("pwd", [] as [&str; 0]);
+    elsewhere.cwd = Some(SandboxPath::new("/workspace").unwrap());
+    assert_eq!(run(h.clone(), elsewhere).await, "/workspace\n");
+
+    // A background process too.
+    let procs = narrow::processes(&fake).unwrap();
+    let info = procs
+        .start_process(&h, ProcessSpec::argv("id", ["-un"]))
+        .await
+        .unwrap();
+    let mut attach = procs
+        .attach_process(&h, &ProcessSelector::Pid(info.pid), Some(0))
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    while let Some(event) = attach.next_event().await {
+        match event {
+            ProcessEvent::Data { data, .. } => out.extend_from_slice(&data),
+            ProcessEvent::Exited(_) => break,
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(out, b"agent\n");
+}

@@ -1,6 +1,6 @@
 //! The fake's portable argv vocabulary, run natively (no shell is interpreted):
-//! `echo [-n] ARGS`, `cat [FILE...]`, `pwd`, `env`, `sleep SECONDS`, `exit N`,
-//! `head -c N [FILE]`, `true`, `false`. Anything else exits 127 with "command not found", as a
+//! `echo [-n] ARGS`, `cat [FILE...]`, `pwd`, `env`, `id -un`, `whoami`, `sleep SECONDS`,
+//! `exit N`, `head -c N [FILE]`, `true`, `false`. Anything else exits 127 with "command not found", as a
 //! shell would. Real backends run the same argv as real programs (`exit N` is the exception:
 //! it is a shell builtin, so the conformance suite sends `sh -c 'exit N'` where a POSIX shell
 //! exists).
@@ -50,6 +50,9 @@ pub(crate) struct ProcessEnv {
     pub(crate) stdin: Vec<u8>,
     pub(crate) env: BTreeMap<String, String>,
     pub(crate) cwd: SandboxPath,
+    /// The account it runs as: the call's user, else the sandbox's default user, else root.
+    /// The fake keeps no account database, so any valid name is an account.
+    pub(crate) user: String,
     /// The sandbox's filesystem, read at the moment a command opens a file.
     pub(crate) fs: Arc<Mutex<MemFs>>,
 }
@@ -92,6 +95,26 @@ pub(crate) async fn run(process: ProcessEnv, output: Arc<Mutex<Output>>) -> i32 
             emit_out(format!("{}\n", process.cwd).as_bytes());
             0
         }
+        "whoami" if args.is_empty() => {
+            emit_out(format!("{}\n", process.user).as_bytes());
+            0
+        }
+        "id" => match args
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>()
+            .as_slice()
+        {
+            ["-un"] | ["-nu"] | ["-u", "-n"] | ["-n", "-u"] => {
+                emit_out(format!("{}\n", process.user).as_bytes());
+                0
+            }
+            // Numeric IDs need an account database, which the fake does not keep.
+            _ => {
+                emit_err(b"id: the fake answers only id -un\n");
+                1
+            }
+        },
         "env" => {
             let mut text = String::new();
             for (k, v) in &process.env {

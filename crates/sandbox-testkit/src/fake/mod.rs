@@ -6,7 +6,8 @@
 //! `pty`). It is a test double: it never stands in for a real backend in an acceptance test.
 //!
 //! What it deliberately does not model: real processes and signals (a timed-out command is a
-//! cancelled future, not a killed PID), users and permissions, symlinks, networking and network
+//! cancelled future, not a killed PID), accounts and permissions (a process reports the user
+//! it runs as, the call's or the sandbox's default user, and nothing checks it), symlinks, networking and network
 //! policy, resource limits, provider idle timeouts (nothing pauses on its own; tests call
 //! [`FakeProvider::pause`]), and durable storage (everything lives in this process).
 //!
@@ -40,8 +41,8 @@ use sandbox_core::{
     Capabilities, Capability, Checked, Clock, Command, ConnectProbe, ConnectRequest, CreateRequest,
     DirEntry, Error, ErrorCode, ExecRequest, ExecResult, KeepAlive, ListFilter, Metadata,
     NetworkFields, Operation, Provider, SandboxHandle, SandboxId, SandboxPath, SandboxProvider,
-    SandboxState, SandboxSummary, Secret, SnapshotId, SnapshotRef, Snapshots, StatEntry,
-    SystemClock, Template, TemplateCatalog, TemplateId, TenantId, owner_metadata,
+    SandboxState, SandboxSummary, SandboxUser, Secret, SnapshotId, SnapshotRef, Snapshots,
+    StatEntry, SystemClock, Template, TemplateCatalog, TemplateId, TenantId, owner_metadata,
 };
 
 use self::exec::{Output, ProcessEnv};
@@ -74,6 +75,7 @@ pub fn fake_capabilities() -> Capabilities {
         Capability::Processes,
         Capability::StreamedFiles,
         Capability::Watch,
+        Capability::DefaultUser,
     ])
 }
 
@@ -142,6 +144,8 @@ struct FakeSandbox {
     env: BTreeMap<String, String>,
     started_at: time::OffsetDateTime,
     token: Option<Secret>,
+    /// The create request's default user (`default_user`).
+    user: Option<SandboxUser>,
     fs: Arc<Mutex<MemFs>>,
     running: Arc<AtomicUsize>,
     keep_alives: usize,
@@ -481,6 +485,7 @@ impl FakeProvider {
             .ok_or_else(|| self.err(Error::not_found(op, format!("sandbox {id} not found"))))?;
         match sbx.state {
             SandboxState::Running => Ok(RunningParts {
+                user: sbx.user.clone(),
                 fs: sbx.fs.clone(),
                 running: sbx.running.clone(),
                 env: sbx.env.clone(),
@@ -498,29 +503,44 @@ impl FakeProvider {
         }
     }
 
-    /// What a process (an exec or a background one) sees: the cwd (default `/workspace`, which
-    /// must exist) and the environment, the sandbox's merged over the defaults and the
-    /// request's over that.
+    /// What a process (an exec or a background one) sees: the user (the call's, else the
+    /// sandbox's default user, else root), the cwd (default the default user's workdir, else
+    /// `/workspace`; it must exist) and the environment, the sandbox's merged over the
+    /// defaults and the request's over that.
+    #[allow(clippy::too_many_arguments)] // One place builds a process; each part is distinct.
     fn process_env(
         &self,
         op: Operation,
         parts: &RunningParts,
         argv: Vec<String>,
+        user: Option<&str>,
         cwd: Option<SandboxPath>,
         request_env: &BTreeMap<String, String>,
         stdin: Vec<u8>,
     ) -> Result<ProcessEnv, Error> {
-        let cwd = cwd.unwrap_or_else(|| {
-            SandboxPath::new("/workspace").unwrap_or_else(|_| SandboxPath::root())
-        });
+        let default = parts.user.as_ref();
+        let user = user
+            .or(default.map(|u| u.name.as_str()))
+            .unwrap_or("root")
+            .to_owned();
+        let cwd = cwd
+            .or_else(|| default.map(|u| u.workdir.clone()))
+            .unwrap_or_else(|| {
+                SandboxPath::new("/workspace").unwrap_or_else(|_| SandboxPath::root())
+            });
         if !lock(&parts.fs).is_dir(&cwd) {
             return Err(self.err(Error::invalid_request(
                 op,
                 format!("working directory {cwd} does not exist"),
             )));
         }
+        let home = if user == "root" {
+            "/root".to_owned()
+        } else {
+            format!("/home/{user}")
+        };
         let mut env: BTreeMap<String, String> = [
-            ("HOME".to_owned(), "/root".to_owned()),
+            ("HOME".to_owned(), home),
             (
                 "PATH".to_owned(),
                 "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_owned(),
@@ -534,6 +554,7 @@ impl FakeProvider {
             stdin,
             env,
             cwd,
+            user,
             fs: parts.fs.clone(),
         })
     }
@@ -604,13 +625,18 @@ impl SandboxProvider for FakeProvider {
                 format!("unknown template {}", request.template),
             )));
         }
-        let fs = match st
+        let mut fs = match st
             .snapshots
             .get(&SnapshotId::new(request.template.as_str())?)
         {
             Some(snapshot) => snapshot.fs.clone(),
             None => MemFs::new(now),
         };
+        // [create.user]: the default user's workdir exists, as a real backend creates it.
+        if let Some(user) = &request.user {
+            fs.mkdir_p(&user.workdir, now, Operation::CREATE)
+                .map_err(|e| self.err(e))?;
+        }
         st.next += 1;
         let id = SandboxId::new(format!("fake-{:08x}-{}", self.inner.instance, st.next))?;
         // Like E2B with closed inbound traffic: every sandbox gets a token at create, and only
@@ -626,6 +652,7 @@ impl SandboxProvider for FakeProvider {
             env: request.env,
             started_at: now,
             token: token.clone(),
+            user: request.user,
             fs: Arc::new(Mutex::new(fs)),
             running: Arc::new(AtomicUsize::new(0)),
             keep_alives: 0,
@@ -703,6 +730,7 @@ impl SandboxProvider for FakeProvider {
             Operation::EXEC,
             &parts,
             argv,
+            request.user.as_deref(),
             request.cwd.clone(),
             &request.env,
             request.stdin.clone().unwrap_or_default(),
@@ -848,6 +876,7 @@ impl FakeProvider {
 
 /// What a data-plane call needs of a running sandbox.
 struct RunningParts {
+    user: Option<SandboxUser>,
     fs: Arc<Mutex<MemFs>>,
     running: Arc<AtomicUsize>,
     env: BTreeMap<String, String>,
@@ -1020,6 +1049,7 @@ impl Processes for FakeProvider {
             op,
             &parts,
             spec.argv_view(),
+            spec.user.as_deref(),
             spec.cwd.clone(),
             &spec.env,
             Vec::new(),
