@@ -839,7 +839,15 @@ mod tests {
     #[test]
     fn sandbox_user_names_are_posix_portable() {
         let home = SandboxPath::new("/home/user").unwrap();
-        for good in ["user", "_x", "a", "nobody", "www-data", "u_1-2", &"a".repeat(32)] {
+        for good in [
+            "user",
+            "_x",
+            "a",
+            "nobody",
+            "www-data",
+            "u_1-2",
+            &"a".repeat(32),
+        ] {
             let u = SandboxUser::new(good, home.clone()).unwrap();
             assert_eq!(u.name, good);
             assert_eq!(u.workdir, home);

@@ -59,11 +59,14 @@ pub fn docker_capabilities() -> Capabilities {
 }
 
 /// The capabilities of one data plane: [`docker_capabilities`], plus `processes`,
-/// `streamed_files`, `watch` and `terminal_reattach` on the agent plane, whose agent keeps
-/// background processes and their output, whose channel streams files both ways and carries the
-/// agent's inotify watches, and which reaches the PTY processes the agent keeps (with their
-/// output rings) after their stream is gone. The exec plane cannot reattach: a `docker exec`
-/// PTY dies with its stream.
+/// `streamed_files`, `watch`, `terminal_reattach` and `default_user` on the agent plane, whose
+/// agent keeps background processes and their output, whose channel streams files both ways
+/// and carries the agent's inotify watches, which reaches the PTY processes the agent keeps
+/// (with their output rings) after their stream is gone, and whose agent is told the sandbox's
+/// default user (`--default-user`), so its file calls act as it too. The exec plane cannot
+/// reattach: a `docker exec` PTY dies with its stream; nor does it declare `default_user`:
+/// each of its execs (file operations included) names its engine user, root unless the call
+/// names one, and it keeps no per-sandbox default to name instead.
 pub fn docker_capabilities_for(plane: DataPlane) -> Capabilities {
     let base = docker_capabilities();
     match plane {
@@ -72,7 +75,8 @@ pub fn docker_capabilities_for(plane: DataPlane) -> Capabilities {
             .with(Capability::Processes, true)
             .with(Capability::StreamedFiles, true)
             .with(Capability::Watch, true)
-            .with(Capability::TerminalReattach, true),
+            .with(Capability::TerminalReattach, true)
+            .with(Capability::DefaultUser, true),
     }
 }
 
@@ -713,6 +717,7 @@ impl SandboxProvider for DockerProvider {
                 agent::entrypoint_with_env(
                     &agent::sandbox_env(&image_env, &request.env),
                     self.inner.config.processes_per_sandbox,
+                    request.user.as_ref(),
                 ),
                 false,
             ),
@@ -727,12 +732,21 @@ impl SandboxProvider for DockerProvider {
                 true,
             ),
         };
+        // The default workdir: where exec mode's processes start (the engine's default), and
+        // what agent mode's channel reads as the cwd of a call naming none. The engine creates
+        // it when the image lacks it.
+        let workdir = request
+            .user
+            .as_ref()
+            .map_or(sandbox_core::policy::workspace::WORKSPACE_ROOT, |u| {
+                u.workdir.as_str()
+            });
         let mut body = ContainerCreateBody {
             image: Some(image),
             user: Some("0".to_owned()),
             entrypoint: Some(entrypoint),
             cmd: Some(Vec::new()),
-            working_dir: Some(sandbox_core::policy::workspace::WORKSPACE_ROOT.to_owned()),
+            working_dir: Some(workdir.to_owned()),
             env: Some(env),
             labels: Some(container_labels),
             host_config: Some(HostConfig {
@@ -789,7 +803,14 @@ impl SandboxProvider for DockerProvider {
                 .start_container(&id, None::<StartContainerOptions>)
                 .await
                 .map_err(|e| errors::map(op, e))?;
-            self.wait_running(op, &id).await
+            self.wait_running(op, &id).await?;
+            // The agent resolves the default user per request, from the image's accounts:
+            // an image without the account fails each call naming no user ("invalid default
+            // user"), not the create, so an account provisioned after the create is honoured.
+            if let Some(channel) = self.channel(&id) {
+                channel.remember_workdir(workdir);
+            }
+            Ok::<_, Error>(())
         };
         if let Err(err) = started.await {
             // A container that cannot start is removed, not left for the sweeper.

@@ -50,8 +50,10 @@ fn data_plane() -> Result<(DataPlane, Option<std::path::PathBuf>), String> {
 /// serve them (a background process there would be a `docker exec` whose output nobody keeps
 /// once the call that started it ends, there is no event stream for a watch, and its writes
 /// are whole buffers). Nor `terminal_reattach`: a `docker exec` PTY dies with its stream, so
-/// there is nothing to reattach to. The agent plane serves all four: its agent keeps background
-/// processes and their output, and the PTYs it runs outlive their stream.
+/// there is nothing to reattach to. Nor `default_user`: its execs each name an engine user,
+/// root unless the call names one. The agent plane serves all five: its agent keeps background
+/// processes and their output, the PTYs it runs outlive their stream, and it is told the
+/// sandbox's default user.
 fn required(plane: DataPlane) -> Capabilities {
     let base = Capability::ALL
         .into_iter()
@@ -65,6 +67,7 @@ fn required(plane: DataPlane) -> Capabilities {
                     | Capability::StreamedFiles
                     | Capability::Watch
                     | Capability::TerminalReattach
+                    | Capability::DefaultUser
             )
         })
         .fold(Capabilities::NONE, |set, c| set.with(c, true));
@@ -74,7 +77,8 @@ fn required(plane: DataPlane) -> Capabilities {
             .with(Capability::Processes, true)
             .with(Capability::StreamedFiles, true)
             .with(Capability::Watch, true)
-            .with(Capability::TerminalReattach, true),
+            .with(Capability::TerminalReattach, true)
+            .with(Capability::DefaultUser, true),
     }
 }
 

@@ -41,6 +41,7 @@ enum Defect {
     WriteLeavesPartialFile,
     WatchIsAlwaysRecursive,
     CapRefusalUncoded,
+    CreateDropsUser,
 }
 
 /// The defect, planted through the test kit's forwarding helper: only the methods a defect
@@ -68,6 +69,9 @@ impl ProviderHooks for Broken {
     ) -> Result<SandboxHandle, Error> {
         if self.defect == Defect::DropsMetadata {
             request.metadata.retain(|k, _| k == "sandbox_conformance");
+        }
+        if self.defect == Defect::CreateDropsUser {
+            request.user = None;
         }
         next.create(request).await
     }
@@ -296,6 +300,7 @@ async fn every_planted_defect_is_caught_by_its_case() {
         (Defect::WriteLeavesPartialFile, "streamed_write_is_atomic"),
         (Defect::WatchIsAlwaysRecursive, "watch_recursive_flag"),
         (Defect::CapRefusalUncoded, "process_cap_is_enforced"),
+        (Defect::CreateDropsUser, "create_user_runs_what_names_none"),
     ];
     for (defect, case) in table {
         let healthy = outcome(case, Arc::new(FakeProvider::new())).await;

@@ -151,12 +151,27 @@ pub(crate) async fn lease(
     }
 }
 
-/// The lease's client acting as `user`: the default client for root (the agent's default
-/// user), else one sharing its connection with the user in its `Authorization`.
+/// The lease's client acting as `user`: the default client (the agent's default user, the
+/// sandbox's `[create.user]` or root) when the call names none, else one sharing its
+/// connection with the user in its `Authorization`. A named root is sent too: root is the
+/// default only of a sandbox created without a user.
 pub(crate) fn client_for(lease: &Lease, user: Option<&str>) -> Result<ChannelClient, Error> {
     match user {
-        None | Some(exec_mode::DEFAULT_USER) => Ok(lease.client().clone()),
+        None => Ok(lease.client().clone()),
         Some(user) => lease.client().as_user(user),
+    }
+}
+
+/// The directory a process starts in: the call's `cwd`, else the sandbox's default workdir
+/// ([`Channel::workdir`]). Always sent, so the agent's own fallback (the user's home) never
+/// applies to the port's calls.
+pub(crate) async fn cwd_or_default(
+    channel: &Channel,
+    cwd: Option<&sandbox_core::SandboxPath>,
+) -> Result<String, Error> {
+    match cwd {
+        Some(path) => Ok(path.as_str().to_owned()),
+        None => channel.workdir().await,
     }
 }
 
@@ -227,15 +242,7 @@ impl Call<'_> {
                 cmd,
                 args,
                 envs: request.env.clone(),
-                cwd: Some(
-                    request
-                        .cwd
-                        .as_ref()
-                        .map_or(sandbox_core::policy::workspace::WORKSPACE_ROOT, |p| {
-                            p.as_str()
-                        })
-                        .to_owned(),
-                ),
+                cwd: Some(cwd_or_default(self.channel, request.cwd.as_ref()).await?),
             }),
             pty: None,
             tag: Some(tag.clone()),

@@ -68,6 +68,13 @@ pub const MAX_PROCESSES_FLAG: &str = "--max-processes";
 /// The flag that names one reserved tree to the agent.
 pub const RESERVED_PATH_FLAG: &str = "--reserved-path";
 
+/// The flags that name the sandbox's default user and workdir to the agent
+/// (`[create.user]`): what a request names no user for acts as it, in the agent's own router
+/// too, which is what SDK clients relayed to the agent reach.
+pub const DEFAULT_USER_FLAG: &str = "--default-user";
+/// See [`DEFAULT_USER_FLAG`].
+pub const DEFAULT_WORKDIR_FLAG: &str = "--default-workdir";
+
 /// The container entrypoint of agent mode: the installed agent, [`AGENT_FLAGS`], then
 /// [`RESERVED_PATH_FLAG`] for each tree the file API reserves (`crate::files::RESERVED`, the
 /// same list exec mode refuses, so the two cannot drift): the agent judges every file
@@ -87,14 +94,27 @@ pub fn entrypoint() -> Vec<String> {
 /// [`entrypoint`], with `env` as the default environment of every process the agent starts
 /// (`--env KEY=VALUE`): the sandbox's environment ([`sandbox_env`]), which the agent does not
 /// pass on from its own; and `max_processes` as the cap on the processes it runs at once
-/// ([`MAX_PROCESSES_FLAG`]; commands and terminals count too).
+/// ([`MAX_PROCESSES_FLAG`]; commands and terminals count too); and `user`, the create
+/// request's default user, as [`DEFAULT_USER_FLAG`] and [`DEFAULT_WORKDIR_FLAG`] (without
+/// one the agent's defaults hold: root, and the adapter names the workspace root as every
+/// call's cwd).
+///
+/// A restart of the container runs this same argv again (it is the container's entrypoint),
+/// so the user survives a stop; a restore builds it anew from its own create request.
 pub fn entrypoint_with_env(
     env: &std::collections::BTreeMap<String, String>,
     max_processes: usize,
+    user: Option<&sandbox_core::SandboxUser>,
 ) -> Vec<String> {
     let mut argv = entrypoint();
     argv.push(MAX_PROCESSES_FLAG.to_owned());
     argv.push(max_processes.to_string());
+    if let Some(user) = user {
+        argv.push(DEFAULT_USER_FLAG.to_owned());
+        argv.push(user.name.clone());
+        argv.push(DEFAULT_WORKDIR_FLAG.to_owned());
+        argv.push(user.workdir.as_str().to_owned());
+    }
     for (k, v) in env {
         argv.push("--env".to_owned());
         argv.push(format!("{k}={v}"));
@@ -171,11 +191,33 @@ mod tests {
             ("A".to_owned(), "1=2".to_owned()),
             ("B".to_owned(), "x y".to_owned()),
         ]);
-        let argv = entrypoint_with_env(&env, 7);
+        let argv = entrypoint_with_env(&env, 7, None);
         assert_eq!(&argv[..entrypoint().len()], entrypoint().as_slice());
         assert_eq!(
             &argv[entrypoint().len()..],
             ["--max-processes", "7", "--env", "A=1=2", "--env", "B=x y"]
+        );
+        // A default user is named to the agent with its workdir, before the environment.
+        let user = sandbox_core::SandboxUser::new(
+            "user",
+            sandbox_core::SandboxPath::new("/home/user").unwrap(),
+        )
+        .unwrap();
+        let named = entrypoint_with_env(&env, 7, Some(&user));
+        assert_eq!(
+            &named[entrypoint().len()..],
+            [
+                "--max-processes",
+                "7",
+                "--default-user",
+                "user",
+                "--default-workdir",
+                "/home/user",
+                "--env",
+                "A=1=2",
+                "--env",
+                "B=x y"
+            ]
         );
         // The ring the adapter reports is the ring the agent is started with.
         let at = argv.iter().position(|a| a == "--output-ring-bytes");

@@ -50,7 +50,7 @@ use sandbox_envd::process::{self as ps, ProcessInput};
 use sandbox_transport::envd::{CallOptions, ServerStream};
 use serde::Deserialize;
 
-use super::exec::{client_for, explain, lease, until_started};
+use super::exec::{client_for, cwd_or_default, explain, lease, until_started};
 use crate::channel::{Channel, Lease};
 use crate::provider::DockerProvider;
 
@@ -257,14 +257,7 @@ pub(crate) async fn start(
             cmd,
             args,
             envs: spec.env.clone(),
-            cwd: Some(
-                spec.cwd
-                    .as_ref()
-                    .map_or(sandbox_core::policy::workspace::WORKSPACE_ROOT, |p| {
-                        p.as_str()
-                    })
-                    .to_owned(),
-            ),
+            cwd: Some(cwd_or_default(channel, spec.cwd.as_ref()).await?),
         }),
         pty: None,
         tag: spec.tag.as_ref().map(|t| t.as_str().to_owned()),

@@ -34,7 +34,9 @@ use sandbox_envd::process::process_event::data_event::Output;
 use sandbox_envd::process::{self as ps, ProcessEvent, ProcessInput, ProcessSelector};
 use sandbox_transport::envd::{CallOptions, ServerStream};
 
-use super::exec::{KillOnDrop, client_for, exit_of, lease, random_tag, until_started};
+use super::exec::{
+    KillOnDrop, client_for, cwd_or_default, exit_of, lease, random_tag, until_started,
+};
 use crate::channel::{Channel, ChannelClient, Lease};
 use crate::exec::kill_marked_script;
 use crate::provider::DockerProvider;
@@ -86,15 +88,7 @@ pub(crate) async fn open(
             cmd: "/bin/sh".to_owned(),
             args: vec!["-c".to_owned(), shell_script()],
             envs: env,
-            cwd: Some(
-                options
-                    .cwd
-                    .as_ref()
-                    .map_or(sandbox_core::policy::workspace::WORKSPACE_ROOT, |p| {
-                        p.as_str()
-                    })
-                    .to_owned(),
-            ),
+            cwd: Some(cwd_or_default(channel, options.cwd.as_ref()).await?),
         }),
         pty: Some(ps::Pty {
             size: Some(ps::pty::Size {

@@ -230,6 +230,8 @@ pub struct Channel {
     opened: std::sync::atomic::AtomicU64,
     /// The handle of the last full connect (see [`Channel::remember_connected`]).
     connected: Mutex<Option<SandboxHandle>>,
+    /// The container's working directory, once known (see [`Channel::workdir`]).
+    workdir: tokio::sync::OnceCell<String>,
 }
 
 impl Channel {
@@ -242,7 +244,45 @@ impl Channel {
             slot: tokio::sync::Mutex::new(None),
             opened: std::sync::atomic::AtomicU64::new(0),
             connected: Mutex::new(None),
+            workdir: tokio::sync::OnceCell::new(),
         })
+    }
+
+    /// Where a process that names no `cwd` starts: the container's working directory, as for
+    /// exec mode's processes (the engine's default). The create sets it to the sandbox user's
+    /// workdir, else to the workspace root, so it is the sandbox's default workdir on every
+    /// container, including those made before the agent was told one (`--default-workdir`).
+    /// A container's configuration never changes, so it is read once (or given by the create,
+    /// [`Channel::remember_workdir`]) and kept.
+    pub async fn workdir(&self) -> Result<String, Error> {
+        self.workdir
+            .get_or_try_init(|| async {
+                let inspect = self
+                    .docker
+                    .inspect_container(
+                        &self.container,
+                        None::<bollard::query_parameters::InspectContainerOptions>,
+                    )
+                    .await
+                    .map_err(|e| errors::map(OP_CHANNEL, e))?;
+                Ok::<_, Error>(
+                    inspect
+                        .config
+                        .and_then(|c| c.working_dir)
+                        .filter(|dir| dir.starts_with('/'))
+                        .unwrap_or_else(|| {
+                            sandbox_core::policy::workspace::WORKSPACE_ROOT.to_owned()
+                        }),
+                )
+            })
+            .await
+            .cloned()
+    }
+
+    /// Records the working directory the create gave the container, so the first call need
+    /// not ask the engine. A second value is ignored: the first was the container's.
+    pub fn remember_workdir(&self, dir: &str) {
+        let _ = self.workdir.set(dir.to_owned());
     }
 
     /// The container this channel reaches.

@@ -67,6 +67,7 @@ async fn the_agent_is_pid_1_of_a_sandbox_without_network() {
     let expected = agent::entrypoint_with_env(
         &std::collections::BTreeMap::new(),
         sandbox_provider_docker::config::DEFAULT_PROCESSES_PER_SANDBOX,
+        None,
     );
     assert_eq!(cmdline, expected.join(" "));
     assert_eq!(sh(&p, &h, "stat -c '%a %u' /.sandbox").await, "755 0");

@@ -12,6 +12,7 @@ mod snapshots;
 mod streamed;
 mod templates;
 mod terminal;
+mod user;
 mod watch;
 
 use std::time::Duration;
@@ -117,6 +118,18 @@ pub fn all_cases() -> Vec<Case> {
             ["create.metadata"]
         ),
         case!(lifecycle::list_is_unsupported, [], [List], ["list.filter"]),
+        case!(
+            user::create_user_runs_what_names_none,
+            [DefaultUser],
+            [],
+            ["create.user"]
+        ),
+        case!(
+            user::create_with_user_is_unsupported,
+            [],
+            [DefaultUser],
+            ["create.user"]
+        ),
         case!(exec::exec_argv_echo, [], [], ["exec.argv", "exec.io"]),
         case!(exec::exec_exit_codes, [], [], ["exec.io"]),
         case!(
