@@ -441,13 +441,13 @@ fn page_of(
             s.id.as_str().to_owned(),
         )
     };
-    all.sort_by(|a, b| key(b).cmp(&key(a)));
+    all.sort_by_key(|s| std::cmp::Reverse(key(s)));
     let start = match cursor {
         None => 0,
         Some(c) => {
             let (nanos, id) = c
                 .split_once('_')
-                .and_then(|(n, id)| Some((n.parse::<i128>().ok(), id)))
+                .map(|(n, id)| (n.parse::<i128>().ok(), id))
                 .ok_or_else(|| {
                     ApiError::bad_request("nextToken is not a token this server issued")
                 })?;
