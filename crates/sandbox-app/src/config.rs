@@ -447,6 +447,17 @@ impl ServiceConfig {
                     name.chars().take(64).collect::<String>()
                 )));
             }
+            let image_ok = !image.is_empty()
+                && image.len() <= 255
+                && image
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"._/:@-".contains(&b));
+            if !image_ok {
+                return Err(ConfigError(format!(
+                    "e2b.templates.{name}: {:?} is not an image reference (letters, digits and ._/:@-)",
+                    image.chars().take(64).collect::<String>()
+                )));
+            }
             sandbox_core::TemplateId::new(image)
                 .map_err(|e| ConfigError(format!("e2b.templates.{name}: {}", e.message())))?;
         }
@@ -678,6 +689,13 @@ pub const ENV_VARS: &[EnvVar] = &[
         Text,
         "",
         "the key envd access tokens are derived from, at least 32 bytes (a secret; required with the Redis store; unset: generated into the data directory)",
+    ),
+    var(
+        "SANDBOX_E2B_BASE_TEMPLATE",
+        "e2b.templates.base",
+        Text,
+        "",
+        "the image the SDKs' default template `base` boots (unset: `docker.image`); it needs a `user` account and `/bin/bash`, as the Debian image has",
     ),
     var(
         "SANDBOX_E2B_DEFAULT_TIMEOUT_SECONDS",
@@ -1191,6 +1209,58 @@ mod tests {
         );
     }
 
+    #[cfg(feature = "e2b-api")]
+    #[test]
+    fn the_e2b_section_refuses_what_cannot_work() {
+        let load = |pairs: &[(&str, &str)]| ServiceConfig::load(None, &env(pairs));
+        let off = load(&[]).unwrap();
+        assert!(!off.e2b.enabled, "a second listener is the operator's act");
+        assert_eq!(off.e2b.listen.ip().to_string(), "127.0.0.1");
+        let on = [("SANDBOX_E2B_ENABLED", "true")];
+        let c = load(&on).unwrap();
+        assert_eq!(c.e2b.default_timeout_seconds, 300);
+        let secret = "0123456789abcdef0123456789abcdef";
+        for (pairs, needle) in [
+            (
+                vec![
+                    ("SANDBOX_STORE", "redis"),
+                    ("SANDBOX_REDIS_URL", "redis://127.0.0.1:1"),
+                ],
+                "e2b.secret",
+            ),
+            (vec![("SANDBOX_E2B_SECRET", "short")], "at least 32 bytes"),
+            (vec![("SANDBOX_E2B_DOMAIN", "Not A Domain")], "e2b.domain"),
+            (
+                vec![("SANDBOX_E2B_MAX_TIMEOUT_SECONDS", "0")],
+                "max_timeout",
+            ),
+            (
+                vec![("SANDBOX_E2B_DEFAULT_TIMEOUT_SECONDS", "90000")],
+                "default_timeout",
+            ),
+            (
+                vec![("SANDBOX_E2B_BASE_TEMPLATE", "bad image name!")],
+                "e2b.templates.base",
+            ),
+        ] {
+            let mut all = on.to_vec();
+            all.extend(pairs.iter().copied());
+            let err = load(&all).unwrap_err();
+            assert!(err.0.contains(needle), "{pairs:?}: {err}");
+        }
+        // With a secret the Redis store is fine, and the secret is never printed.
+        let c = load(&[
+            on[0],
+            ("SANDBOX_STORE", "redis"),
+            ("SANDBOX_REDIS_URL", "redis://127.0.0.1:1"),
+            ("SANDBOX_E2B_SECRET", secret),
+        ])
+        .unwrap();
+        assert!(!format!("{c:?}").contains(secret));
+        // Disabled, nothing of it is judged.
+        assert!(load(&[("SANDBOX_E2B_SECRET", "short")]).is_ok());
+    }
+
     #[test]
     fn defaults_are_safe_and_env_overrides_apply() {
         let c = ServiceConfig::load(None, &BTreeMap::new()).unwrap();
@@ -1352,7 +1422,7 @@ mod tests {
                 row.name
             );
         }
-        let sections = ["redis", "docker", "limits", "server", "quotas"];
+        let sections = ["redis", "docker", "limits", "server", "quotas", "e2b"];
         for key in expected_keys(None) {
             if sections.contains(&key.as_str()) || key == "tenants" {
                 continue;
@@ -1365,6 +1435,11 @@ mod tests {
         for section in sections {
             for key in expected_keys(Some(section)) {
                 let path = format!("{section}.{key}");
+                if path == "e2b.templates" {
+                    // A map of names: its one variable sets `base`, the SDKs' default.
+                    assert!(keys.contains("e2b.templates.base"));
+                    continue;
+                }
                 assert!(
                     keys.contains(path.as_str()),
                     "file key {path} has no SANDBOX_* variable"
