@@ -243,6 +243,9 @@ pub enum ErrorCode {
     NotADirectory,
     /// The sandbox already runs as many processes as its cap allows; nothing was started.
     ProcessLimit,
+    /// A listing's paging cursor is not one the listing wrote (garbled, forged, or written
+    /// for the other order).
+    InvalidCursor,
 }
 
 impl ErrorCode {
@@ -286,6 +289,7 @@ impl ErrorCode {
             ErrorCode::WatchOverflow => "watch_overflow",
             ErrorCode::NotADirectory => "not_a_directory",
             ErrorCode::ProcessLimit => "process_limit",
+            ErrorCode::InvalidCursor => "invalid_cursor",
         }
     }
 }
@@ -592,7 +596,8 @@ impl Error {
                 | ErrorCode::FileTooLarge
                 | ErrorCode::InvalidSignal
                 | ErrorCode::InvalidOffset
-                | ErrorCode::NotADirectory => 400,
+                | ErrorCode::NotADirectory
+                | ErrorCode::InvalidCursor => 400,
                 ErrorCode::SessionDeleted
                 | ErrorCode::NoLiveSandbox
                 | ErrorCode::SnapshotNotFound
