@@ -24,10 +24,10 @@ use sandbox_core::{
     ActivityRegistry, BackgroundActivity, Binding, BindingKey, BindingStore, Capabilities,
     ConfigId, ConnectProbe, ConnectRequest, CreateRequest, Desktop, DesktopOptions, DesktopStream,
     DirEntry, Error, ExecRequest, ExecResult, InvalidationReport, KeepAlive, LifecycleLock,
-    ListFilter, NetworkFields, Operation, OptimisticReads, Provider, ReadStream, ResolveSnapshot,
-    RewindLock, RewindLocks, SandboxHandle, SandboxId, SandboxPath, SandboxProvider,
-    SandboxSummary, Secret, SnapshotId, SnapshotRef, Snapshots, StatEntry, Template,
-    TemplateCatalog, TenantId, Terminal, TerminalOptions, TerminalReattach, TerminalSize,
+    ListFilter, ListPage, NetworkFields, Operation, OptimisticReads, Provider, ReadStream,
+    ResolveSnapshot, RewindLock, RewindLocks, SandboxHandle, SandboxId, SandboxPage, SandboxPath,
+    SandboxProvider, SandboxSummary, Secret, SnapshotId, SnapshotRef, Snapshots, StatEntry,
+    Template, TemplateCatalog, TenantId, Terminal, TerminalOptions, TerminalReattach, TerminalSize,
     Terminals, TreeLimits, TreeListing, TurnLeases, TurnState,
 };
 use sandbox_core::{
@@ -116,6 +116,10 @@ impl SandboxProvider for MeteredProvider {
     }
     async fn list(&self, filter: &ListFilter) -> Result<Vec<SandboxSummary>, Error> {
         self.observe(Operation::LIST, self.inner.list(filter)).await
+    }
+    async fn list_page(&self, filter: &ListFilter, page: &ListPage) -> Result<SandboxPage, Error> {
+        self.observe(Operation::LIST, self.inner.list_page(filter, page))
+            .await
     }
     async fn delete(&self, id: &SandboxId) -> Result<(), Error> {
         self.observe(Operation::DELETE, self.inner.delete(id)).await

@@ -247,6 +247,9 @@ pub enum ErrorCode {
     InvalidDeadlineKey,
     /// A deadline store holds as many deadlines as it is bounded to; nothing was stored.
     DeadlineLimit,
+    /// A listing's paging cursor is not one the listing wrote (garbled, forged, or written
+    /// for the other order).
+    InvalidCursor,
 }
 
 impl ErrorCode {
@@ -292,6 +295,7 @@ impl ErrorCode {
             ErrorCode::ProcessLimit => "process_limit",
             ErrorCode::InvalidDeadlineKey => "invalid_deadline_key",
             ErrorCode::DeadlineLimit => "deadline_limit",
+            ErrorCode::InvalidCursor => "invalid_cursor",
         }
     }
 }
@@ -599,7 +603,8 @@ impl Error {
                 | ErrorCode::InvalidSignal
                 | ErrorCode::InvalidOffset
                 | ErrorCode::NotADirectory
-                | ErrorCode::InvalidDeadlineKey => 400,
+                | ErrorCode::InvalidDeadlineKey
+                | ErrorCode::InvalidCursor => 400,
                 ErrorCode::SessionDeleted
                 | ErrorCode::NoLiveSandbox
                 | ErrorCode::SnapshotNotFound

@@ -79,9 +79,9 @@ pub use process::{
 };
 pub use provider::{Provider, SandboxType};
 pub use sandbox::{
-    ConnectRequest, CreateRequest, IdleTimeout, ListFilter, Metadata, NetworkField, NetworkFields,
-    NetworkPolicy, SandboxHandle, SandboxState, SandboxSummary, SandboxUser, TimeoutAction,
-    TimeoutPolicy, VolumeMount,
+    ConnectRequest, CreateRequest, IdleTimeout, ListCursor, ListFilter, ListOrder, ListPage,
+    Metadata, NetworkField, NetworkFields, NetworkPolicy, SandboxHandle, SandboxPage, SandboxState,
+    SandboxSummary, SandboxUser, TimeoutAction, TimeoutPolicy, VolumeMount,
 };
 pub use secret::Secret;
 pub use template::{SnapshotRef, Template};

@@ -693,6 +693,210 @@ impl ListFilter {
     }
 }
 
+/// Which end of the creation order a page of a listing starts from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ListOrder {
+    /// The most recently started first.
+    #[default]
+    NewestFirst,
+    /// The earliest started first.
+    OldestFirst,
+}
+
+impl ListOrder {
+    fn tag(self) -> char {
+        match self {
+            ListOrder::NewestFirst => 'n',
+            ListOrder::OldestFirst => 'o',
+        }
+    }
+}
+
+/// An opaque position in a listing: it names the last item a page returned, so the next page
+/// resumes after that item wherever it now stands (items created or deleted meanwhile do not
+/// shift the pages).
+///
+/// Its text is hex with a checksum, safe in a header or a query string. [`ListCursor::parse`]
+/// refuses anything this type did not write; it is not a secret (it names a sandbox the
+/// caller was shown, and a crafted one only moves the caller's own page).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ListCursor(String);
+
+/// What a cursor says: the order it was written for and the last item's sort key.
+struct CursorKey {
+    order: ListOrder,
+    started_at: Option<OffsetDateTime>,
+    id: SandboxId,
+}
+
+impl ListCursor {
+    /// The longest cursor text accepted (an ID of a few hundred bytes, hex-encoded).
+    pub const MAX_LEN: usize = 2048;
+    const PREFIX: &'static str = "c1";
+
+    /// A cursor this type wrote, from its text; anything else is `invalid_request` with code
+    /// `invalid_cursor`.
+    pub fn parse(raw: &str) -> Result<ListCursor, Error> {
+        Self::decode(raw)?;
+        Ok(ListCursor(raw.to_owned()))
+    }
+
+    /// The cursor's text, to hand to a client.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    fn encode(order: ListOrder, item: &SandboxSummary) -> ListCursor {
+        let started = item
+            .started_at
+            .map_or_else(|| "-".to_owned(), |t| t.unix_timestamp_nanos().to_string());
+        let payload = format!("{}{started}:{}", order.tag(), item.id);
+        let mut text = String::with_capacity(Self::PREFIX.len() + payload.len() * 2 + 17);
+        text.push_str(Self::PREFIX);
+        for b in payload.as_bytes() {
+            text.push_str(&format!("{b:02x}"));
+        }
+        text.push_str(&format!(".{:016x}", checksum(payload.as_bytes())));
+        ListCursor(text)
+    }
+
+    fn decode(raw: &str) -> Result<CursorKey, Error> {
+        let refused = || invalid_cursor("the listing did not write this cursor");
+        if raw.len() > Self::MAX_LEN {
+            return Err(invalid_cursor("the cursor is too long"));
+        }
+        let body = raw.strip_prefix(Self::PREFIX).ok_or_else(refused)?;
+        let (hex, sum) = body.split_once('.').ok_or_else(refused)?;
+        if hex.len() % 2 != 0 || sum.len() != 16 {
+            return Err(refused());
+        }
+        let payload = (0..hex.len())
+            .step_by(2)
+            .map(|i| {
+                hex.get(i..i + 2)
+                    .filter(|pair| pair.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
+                    .and_then(|pair| u8::from_str_radix(pair, 16).ok())
+            })
+            .collect::<Option<Vec<u8>>>()
+            .ok_or_else(refused)?;
+        let sum_ok = sum.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+            && u64::from_str_radix(sum, 16).ok() == Some(checksum(&payload));
+        if !sum_ok {
+            return Err(refused());
+        }
+        let text = String::from_utf8(payload).map_err(|_| refused())?;
+        let mut chars = text.chars();
+        let order = match chars.next() {
+            Some('n') => ListOrder::NewestFirst,
+            Some('o') => ListOrder::OldestFirst,
+            _ => return Err(refused()),
+        };
+        let (started, id) = chars.as_str().split_once(':').ok_or_else(refused)?;
+        let started_at = match started {
+            "-" => None,
+            nanos => Some(
+                nanos
+                    .parse::<i128>()
+                    .ok()
+                    .and_then(|n| OffsetDateTime::from_unix_timestamp_nanos(n).ok())
+                    .ok_or_else(refused)?,
+            ),
+        };
+        let id = SandboxId::new(id).map_err(|_| refused())?;
+        Ok(CursorKey {
+            order,
+            started_at,
+            id,
+        })
+    }
+}
+
+/// FNV-1a: detects a garbled or hand-edited cursor (not a forgery by someone who read this).
+fn checksum(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+fn invalid_cursor(why: &str) -> Error {
+    Error::invalid_request(Operation::LIST, format!("invalid paging cursor: {why}"))
+        .with_code(ErrorCode::InvalidCursor)
+}
+
+/// Which page of a listing to return.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListPage {
+    /// The most items the page holds (at least 1).
+    pub limit: usize,
+    /// Where the previous page ended (`None`: the first page).
+    pub cursor: Option<ListCursor>,
+    pub order: ListOrder,
+}
+
+impl ListPage {
+    /// The first page of at most `limit` items, newest first.
+    pub fn first(limit: usize) -> Self {
+        ListPage {
+            limit,
+            cursor: None,
+            order: ListOrder::default(),
+        }
+    }
+
+    /// The page of `items` (a whole listing, in any order) this request names: sorted by
+    /// `started_at` then id in the page's order (a sandbox with no start time sorts before
+    /// every other when oldest first), after the cursor's item, at most `limit` of them, with
+    /// `next` only when more remain. A limit of 0 is `invalid_request`; a cursor written for
+    /// the other order is `invalid_cursor`.
+    pub fn apply(&self, mut items: Vec<SandboxSummary>) -> Result<SandboxPage, Error> {
+        if self.limit == 0 {
+            return Err(Error::invalid_request(
+                Operation::LIST,
+                "a page holds at least one item (limit 0)",
+            ));
+        }
+        let key = |s: &SandboxSummary| (s.started_at, s.id.clone());
+        items.sort_by_key(key);
+        if self.order == ListOrder::NewestFirst {
+            items.reverse();
+        }
+        let start = match &self.cursor {
+            None => 0,
+            Some(cursor) => {
+                let at = ListCursor::decode(cursor.as_str())?;
+                if at.order != self.order {
+                    return Err(invalid_cursor("it was written for the other order"));
+                }
+                let last = (at.started_at, at.id);
+                // The first item past the cursor's, whether or not that item still exists.
+                items.partition_point(|s| match self.order {
+                    ListOrder::OldestFirst => key(s) <= last,
+                    ListOrder::NewestFirst => key(s) >= last,
+                })
+            }
+        };
+        let rest = items.len().saturating_sub(start);
+        let items: Vec<SandboxSummary> = items.into_iter().skip(start).take(self.limit).collect();
+        let next = (rest > items.len())
+            .then(|| {
+                items
+                    .last()
+                    .map(|last| ListCursor::encode(self.order, last))
+            })
+            .flatten();
+        Ok(SandboxPage { items, next })
+    }
+}
+
+/// One page of a listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxPage {
+    pub items: Vec<SandboxSummary>,
+    /// The cursor of the next page; `None` on the last one.
+    pub next: Option<ListCursor>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -888,6 +1092,177 @@ mod tests {
         let json = serde_json::to_value(request.user.as_ref().unwrap()).unwrap();
         assert_eq!(json["name"], "user");
         assert_eq!(json["workdir"], "/home/user");
+    }
+
+    fn summary(id: &str, started: Option<i64>) -> SandboxSummary {
+        SandboxSummary {
+            id: SandboxId::new(id).unwrap(),
+            template: None,
+            state: SandboxState::Running,
+            raw_state: String::new(),
+            metadata: Metadata::new(),
+            started_at: started.map(|s| OffsetDateTime::from_unix_timestamp(s).unwrap()),
+            ended_at: None,
+        }
+    }
+
+    /// Every page of `items` under `order` and `limit`, checking each page's shape.
+    fn all_pages(items: &[SandboxSummary], order: ListOrder, limit: usize) -> Vec<SandboxId> {
+        let mut page = ListPage {
+            limit,
+            cursor: None,
+            order,
+        };
+        let mut out = Vec::new();
+        for _ in 0..=items.len() {
+            let got = page.apply(items.to_vec()).unwrap();
+            assert!(got.items.len() <= limit);
+            out.extend(got.items.iter().map(|s| s.id.clone()));
+            match got.next {
+                Some(next) => {
+                    // More remain, so the page was full; the cursor parses back.
+                    assert_eq!(got.items.len(), limit);
+                    assert_eq!(ListCursor::parse(next.as_str()).unwrap(), next);
+                    page.cursor = Some(next);
+                }
+                None => return out,
+            }
+        }
+        panic!("paging did not end after {} pages", items.len() + 1);
+    }
+
+    #[test]
+    fn pages_follow_start_time_then_id_and_end() {
+        let items = vec![
+            summary("b", Some(10)),
+            summary("a", Some(10)),
+            summary("c", Some(5)),
+            summary("d", None),
+            summary("e", Some(20)),
+        ];
+        let ids = |v: &[&str]| -> Vec<SandboxId> {
+            v.iter().map(|s| SandboxId::new(*s).unwrap()).collect()
+        };
+        assert_eq!(
+            all_pages(&items, ListOrder::OldestFirst, 2),
+            ids(&["d", "c", "a", "b", "e"])
+        );
+        assert_eq!(
+            all_pages(&items, ListOrder::NewestFirst, 2),
+            ids(&["e", "b", "a", "c", "d"])
+        );
+        assert_eq!(ListOrder::default(), ListOrder::NewestFirst);
+        // An exact fit ends without a trailing empty page.
+        let first = ListPage::first(5).apply(items.clone()).unwrap();
+        assert_eq!(first.items.len(), 5);
+        assert!(first.next.is_none());
+        // The cursor's item may be gone: the next page starts after where it stood.
+        let one = ListPage::first(2).apply(items.clone()).unwrap();
+        let mut shrunk = items.clone();
+        shrunk.retain(|s| s.id.as_str() != "b");
+        let two = ListPage {
+            cursor: one.next,
+            ..ListPage::first(2)
+        }
+        .apply(shrunk)
+        .unwrap();
+        let names: Vec<&str> = two.items.iter().map(|s| s.id.as_str()).collect();
+        assert_eq!(names, ["a", "c"]);
+        // Empty listings and a zero limit.
+        let empty = ListPage::first(3).apply(Vec::new()).unwrap();
+        assert!(empty.items.is_empty() && empty.next.is_none());
+        let err = ListPage::first(0).apply(items).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidRequest);
+    }
+
+    #[test]
+    fn cursors_not_written_here_are_refused() {
+        let items = vec![summary("a", Some(1)), summary("b", Some(2))];
+        let next = ListPage::first(1)
+            .apply(items.clone())
+            .unwrap()
+            .next
+            .unwrap();
+        let text = next.as_str().to_owned();
+        assert!(
+            text.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.'),
+            "{text}"
+        );
+        let refused = |raw: &str| {
+            let err = ListCursor::parse(raw).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::InvalidRequest, "{raw:?}");
+            assert_eq!(err.code(), Some(ErrorCode::InvalidCursor), "{raw:?}");
+        };
+        // Tampered: a flipped payload digit, a flipped checksum digit, cut short, extended.
+        let mut flipped = text.clone().into_bytes();
+        flipped[3] = if flipped[3] == b'0' { b'1' } else { b'0' };
+        refused(std::str::from_utf8(&flipped).unwrap());
+        let mut flipped = text.clone().into_bytes();
+        let last = flipped.len() - 1;
+        flipped[last] = if flipped[last] == b'0' { b'1' } else { b'0' };
+        refused(std::str::from_utf8(&flipped).unwrap());
+        refused(&text[..text.len() - 1]);
+        refused(&format!("{text}0"));
+        refused(&text.to_uppercase());
+        for foreign in [
+            "",
+            "c1",
+            "c1.",
+            "abc",
+            "c1zz.0000000000000000",
+            "eyJpZCI6MX0=",
+            "é",
+        ] {
+            refused(foreign);
+        }
+        refused(&"c1".repeat(ListCursor::MAX_LEN));
+        // Written for the other order: refused when applied.
+        let page = ListPage {
+            limit: 1,
+            cursor: Some(next),
+            order: ListOrder::OldestFirst,
+        };
+        let err = page.apply(items).unwrap_err();
+        assert_eq!(err.code(), Some(ErrorCode::InvalidCursor));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn pages_concatenate_to_the_ordered_listing(
+            starts in proptest::collection::vec(proptest::option::of(0_i64..8), 0..30),
+            limit in 1_usize..7,
+            oldest in proptest::bool::ANY,
+        ) {
+            // Few distinct times, so ties (broken by id) are common.
+            let items: Vec<SandboxSummary> = starts
+                .iter()
+                .enumerate()
+                .map(|(i, s)| summary(&format!("s{:02}", (i * 7) % 31), *s))
+                .collect();
+            let order = if oldest { ListOrder::OldestFirst } else { ListOrder::NewestFirst };
+            let got = all_pages(&items, order, limit);
+            let mut expected: Vec<(Option<OffsetDateTime>, SandboxId)> =
+                items.iter().map(|s| (s.started_at, s.id.clone())).collect();
+            expected.sort();
+            if !oldest {
+                expected.reverse();
+            }
+            let expected: Vec<SandboxId> = expected.into_iter().map(|(_, id)| id).collect();
+            let unique: std::collections::BTreeSet<&SandboxId> = got.iter().collect();
+            proptest::prop_assert_eq!(unique.len(), got.len(), "no item twice");
+            proptest::prop_assert_eq!(got, expected);
+        }
+
+        #[test]
+        fn arbitrary_text_is_never_a_cursor(raw in "\\PC{0,80}") {
+            // Only the encoder's output parses; random text (even with the prefix) does not.
+            let raw = format!("c1{raw}");
+            if let Err(e) = ListCursor::parse(&raw) {
+                proptest::prop_assert_eq!(e.code(), Some(ErrorCode::InvalidCursor));
+            } else {
+                proptest::prop_assert!(false, "{raw:?} parsed");
+            }
+        }
     }
 
     #[test]

@@ -18,11 +18,11 @@ use sandbox_core::{
     ActivityRegistry, BackgroundActivity, Binding, BindingKey, BindingStore, Capabilities,
     Capability, ConfigId, ConnectProbe, ConnectRequest, CreateRequest, Desktop, DesktopOptions,
     DesktopStream, DirEntry, Error, ExecRequest, ExecResult, InvalidationReport, KeepAlive,
-    LifecycleLock, ListFilter, NetworkFields, Operation, OptimisticReads, Origin, Provider,
-    ReadStream, ResolveSnapshot, RewindLock, RewindLocks, SandboxHandle, SandboxId, SandboxPath,
-    SandboxProvider, SandboxSummary, Secret, SnapshotId, SnapshotRef, Snapshots, StatEntry,
-    Template, TemplateCatalog, TenantId, Terminal, TerminalOptions, TerminalReattach, TerminalSize,
-    Terminals, TreeLimits, TreeListing, TurnLeases, TurnState,
+    LifecycleLock, ListFilter, ListPage, NetworkFields, Operation, OptimisticReads, Origin,
+    Provider, ReadStream, ResolveSnapshot, RewindLock, RewindLocks, SandboxHandle, SandboxId,
+    SandboxPage, SandboxPath, SandboxProvider, SandboxSummary, Secret, SnapshotId, SnapshotRef,
+    Snapshots, StatEntry, Template, TemplateCatalog, TenantId, Terminal, TerminalOptions,
+    TerminalReattach, TerminalSize, Terminals, TreeLimits, TreeListing, TurnLeases, TurnState,
 };
 use sandbox_core::{
     ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream, Processes, Signal, StreamedFiles,
@@ -59,6 +59,14 @@ pub trait ProviderHooks: Send + Sync + fmt::Debug {
         filter: &ListFilter,
     ) -> Result<Vec<SandboxSummary>, Error> {
         next.list(filter).await
+    }
+    async fn list_page(
+        &self,
+        next: &dyn SandboxProvider,
+        filter: &ListFilter,
+        page: &ListPage,
+    ) -> Result<SandboxPage, Error> {
+        next.list_page(filter, page).await
     }
     async fn delete(&self, next: &dyn SandboxProvider, id: &SandboxId) -> Result<(), Error> {
         next.delete(id).await
@@ -190,6 +198,9 @@ impl<H: ProviderHooks> SandboxProvider for Forward<H> {
     }
     async fn list(&self, filter: &ListFilter) -> Result<Vec<SandboxSummary>, Error> {
         self.hooks.list(&*self.inner, filter).await
+    }
+    async fn list_page(&self, filter: &ListFilter, page: &ListPage) -> Result<SandboxPage, Error> {
+        self.hooks.list_page(&*self.inner, filter, page).await
     }
     async fn delete(&self, id: &SandboxId) -> Result<(), Error> {
         self.hooks.delete(&*self.inner, id).await

@@ -5,9 +5,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Test binary: a failed unwrap is a failed test.
 
 use sandbox_core::{
-    Capability, CreateRequest, ErrorKind, ExecRequest, ListFilter, NetworkField, NetworkFields,
-    NetworkPolicy, Origin, Provider, SandboxPath, SandboxProvider, SandboxUser, SnapshotId,
-    VolumeMount,
+    Capability, CreateRequest, ErrorKind, ExecRequest, ListFilter, ListPage, NetworkField,
+    NetworkFields, NetworkPolicy, Origin, Provider, SandboxPath, SandboxProvider, SandboxUser,
+    SnapshotId, VolumeMount,
 };
 use sandbox_testkit::{FakeOp, FakeProvider};
 
@@ -131,6 +131,14 @@ async fn metadata_volumes_shell_and_list_follow_the_declarations() {
     let err = fake.list(&ListFilter::default()).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Unsupported);
     assert!(err.to_string().contains("list"), "{err}");
+    // Its pages too, refused by the layer before the fake lists anything.
+    let err = fake
+        .list_page(&ListFilter::default(), &ListPage::first(2))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unsupported);
+    assert!(err.to_string().contains("list"), "{err}");
+    assert_eq!(fake.calls(FakeOp::List), 0);
     let err = fake
         .stat(&h, &SandboxPath::new("/workspace").unwrap())
         .await

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use sandbox_core::{
     Capability, Checked, ConnectRequest, CreateRequest, Error, ExecRequest, ExecResult, ListFilter,
-    Operation, SandboxHandle, SandboxId, SandboxPath, SandboxProvider, SandboxSummary, SnapshotId,
-    Snapshots,
+    ListPage, Operation, SandboxHandle, SandboxId, SandboxPage, SandboxPath, SandboxProvider,
+    SandboxSummary, SnapshotId, Snapshots,
 };
 use sandbox_core::{
     ErrorCode, ErrorKind, ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream, Processes,
@@ -42,6 +42,7 @@ enum Defect {
     WatchIsAlwaysRecursive,
     CapRefusalUncoded,
     CreateDropsUser,
+    PageDropsNext,
 }
 
 /// The defect, planted through the test kit's forwarding helper: only the methods a defect
@@ -97,6 +98,18 @@ impl ProviderHooks for Broken {
             return next.list(&ListFilter::default()).await;
         }
         next.list(filter).await
+    }
+    async fn list_page(
+        &self,
+        next: &dyn SandboxProvider,
+        filter: &ListFilter,
+        page: &ListPage,
+    ) -> Result<SandboxPage, Error> {
+        let mut got = next.list_page(filter, page).await?;
+        if self.defect == Defect::PageDropsNext {
+            got.next = None;
+        }
+        Ok(got)
     }
     async fn delete(&self, next: &dyn SandboxProvider, id: &SandboxId) -> Result<(), Error> {
         if self.defect == Defect::DeleteIsNoop {
@@ -301,6 +314,7 @@ async fn every_planted_defect_is_caught_by_its_case() {
         (Defect::WatchIsAlwaysRecursive, "watch_recursive_flag"),
         (Defect::CapRefusalUncoded, "process_cap_is_enforced"),
         (Defect::CreateDropsUser, "create_user_runs_what_names_none"),
+        (Defect::PageDropsNext, "list_pages_through_a_filter"),
     ];
     for (defect, case) in table {
         let healthy = outcome(case, Arc::new(FakeProvider::new())).await;

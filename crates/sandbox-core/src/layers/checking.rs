@@ -11,7 +11,7 @@
 //!   not enforce, each named;
 //! - exec: the request's own validation, and the shell form without `posix_shell`
 //!   (`[exec.shell]`); the same for a background process's start;
-//! - connect without `reconnect`, list without `list`, the directory operations without
+//! - connect without `reconnect`, list (and its pages) without `list`, the directory operations without
 //!   `fs_enumeration`;
 //! - each capability trait's methods without the trait's flag.
 //!
@@ -37,7 +37,8 @@ use crate::ports::provider::{
 use crate::process::{ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream, Signal};
 use crate::provider::Provider;
 use crate::sandbox::{
-    ConnectRequest, CreateRequest, ListFilter, NetworkFields, SandboxHandle, SandboxSummary,
+    ConnectRequest, CreateRequest, ListFilter, ListPage, NetworkFields, SandboxHandle, SandboxPage,
+    SandboxSummary,
 };
 use crate::template::{SnapshotRef, Template};
 use crate::terminal::{DesktopOptions, DesktopStream, Terminal, TerminalOptions, TerminalSize};
@@ -235,6 +236,11 @@ impl<P: SandboxProvider> SandboxProvider for Checked<P> {
     async fn list(&self, filter: &ListFilter) -> Result<Vec<SandboxSummary>, Error> {
         self.require(Capability::List, Operation::LIST)?;
         self.inner.list(filter).await
+    }
+
+    async fn list_page(&self, filter: &ListFilter, page: &ListPage) -> Result<SandboxPage, Error> {
+        self.require(Capability::List, Operation::LIST)?;
+        self.inner.list_page(filter, page).await
     }
 
     async fn delete(&self, id: &SandboxId) -> Result<(), Error> {

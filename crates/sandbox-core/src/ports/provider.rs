@@ -18,7 +18,8 @@ use crate::path::SandboxPath;
 use crate::process::{ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream, Signal};
 use crate::provider::Provider;
 use crate::sandbox::{
-    ConnectRequest, CreateRequest, ListFilter, NetworkFields, SandboxHandle, SandboxSummary,
+    ConnectRequest, CreateRequest, ListFilter, ListPage, NetworkFields, SandboxHandle, SandboxPage,
+    SandboxSummary,
 };
 use crate::template::{SnapshotRef, Template};
 use crate::terminal::{DesktopOptions, DesktopStream, Terminal, TerminalOptions, TerminalSize};
@@ -105,6 +106,26 @@ pub trait SandboxProvider: Send + Sync + std::fmt::Debug {
     /// - `[list.filter]` Returns exactly the sandboxes that pass [`ListFilter::matches`]
     ///   (paused ones included when the filter allows them: they are what leaks cost money).
     async fn list(&self, filter: &ListFilter) -> Result<Vec<SandboxSummary>, Error>;
+
+    /// One page of [`list`](SandboxProvider::list) (needs `list`, like it).
+    /// - `[list.page]` The pages, in the page's [`ListOrder`](crate::ListOrder) (by
+    ///   `started_at`, then id; newest first by default), concatenate to exactly what `list`
+    ///   returns for the filter, each sandbox once; a page holds at most `limit` items, and
+    ///   `next` is present exactly when more remain. A `limit` of 0 is `invalid_request`.
+    /// - `[list.page.cursor]` A cursor names the last item of its page, so the next page
+    ///   resumes after that item even when sandboxes came or went in between; a cursor the
+    ///   listing did not write (garbled, invented, or written for the other order) is
+    ///   `invalid_request` with code `invalid_cursor`.
+    ///
+    /// The provided implementation pages the whole of `list` ([`ListPage::apply`]): correct,
+    /// and as costly as `list` per page. A backend with server-side paging overrides it.
+    async fn list_page(&self, filter: &ListFilter, page: &ListPage) -> Result<SandboxPage, Error> {
+        if page.limit == 0 {
+            // Refused before the listing is fetched.
+            return page.apply(Vec::new());
+        }
+        page.apply(self.list(filter).await?)
+    }
 
     /// Destroys a sandbox.
     /// - `[delete.gone]` Afterwards `get` is `not_found` and `connect` is replaceable.

@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use bollard::query_parameters::InspectContainerOptions;
 use sandbox_core::{
     CreateRequest, ErrorCode, ErrorKind, ExecRequest, ListFilter, SandboxHandle, SandboxPath,
-    SandboxProvider, Snapshots, TemplateId,
+    SandboxProvider, SandboxUser, Snapshots, TemplateId,
 };
 use sandbox_provider_docker::agent::{self, AgentBinary};
 use sandbox_provider_docker::{DataPlane, DockerConfig, DockerProvider};
@@ -306,5 +306,86 @@ async fn a_created_sandbox_answers_through_the_channel() {
         .await
         .unwrap();
     assert_eq!(inspect.host_config.and_then(|h| h.init), Some(true));
+    cleanup(&p).await;
+}
+
+/// `[create.user]` on the agent plane: the agent is started with the user and its workdir,
+/// which is the container's working directory too (made by the engine). Before the image has
+/// the account, a call naming no user fails naming it (the agent resolves accounts per call;
+/// the error is the agent's `unauthenticated`, so its kind is `authentication`); once it has
+/// it, commands and file writes naming no user act as it, in its workdir, also after the
+/// container was stopped and started again (the same entrypoint runs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Docker engine, the sandbox-busybox:test image and SANDBOX_AGENT_BIN: cargo xtask test runs it"]
+async fn the_default_user_holds_for_commands_and_files_across_a_restart() {
+    let ns = namespace("agu");
+    let p = provider(&ns).await;
+    let workdir = SandboxPath::new("/home/nobody").unwrap();
+    let mut request = CreateRequest::new(TemplateId::new(IMAGE).unwrap());
+    request.user = Some(SandboxUser::new("nobody", workdir.clone()).unwrap());
+    let h = p.create(request).await.unwrap();
+    let inspect = p
+        .docker()
+        .inspect_container(h.id().as_str(), None::<InspectContainerOptions>)
+        .await
+        .unwrap();
+    let config = inspect.config.unwrap();
+    assert_eq!(config.working_dir.as_deref(), Some(workdir.as_str()));
+    let entrypoint = config.entrypoint.unwrap().join(" ");
+    assert!(
+        entrypoint.contains("--default-user nobody --default-workdir /home/nobody"),
+        "{entrypoint}"
+    );
+
+    // The busybox image has no /etc/passwd: nobody is unknown, and each call says so.
+    let err = p
+        .exec(&h, ExecRequest::argv("true", Vec::<String>::new()))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Authentication, "{err}");
+    assert!(
+        err.message().contains("invalid default user: 'nobody'"),
+        "{err}"
+    );
+    let mut provision = ExecRequest::shell(
+        "echo 'root:x:0:0:root:/:/bin/sh' > /etc/passwd; \
+         echo 'nobody:x:65534:65534:nobody:/:/bin/sh' >> /etc/passwd; \
+         printf 'root:x:0:\\nnogroup:x:65534:\\n' > /etc/group; \
+         mkdir -p /shared && chmod 777 /shared",
+    );
+    provision.user = Some("root".to_owned());
+    let r = p.exec(&h, provision).await.unwrap();
+    assert_eq!(r.exit_code, 0, "{}", r.stderr_lossy());
+
+    let check = |label: &'static str| {
+        let p = &p;
+        let h = &h;
+        async move {
+            assert_eq!(
+                sh(p, h, "id -un; pwd").await,
+                "nobody\n/home/nobody",
+                "{label}"
+            );
+            let file = SandboxPath::new(&format!("/shared/{label}")).unwrap();
+            p.write_file(h, &file, b"x").await.unwrap();
+            let owner = sh(p, h, &format!("stat -c %U {file}")).await;
+            assert_eq!(owner, "nobody", "{label}: a file written naming no user");
+            // A call naming root still runs as root.
+            let mut as_root = ExecRequest::shell("id -un");
+            as_root.user = Some("root".to_owned());
+            let r = p.exec(h, as_root).await.unwrap();
+            assert_eq!(r.stdout_lossy(), "root\n", "{label}");
+        }
+    };
+    check("created").await;
+    p.docker()
+        .stop_container(
+            h.id().as_str(),
+            None::<bollard::query_parameters::StopContainerOptions>,
+        )
+        .await
+        .unwrap();
+    // The next call starts it again, with the same entrypoint.
+    check("restarted").await;
     cleanup(&p).await;
 }

@@ -1,11 +1,16 @@
-//! Health, create, get, list and delete: what every provider does, and the refusals of a
-//! provider without `metadata`, `volumes` or `list`.
+//! Health, create, get, list (and its pages) and delete: what every provider does, and the
+//! refusals of a provider without `metadata`, `volumes` or `list`.
 
 use std::time::Duration;
 
-use sandbox_core::{ErrorKind, ListFilter, SandboxId, SandboxState, TemplateId, VolumeMount};
+use sandbox_core::{
+    ErrorCode, ErrorKind, ListCursor, ListFilter, ListOrder, ListPage, SandboxId, SandboxState,
+    TemplateId, VolumeMount,
+};
 
-use super::super::{CaseResult, Ctx, NAMESPACE_KEY, ensure, ensure_eq, expect_kind, within};
+use super::super::{
+    CaseResult, Ctx, Failure, NAMESPACE_KEY, ensure, ensure_eq, expect_kind, within,
+};
 use super::path;
 
 pub(super) async fn health_ok(ctx: &Ctx) -> CaseResult {
@@ -102,6 +107,85 @@ pub(super) async fn list_filters_by_metadata_and_state(ctx: &Ctx) -> CaseResult 
     )
 }
 
+pub(super) async fn list_pages_through_a_filter(ctx: &Ctx) -> CaseResult {
+    let token = ctx.token();
+    let mut made = Vec::new();
+    for _ in 0..3 {
+        let mut request = ctx.create_request();
+        request
+            .metadata
+            .insert("sandbox_conformance_token".to_owned(), token.clone());
+        made.push(ctx.create_with(request).await?.id().clone());
+    }
+    made.sort();
+    let mut filter = ListFilter::default();
+    filter
+        .metadata
+        .insert(NAMESPACE_KEY.to_owned(), ctx.namespace().to_owned());
+    filter
+        .metadata
+        .insert("sandbox_conformance_token".to_owned(), token);
+    let p = ctx.provider();
+    // Every page of the filter's listing in `order`, two at a time.
+    let pages = |order: ListOrder| {
+        let filter = filter.clone();
+        async move {
+            let mut page = ListPage {
+                limit: 2,
+                cursor: None,
+                order,
+            };
+            let mut sizes = Vec::new();
+            let mut ids = Vec::new();
+            loop {
+                let got = p.list_page(&filter, &page).await?;
+                sizes.push(got.items.len());
+                ids.extend(got.items.into_iter().map(|s| s.id));
+                match got.next {
+                    Some(next) if sizes.len() < 4 => page.cursor = Some(next),
+                    Some(_) => {
+                        return Err(Failure(format!(
+                            "paging 3 sandboxes 2 at a time did not end: {sizes:?}"
+                        )));
+                    }
+                    None => return Ok::<_, Failure>((sizes, ids)),
+                }
+            }
+        }
+    };
+    let (sizes, newest) = pages(ListOrder::NewestFirst).await?;
+    ensure_eq("page sizes, limit 2", sizes, vec![2, 1])?;
+    let mut sorted = newest.clone();
+    sorted.sort();
+    ensure_eq("the pages' sandboxes, each once", sorted, made)?;
+    let (_, mut oldest) = pages(ListOrder::OldestFirst).await?;
+    oldest.reverse();
+    ensure_eq(
+        "oldest first is newest first reversed",
+        oldest,
+        newest.clone(),
+    )?;
+    // The first page's order is `list`'s order by start time then id.
+    let mut listed: Vec<_> = p
+        .list(&filter)
+        .await?
+        .into_iter()
+        .map(|s| (s.started_at, s.id))
+        .collect();
+    listed.sort();
+    listed.reverse();
+    let listed: Vec<SandboxId> = listed.into_iter().map(|(_, id)| id).collect();
+    ensure_eq("newest first is by start time then id", newest, listed)?;
+    // A cursor the listing did not write.
+    let forged = ListCursor::parse("c1deadbeef.0000000000000000");
+    ensure(
+        forged
+            .as_ref()
+            .is_err_and(|e| e.code() == Some(ErrorCode::InvalidCursor)),
+        || format!("an invented cursor was not invalid_cursor: {forged:?}"),
+    )
+}
+
 pub(super) async fn create_unknown_template_is_invalid_request(ctx: &Ctx) -> CaseResult {
     let template = TemplateId::new(format!("sandbox-conformance-missing-{}", ctx.token()))?;
     let mut request = ctx.create_request();
@@ -145,6 +229,13 @@ pub(super) async fn list_is_unsupported(ctx: &Ctx) -> CaseResult {
     expect_kind(
         "list",
         ctx.provider().list(&ListFilter::default()).await,
+        ErrorKind::Unsupported,
+    )?;
+    expect_kind(
+        "list_page",
+        ctx.provider()
+            .list_page(&ListFilter::default(), &ListPage::first(2))
+            .await,
         ErrorKind::Unsupported,
     )
 }

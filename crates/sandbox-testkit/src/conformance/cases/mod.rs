@@ -119,6 +119,12 @@ pub fn all_cases() -> Vec<Case> {
         ),
         case!(lifecycle::list_is_unsupported, [], [List], ["list.filter"]),
         case!(
+            lifecycle::list_pages_through_a_filter,
+            [Metadata, List],
+            [],
+            ["list.page", "list.page.cursor"]
+        ),
+        case!(
             user::create_user_runs_what_names_none,
             [DefaultUser],
             [],
