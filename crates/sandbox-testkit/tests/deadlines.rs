@@ -1,5 +1,5 @@
-//! The deadline-store suite on the in-memory reference store, and proof that it checks
-//! something: each planted defect (a wrapper around the reference store that breaks one
+//! The deadline-store suite on the in-memory store, and proof that it checks
+//! something: each planted defect (a wrapper around that store that breaks one
 //! promise) is caught by the case guarding that promise.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Test binary: a failed unwrap is a failed test.

@@ -68,7 +68,7 @@ struct Inner {
     path: PathBuf,
     max_entries: usize,
     /// The file's content as last written; the lock also serialises writers.
-    state: Mutex<BTreeMap<String, i64>>,
+    state: Arc<Mutex<BTreeMap<String, i64>>>,
 }
 
 fn stored(e: Error) -> Error {
@@ -117,7 +117,7 @@ impl FileDeadlines {
                 dir,
                 path,
                 max_entries,
-                state: Mutex::new(state),
+                state: Arc::new(Mutex::new(state)),
             }),
         })
     }
@@ -129,31 +129,44 @@ impl FileDeadlines {
 
     /// Applies `change` to a copy of the state, writes the copy durably, and only then makes it
     /// the state. `change` refuses by returning an error.
+    ///
+    /// Cancel-safe: once the write has started it runs to its end in a task of its own, which
+    /// holds the lock and updates the state, so a caller that goes away mid-write leaves the
+    /// file and what this instance reads in agreement (both changed, or neither).
     async fn write(
         &self,
         operation: Operation,
         change: impl FnOnce(&mut BTreeMap<String, i64>) -> Result<bool, Error>,
     ) -> Result<(), Error> {
-        let mut state = self.inner.state.lock().await;
+        let mut state = self.inner.state.clone().lock_owned().await;
         let mut next = state.clone();
         if !change(&mut next)? {
             return Ok(());
         }
         let bytes = encode(operation, &next)?;
         let inner = self.inner.clone();
-        tokio::task::spawn_blocking(move || {
-            let temp = write_temp(operation, &inner.dir, &bytes)?;
-            commit(operation, &temp, &inner.path, &inner.dir)
-        })
-        .await
-        .map_err(|e| {
+        let writer = tokio::spawn(async move {
+            let (dir, path) = (inner.dir.clone(), inner.path.clone());
+            tokio::task::spawn_blocking(move || {
+                let temp = write_temp(operation, &dir, &bytes)?;
+                commit(operation, &temp, &path, &dir)
+            })
+            .await
+            .map_err(|e| {
+                stored(Error::internal(
+                    operation,
+                    format!("the deadline file's writer did not finish: {e}"),
+                ))
+            })??;
+            *state = next;
+            Ok(())
+        });
+        writer.await.map_err(|e| {
             stored(Error::internal(
                 operation,
                 format!("the deadline file's writer did not finish: {e}"),
             ))
-        })??;
-        *state = next;
-        Ok(())
+        })?
     }
 }
 
@@ -477,6 +490,32 @@ mod tests {
             .filter(|e| e.file_name().to_string_lossy().starts_with(TEMP_PREFIX))
             .collect();
         assert!(leftovers.is_empty(), "{leftovers:?}");
+    }
+
+    /// A call dropped after its first poll (its write under way: the lock was free, so the
+    /// writer started) still lands whole: what this instance reads and what the file holds
+    /// agree, and both have the deadline.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dropped_write_lands_whole() {
+        use futures_util::FutureExt as _;
+        let tmp = tempfile::tempdir().unwrap();
+        let store = FileDeadlines::open(tmp.path()).await.unwrap();
+        for n in 0..10_i64 {
+            let key = format!("i{n:03}");
+            // Polled once, then dropped (unless a write with its fsync finished within one
+            // poll, which changes nothing here).
+            let _ = store
+                .set_deadline(&key, at(1_800_000_000 + n))
+                .now_or_never();
+            // The read waits for the lock, so for a writer that holds it.
+            let read = store.deadline(&key).await.unwrap();
+            assert_eq!(read, Some(at(1_800_000_000 + n)), "{key}");
+        }
+        let reopened = FileDeadlines::open(tmp.path()).await.unwrap();
+        assert_eq!(
+            reopened.due(at(2_000_000_000), 100).await.unwrap(),
+            store.due(at(2_000_000_000), 100).await.unwrap()
+        );
     }
 
     #[tokio::test]

@@ -1,4 +1,4 @@
-//! An in-memory [`DeadlineStore`]: the reference the suite is proven on, and the memory store of
+//! An in-memory [`DeadlineStore`]: the honest store the suite is proven on, and the memory store of
 //! tests that need one (the timeout engine's). It keeps what the port promises and nothing
 //! more: no durability (a dropped store forgets everything), so it declares neither `peer` nor
 //! `reopen`.
