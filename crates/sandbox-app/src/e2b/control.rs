@@ -407,8 +407,19 @@ async fn list_v2(
     if want_paused {
         filter.states.push(SandboxState::Paused);
     }
-    let cursor = query.next_token.as_deref().filter(|t| !t.is_empty());
-    let page = page_of(inner.provider.list(&filter).await?, limit, cursor)?;
+    let cursor =
+        match query.next_token.as_deref().filter(|t| !t.is_empty()) {
+            None => None,
+            Some(raw) => Some(sandbox_core::ListCursor::parse(raw).map_err(|_| {
+                ApiError::bad_request("nextToken is not a token this server issued")
+            })?),
+        };
+    let page = sandbox_core::ListPage {
+        limit,
+        cursor,
+        order: sandbox_core::ListOrder::NewestFirst,
+    };
+    let page = inner.provider.list_page(&filter, &page).await?;
     let mut out = Vec::with_capacity(page.items.len());
     for summary in &page.items {
         if let Some(item) = listed(inner, summary).await {
@@ -417,56 +428,11 @@ async fn list_v2(
     }
     let mut response = Json(out).into_response();
     if let Some(next) = page.next
-        && let Ok(value) = HeaderValue::from_str(&next)
+        && let Ok(value) = HeaderValue::from_str(next.as_str())
     {
         response.headers_mut().insert("x-next-token", value);
     }
     Ok(response)
-}
-
-/// One page of a listing, newest first (ties by ID), after the sandbox `cursor` names.
-struct Page {
-    items: Vec<SandboxSummary>,
-    next: Option<String>,
-}
-
-fn page_of(
-    mut all: Vec<SandboxSummary>,
-    limit: usize,
-    cursor: Option<&str>,
-) -> Result<Page, ApiError> {
-    let key = |s: &SandboxSummary| {
-        (
-            s.started_at.map(OffsetDateTime::unix_timestamp_nanos),
-            s.id.as_str().to_owned(),
-        )
-    };
-    all.sort_by_key(|s| std::cmp::Reverse(key(s)));
-    let start = match cursor {
-        None => 0,
-        Some(c) => {
-            let (nanos, id) = c
-                .split_once('_')
-                .map(|(n, id)| (n.parse::<i128>().ok(), id))
-                .ok_or_else(|| {
-                    ApiError::bad_request("nextToken is not a token this server issued")
-                })?;
-            let after = (nanos, id.to_owned());
-            all.iter().position(|s| key(s) < after).unwrap_or(all.len())
-        }
-    };
-    let rest = all.split_off(start.min(all.len()));
-    let more = rest.len() > limit;
-    let items: Vec<_> = rest.into_iter().take(limit).collect();
-    let next = if more {
-        items.last().map(|s| {
-            let (nanos, id) = key(s);
-            format!("{}_{id}", nanos.map(|n| n.to_string()).unwrap_or_default())
-        })
-    } else {
-        None
-    };
-    Ok(Page { items, next })
 }
 
 /// The legacy list: running sandboxes only, no paging.
