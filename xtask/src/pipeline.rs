@@ -416,6 +416,10 @@ const APP_FEATURE_SETS: &[(&str, &[&str])] = &[
         &["--no-default-features", "--features", "sandbox-app/redis"],
     ),
     (
+        "sandbox-app, e2b-api alone",
+        &["--no-default-features", "--features", "sandbox-app/e2b-api"],
+    ),
+    (
         "sandbox-app, failpoints alone",
         &[
             "--no-default-features",

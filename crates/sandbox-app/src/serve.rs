@@ -39,9 +39,10 @@ pub struct Built {
 pub async fn build(config: &ServiceConfig) -> Result<Built, String> {
     let auth = tenants(config)?;
     let metrics = Arc::new(Metrics::with_data_plane(data_plane_label(config)));
+    #[cfg(feature = "e2b-api")]
     let (provider, envd) = serving_backend(config, &metrics).await?;
     #[cfg(not(feature = "e2b-api"))]
-    let _ = envd;
+    let (provider, ()) = serving_backend(config, &metrics).await?;
     let (store, store_info) = binding_store(config).await?;
     // The production stack: Metered(Checked(adapter)), the adapter's constructor having
     // applied the checking layer.
