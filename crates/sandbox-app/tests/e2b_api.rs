@@ -589,6 +589,44 @@ async fn a_tenants_sandbox_limit_is_429() {
     create(&h, KEY_B, json!({"templateID": "base"})).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn parallel_creates_cannot_race_past_the_limit() {
+    let h = Arc::new(harness_with(Some(3)));
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let h = Arc::clone(&h);
+            tokio::spawn(async move {
+                call(
+                    &h,
+                    "POST",
+                    "/v2/sandboxes",
+                    &[("x-api-key", KEY_A)],
+                    Some(json!({"templateID": "base"})),
+                )
+                .await
+                .0
+            })
+        })
+        .collect();
+    let mut created = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            StatusCode::CREATED => created += 1,
+            StatusCode::TOO_MANY_REQUESTS => {}
+            other => panic!("{other}"),
+        }
+    }
+    assert_eq!(created, 3);
+    assert_eq!(
+        h.provider
+            .list(&sandbox_core::ListFilter::default())
+            .await
+            .unwrap()
+            .len(),
+        3
+    );
+}
+
 #[tokio::test]
 async fn the_router_relays_authorised_requests_without_credentials() {
     let h = harness();

@@ -147,28 +147,7 @@ async fn create(
             )
         })?;
 
-    // One create at a time per tenant in this process, so the count below holds.
-    let lock = {
-        let mut locks = inner
-            .create_locks
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        Arc::clone(locks.entry(tenant).or_default())
-    };
-    let _one_at_a_time = lock.lock().await;
-    if let Some(max) = inner.settings.max_sandboxes(tenant) {
-        let live = inner.provider.list(&tenant_filter(tenant)).await?;
-        if live.len() >= usize::try_from(max).unwrap_or(usize::MAX) {
-            return Err(ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                format!(
-                    "tenant {} already has {} sandboxes, its limit (quotas.max_sandboxes); kill one first",
-                    tenant.get(),
-                    live.len()
-                ),
-            ));
-        }
-    }
+    let _reserved = reserve(&api, tenant).await?;
 
     let id = E2bId::generate().map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e))?;
     let deadline = after(OffsetDateTime::now_utc(), timeout);
@@ -225,6 +204,72 @@ async fn create(
     tracing::info!(sandbox = %id, tenant = tenant.get(), template = %new.template, timeout_seconds = timeout.as_secs(), "e2b api: sandbox created");
     let answer = sandbox_answer(inner, tenant, &id, &new.template, envd_version);
     Ok((StatusCode::CREATED, Json(answer)).into_response())
+}
+
+/// A tenant's create in flight, counted against its sandbox limit until it ends (dropped).
+struct Reservation {
+    api: E2bApi,
+    tenant: sandbox_core::TenantId,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        let mut pending = self
+            .api
+            .inner
+            .pending_creates
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(n) = pending.get_mut(&self.tenant) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                pending.remove(&self.tenant);
+            }
+        }
+    }
+}
+
+/// Counts a create against the tenant's limit: its live sandboxes and its creates in flight
+/// in this process. Only the check is serialised per tenant, not the creates, so a tenant's
+/// parallel creates still run in parallel. (Replicas each count their own creates in flight:
+/// a burst spread over several may overshoot by what they had in flight at once.)
+async fn reserve(
+    api: &E2bApi,
+    tenant: sandbox_core::TenantId,
+) -> Result<Option<Reservation>, ApiError> {
+    let inner = &api.inner;
+    let Some(max) = inner.settings.max_sandboxes(tenant) else {
+        return Ok(None);
+    };
+    let gate = {
+        let mut gates = inner
+            .create_locks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        Arc::clone(gates.entry(tenant).or_default())
+    };
+    let _checking = gate.lock().await;
+    let live = inner.provider.list(&tenant_filter(tenant)).await?.len();
+    let mut pending = inner
+        .pending_creates
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let in_flight = pending.entry(tenant).or_default();
+    let held = live.saturating_add(usize::try_from(*in_flight).unwrap_or(usize::MAX));
+    if held >= usize::try_from(max).unwrap_or(usize::MAX) {
+        return Err(ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!(
+                "tenant {} already holds {held} sandboxes, its limit (quotas.max_sandboxes); kill one first",
+                tenant.get()
+            ),
+        ));
+    }
+    *in_flight += 1;
+    Ok(Some(Reservation {
+        api: api.clone(),
+        tenant,
+    }))
 }
 
 /// A create the backend refused: a caller's mistake keeps its status, the backend's failures

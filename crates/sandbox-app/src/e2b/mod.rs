@@ -101,9 +101,10 @@ pub(crate) struct Inner {
     pub(crate) deadlines: Arc<dyn DeadlineStore>,
     pub(crate) settings: Settings,
     pub(crate) index: SandboxIndex,
-    /// Serialises each tenant's creates, so its sandbox count cannot be raced past its limit
-    /// within this process.
+    /// Serialises each tenant's check of its sandbox limit (not its creates).
     pub(crate) create_locks: Mutex<HashMap<TenantId, Arc<tokio::sync::Mutex<()>>>>,
+    /// Each tenant's creates in flight in this process, counted against its limit.
+    pub(crate) pending_creates: Mutex<HashMap<TenantId, u32>>,
     /// The envd version the agents last reported (one per service: see
     /// `control::envd_version_hint`).
     envd_version: Mutex<Option<String>>,
@@ -146,6 +147,7 @@ impl E2bApi {
                 settings,
                 index: SandboxIndex::default(),
                 create_locks: Mutex::new(HashMap::new()),
+                pending_creates: Mutex::new(HashMap::new()),
                 envd_version: Mutex::new(None),
             }),
         }
