@@ -47,7 +47,7 @@ use crate::support::{self, container_ids};
 const ENV_IMAGE: &str = "SANDBOX_TEST_DEBIAN_IMAGE";
 /// Generous: the first start may wait on a busy engine.
 const START_DEADLINE: Duration = Duration::from_secs(60);
-/// The whole scenario, seven Debian sandboxes created and killed, on a slow machine.
+/// The whole scenario, five Debian sandboxes created and killed, on a slow machine.
 const SCENARIO_DEADLINE: Duration = Duration::from_secs(600);
 /// A request must end, and with an answer; a hang fails the test with its route.
 const REQUEST_DEADLINE: Duration = Duration::from_secs(120);
