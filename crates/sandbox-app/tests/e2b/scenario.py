@@ -341,7 +341,8 @@ def upload_and_download_urls_are_signed(ctx):
     r = httpx.get(without_query(down, "signature"), headers=headers, timeout=30)
     assert r.status_code == 401, ("unsigned", r.status_code, r.text)
     other = sbx.download_url(f"{WORK}/another.bin")
-    forged = without_query(down, "signature") + "&signature=" + urllib.parse.parse_qs(urllib.parse.urlsplit(other).query)["signature"][0]
+    other_signature = urllib.parse.parse_qs(urllib.parse.urlsplit(other).query)["signature"][0]
+    forged = without_query(down, "signature") + "&signature=" + urllib.parse.quote(other_signature, safe="")
     r = httpx.get(forged, headers=headers, timeout=30)
     assert r.status_code == 401, ("another path's signature", r.status_code, r.text)
     r = httpx.post(down, headers=headers, files={"file": ("x", b"x")}, timeout=30)
