@@ -129,8 +129,9 @@ impl Answer {
             self.content_type,
             self.text()
         );
-        let body: Value = serde_json::from_slice(&self.body)
-            .unwrap_or_else(|e| panic!("{what}: the error body is not JSON ({e}): {}", self.text()));
+        let body: Value = serde_json::from_slice(&self.body).unwrap_or_else(|e| {
+            panic!("{what}: the error body is not JSON ({e}): {}", self.text())
+        });
         assert_eq!(
             body["code"].as_u64(),
             Some(u64::from(self.status)),
@@ -273,7 +274,8 @@ token_sha256 = "{b}"
                 );
             }
             let healthy = matches!(
-                self.try_request(&api, "GET", "/healthz", &[], Bytes::new()).await,
+                self.try_request(&api, "GET", "/healthz", &[], Bytes::new())
+                    .await,
                 Ok(Answer { status: 200, .. })
             );
             if healthy
@@ -374,7 +376,8 @@ token_sha256 = "{b}"
     /// `POST /v2/sandboxes` as `key`'s tenant; panics unless it answers 201 with an ID and a
     /// token.
     async fn create(&self, key: &str, metadata: Value) -> Created {
-        let body = json!({"templateID": "base", "timeout": 600, "metadata": metadata, "envVars": {}});
+        let body =
+            json!({"templateID": "base", "timeout": 600, "metadata": metadata, "envVars": {}});
         let a = self
             .cp("POST", "/v2/sandboxes", key, &body.to_string())
             .await;
@@ -425,9 +428,13 @@ token_sha256 = "{b}"
 }
 
 /// The `/files` URL signature the SDK makes: `v1_` and the unpadded base64 of the SHA-256 of
-/// `<path>:<operation>:<user>:<token>` (the default user: empty).
-fn file_signature(path: &str, operation: &str, token: &str) -> String {
-    let raw = format!("{path}:{operation}::{token}");
+/// `<path>:<operation>:<user>:<token>[:<expiration>]` (the default user: empty).
+fn file_signature(path: &str, operation: &str, token: &str, expiration: Option<&str>) -> String {
+    let mut raw = format!("{path}:{operation}::{token}");
+    if let Some(at) = expiration {
+        raw.push(':');
+        raw.push_str(at);
+    }
     format!(
         "v1_{}",
         base64::engine::general_purpose::STANDARD_NO_PAD.encode(Sha256::digest(raw.as_bytes()))
@@ -510,7 +517,10 @@ async fn a_second_tenant_can_neither_see_nor_reach_the_first_tenants_sandbox() {
     for path in [
         "/v2/sandboxes".to_owned(),
         "/sandboxes".to_owned(),
-        format!("/v2/sandboxes?metadata={}", query_value(&format!("pair={pair}"))),
+        format!(
+            "/v2/sandboxes?metadata={}",
+            query_value(&format!("pair={pair}"))
+        ),
     ] {
         let listed = serve.cp("GET", &path, &b, "").await;
         assert_eq!(listed.status, 200, "B: GET {path}: {}", listed.text());
@@ -521,16 +531,25 @@ async fn a_second_tenant_can_neither_see_nor_reach_the_first_tenants_sandbox() {
             .iter()
             .filter_map(|s| s["sandboxID"].as_str().map(str::to_owned))
             .collect();
-        assert!(!ids.contains(&sa.id), "B: GET {path} lists A's sandbox: {ids:?}");
+        assert!(
+            !ids.contains(&sa.id),
+            "B: GET {path} lists A's sandbox: {ids:?}"
+        );
         if !path.contains("metadata") {
-            assert!(ids.contains(&sb.id), "B: GET {path} misses B's own: {ids:?}");
+            assert!(
+                ids.contains(&sb.id),
+                "B: GET {path} misses B's own: {ids:?}"
+            );
         }
     }
     // A's own filtered listing finds it: the filter above matched nothing because of the tenant.
     let listed = serve
         .cp(
             "GET",
-            &format!("/v2/sandboxes?metadata={}", query_value(&format!("pair={pair}"))),
+            &format!(
+                "/v2/sandboxes?metadata={}",
+                query_value(&format!("pair={pair}"))
+            ),
             &a,
             "",
         )
@@ -543,12 +562,22 @@ async fn a_second_tenant_can_neither_see_nor_reach_the_first_tenants_sandbox() {
         .iter()
         .filter_map(|s| s["sandboxID"].as_str().map(str::to_owned))
         .collect();
-    assert_eq!(ids, vec![sa.id.clone()], "A's filtered listing: {}", listed.text());
+    assert_eq!(
+        ids,
+        vec![sa.id.clone()],
+        "A's filtered listing: {}",
+        listed.text()
+    );
     // None of B's attempts touched A's sandbox: still there, its end where it was.
     let after = serve
         .cp("GET", &format!("/sandboxes/{}", sa.id), &a, "")
         .await;
-    assert_eq!(after.status, 200, "B's delete reached A's sandbox: {}", after.text());
+    assert_eq!(
+        after.status,
+        200,
+        "B's delete reached A's sandbox: {}",
+        after.text()
+    );
     assert_eq!(
         after.json()["endAt"],
         end_before,
@@ -557,8 +586,17 @@ async fn a_second_tenant_can_neither_see_nor_reach_the_first_tenants_sandbox() {
 
     // The envd router: A's token opens A's envd; B's token, B's API key and no token do not.
     let own = serve.envd_list(&sa.id, Some(&sa.token)).await;
-    assert_eq!(own.status, 200, "A's own envd with A's token: {}", own.text());
-    assert!(own.json()["processes"].is_array() || own.json() == json!({}), "{}", own.text());
+    assert_eq!(
+        own.status,
+        200,
+        "A's own envd with A's token: {}",
+        own.text()
+    );
+    assert!(
+        own.json()["processes"].is_array() || own.json() == json!({}),
+        "{}",
+        own.text()
+    );
     serve
         .envd_list(&sa.id, Some(&sb.token))
         .await
@@ -598,27 +636,41 @@ async fn a_second_tenant_can_neither_see_nor_reach_the_first_tenants_sandbox() {
             "{}",
         )
         .await;
-    assert_eq!(by_host.status, 200, "A's envd by Host with A's token: {}", by_host.text());
+    assert_eq!(
+        by_host.status,
+        200,
+        "A's envd by Host with A's token: {}",
+        by_host.text()
+    );
 
     // `/files` signed with B's token: a write does not land, a read is refused.
     let path = "/home/user/from-b.txt";
     let write = format!(
         "/files?path={}&signature={}",
         query_value(path),
-        file_signature(path, "write", &sb.token)
+        query_value(&file_signature(path, "write", &sb.token, None))
     );
-    let routing = [("e2b-sandbox-id", sa.id.as_str()), ("e2b-sandbox-port", ENVD_PORT)];
+    let routing = [
+        ("e2b-sandbox-id", sa.id.as_str()),
+        ("e2b-sandbox-port", ENVD_PORT),
+    ];
     let mut upload = routing.to_vec();
     upload.push(("content-type", "application/octet-stream"));
     let a_write = serve
-        .try_request(&serve.e2b, "POST", &write, &upload, Bytes::from_static(b"from b"))
+        .try_request(
+            &serve.e2b,
+            "POST",
+            &write,
+            &upload,
+            Bytes::from_static(b"from b"),
+        )
         .await
         .unwrap();
     a_write.error(&[401, 404], "a write to A's envd signed with B's token");
     let read = format!(
         "/files?path={}&signature={}",
         query_value(path),
-        file_signature(path, "read", &sb.token)
+        query_value(&file_signature(path, "read", &sb.token, None))
     );
     serve
         .e2b_call("GET", &read, &routing, "")
@@ -627,9 +679,19 @@ async fn a_second_tenant_can_neither_see_nor_reach_the_first_tenants_sandbox() {
     let mut own_read = routing.to_vec();
     own_read.push(("x-access-token", &sa.token));
     let absent = serve
-        .e2b_call("GET", &format!("/files?path={}", query_value(path)), &own_read, "")
+        .e2b_call(
+            "GET",
+            &format!("/files?path={}", query_value(path)),
+            &own_read,
+            "",
+        )
         .await;
-    assert_eq!(absent.status, 404, "B's write landed in A's sandbox: {}", absent.text());
+    assert_eq!(
+        absent.status,
+        404,
+        "B's write landed in A's sandbox: {}",
+        absent.text()
+    );
 
     // Each tenant deletes its own; then the engine holds nothing.
     for (key, sandbox) in [(&a, &sa), (&b, &sb)] {
@@ -678,8 +740,16 @@ async fn every_error_answer_is_json_with_an_integer_code_and_a_message() {
     for (method, path, body) in [
         ("GET", format!("/sandboxes/{missing}"), ""),
         ("DELETE", format!("/sandboxes/{missing}"), ""),
-        ("POST", format!("/sandboxes/{missing}/timeout"), r#"{"timeout":60}"#),
-        ("POST", format!("/sandboxes/{missing}/refreshes"), r#"{"duration":60}"#),
+        (
+            "POST",
+            format!("/sandboxes/{missing}/timeout"),
+            r#"{"timeout":60}"#,
+        ),
+        (
+            "POST",
+            format!("/sandboxes/{missing}/refreshes"),
+            r#"{"duration":60}"#,
+        ),
         ("POST", format!("/v2/sandboxes/{missing}/connect"), "{}"),
     ] {
         serve
@@ -695,7 +765,12 @@ async fn every_error_answer_is_json_with_an_integer_code_and_a_message() {
         .await
         .error(&[400], "a create body that is not JSON");
     serve
-        .cp("POST", "/v2/sandboxes", &a, r#"{"metadata":{},"envVars":{}}"#)
+        .cp(
+            "POST",
+            "/v2/sandboxes",
+            &a,
+            r#"{"metadata":{},"envVars":{}}"#,
+        )
         .await
         .error(&[400], "a create with no templateID");
     serve
@@ -727,14 +802,23 @@ async fn every_error_answer_is_json_with_an_integer_code_and_a_message() {
         .error(&[400], "a reserved metadata key");
     assert!(reserved.contains("Sandbox.api"), "{reserved}");
     for (field, option) in [
-        ("volumeMounts", json!({"volumeMounts": [{"name": "v", "path": "/mnt/v"}]})),
+        (
+            "volumeMounts",
+            json!({"volumeMounts": [{"name": "v", "path": "/mnt/v"}]}),
+        ),
         ("mcp", json!({"mcp": {"exa": {"apiKey": "x"}}})),
         (
             "iam",
             json!({"iam": {"tokens": {"aws": {"audience": "sts.amazonaws.com", "tokenType": "JWT-SVID"}}}}),
         ),
-        ("allowOut", json!({"network": {"allowOut": ["api.example.com"]}})),
-        ("egressProxy", json!({"network": {"egressProxy": {"address": "127.0.0.1:1080"}}})),
+        (
+            "allowOut",
+            json!({"network": {"allowOut": ["api.example.com"]}}),
+        ),
+        (
+            "egressProxy",
+            json!({"network": {"egressProxy": {"address": "127.0.0.1:1080"}}}),
+        ),
         (
             "rules",
             json!({"network": {"rules": {"api.example.com": [{"transform": {"headers": {"X-A": "b"}}}]}}}),
@@ -748,7 +832,10 @@ async fn every_error_answer_is_json_with_an_integer_code_and_a_message() {
             .cp("POST", "/v2/sandboxes", &a, &body.to_string())
             .await
             .error(&[400], &format!("a create with {field}"));
-        assert!(message.contains(field), "the refusal of {field} does not name it: {message}");
+        assert!(
+            message.contains(field),
+            "the refusal of {field} does not name it: {message}"
+        );
     }
     // None of the refused creates made a container.
     assert_eq!(container_ids(&serve.namespace).await, Vec::<String>::new());
@@ -769,22 +856,31 @@ async fn every_error_answer_is_json_with_an_integer_code_and_a_message() {
         .await
         .error(&[401], "envd with a wrong token");
     let path = "/home/user/x.txt";
-    let expired_at = "1000000000";
-    let raw = format!("{path}:read::{}:{expired_at}", s.token);
-    let signature = format!(
-        "v1_{}",
-        base64::engine::general_purpose::STANDARD_NO_PAD.encode(Sha256::digest(raw.as_bytes()))
+    // A signed read with an expiration: in the future it passes the router (the file is
+    // absent, which the agent answers), long past it is refused, the signature right in both.
+    let routing = [
+        ("e2b-sandbox-id", s.id.as_str()),
+        ("e2b-sandbox-port", ENVD_PORT),
+    ];
+    let signed_read = |expiration: &str| {
+        format!(
+            "/files?path={}&signature={}&signature_expiration={expiration}",
+            query_value(path),
+            query_value(&file_signature(path, "read", &s.token, Some(expiration)))
+        )
+    };
+    let future = (time::OffsetDateTime::now_utc().unix_timestamp() + 600).to_string();
+    let passed = serve
+        .e2b_call("GET", &signed_read(&future), &routing, "")
+        .await;
+    assert_eq!(
+        passed.status,
+        404,
+        "a signed read of a missing file, expiring in 10 minutes: {}",
+        passed.text()
     );
     serve
-        .e2b_call(
-            "GET",
-            &format!(
-                "/files?path={}&signature={signature}&signature_expiration={expired_at}",
-                query_value(path)
-            ),
-            &[("e2b-sandbox-id", &s.id), ("e2b-sandbox-port", ENVD_PORT)],
-            "",
-        )
+        .e2b_call("GET", &signed_read("1000000000"), &routing, "")
         .await
         .error(&[401], "a signature that expired");
     let gone = serve
