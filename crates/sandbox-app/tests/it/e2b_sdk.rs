@@ -23,8 +23,8 @@
 //! the static agent (`SANDBOX_AGENT_BIN`, `cargo xtask agent`) and the SDK's venv
 //! (`SANDBOX_TEST_E2B_PYTHON`, `cargo xtask sdk-venv`): the e2b sdk stage of `cargo xtask test`.
 
-// Needs the Docker backend compiled in.
-#![cfg(feature = "docker")]
+// Needs the Docker backend and the E2B API compiled in.
+#![cfg(all(feature = "docker", feature = "e2b-api"))]
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Test binary: a failed unwrap is a failed test.
 
 use std::path::{Path, PathBuf};
