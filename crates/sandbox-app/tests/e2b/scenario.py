@@ -439,6 +439,11 @@ def list_with_a_metadata_filter_in_pages(ctx):
     assert len(ids) == len(set(ids)), f"a sandbox seen twice: {ids}"
     assert sizes == [2, 1], f"pages of {sizes} for 3 sandboxes with limit 2"
     assert ctx.sbx.sandbox_id not in ids, "a sandbox without the pair was listed"
+    # The state filter: they run, none is paused.
+    ids, _ = list_all(SandboxQuery(metadata=pair, state=[SandboxState.RUNNING]), limit=2)
+    assert sorted(ids) == want, f"running: listed {ids}, made {want}"
+    ids, _ = list_all(SandboxQuery(metadata=pair, state=[SandboxState.PAUSED]), limit=2)
+    assert ids == [], f"paused: listed {ids}"
     # The run's main sandbox is found by its own pair, with its metadata.
     pages = Sandbox.list(query=SandboxQuery(metadata=METADATA))
     main = pages.next_items()
