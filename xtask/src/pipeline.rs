@@ -946,7 +946,11 @@ mod tests {
             (SDK_FILTER, docker, "sdk_channel"),
             (DOCKER_ENGINE_FILTER, docker, "sdk_channel"),
             (SDK_FILTER, "crates/sandbox-app/tests/it", "e2b_sdk"),
-            (DOCKER_ENGINE_FILTER, "crates/sandbox-app/tests/it", "e2b_sdk"),
+            (
+                DOCKER_ENGINE_FILTER,
+                "crates/sandbox-app/tests/it",
+                "e2b_sdk",
+            ),
             (AGENT_FS_FILTER, "crates/sandbox-agent/tests/it", "fs_edges"),
             (
                 DOCKER_ENGINE_FILTER,
