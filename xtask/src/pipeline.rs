@@ -34,7 +34,7 @@ const HERMETIC_FILTER: &str = "not binary(conformance) and not (package(sandbox-
 /// The tests that need the Docker engine beyond conformance, run by the docker stage: the
 /// adapter's engine, registry and `tcp://` TLS modules (egress runs in a stage of its own), the
 /// session manager over the real adapter and the service's engine tests.
-const DOCKER_ENGINE_FILTER: &str = "(package(sandbox-provider-docker) and binary(it) and not test(/^egress::/) and not test(/^tcp_guard::/) and not test(/^sdk_channel::/)) | (package(sandbox-session) and binary(it)) | (package(sandbox-app) and binary(it)) | (package(sandbox-agent) and binary(it) and test(/^pid1_docker::/))";
+const DOCKER_ENGINE_FILTER: &str = "(package(sandbox-provider-docker) and binary(it) and not test(/^egress::/) and not test(/^tcp_guard::/) and not test(/^sdk_channel::/)) | (package(sandbox-session) and binary(it)) | (package(sandbox-app) and binary(it) and not test(/^e2b_sdk::/)) | (package(sandbox-agent) and binary(it) and test(/^pid1_docker::/))";
 
 /// The tests that need the Redis fixtures beyond conformance, run by the redis stage: the Redis
 /// store's `it` binary and xtask's own check of the fixtures.
@@ -48,8 +48,9 @@ const SERVE_FILTER: &str = "package(xtask) and binary(it) and test(/^serve_docke
 
 /// The official E2B Python SDK's scenario against the agent, on the host and as PID 1 of a
 /// container of the Debian image, and through the Docker adapter's agent channel (a Debian
-/// sandbox in agent mode behind a loopback router), run by the e2b sdk stage.
-const SDK_FILTER: &str = "(package(sandbox-agent) and binary(it) and (test(/^sdk::/) | test(/^sdk_debian::/))) | (package(sandbox-provider-docker) and binary(it) and test(/^sdk_channel::/))";
+/// sandbox in agent mode behind a loopback router), and the service's E2B API in normal mode
+/// (`sandbox serve` with `[e2b]` on, Debian sandboxes), run by the e2b sdk stage.
+const SDK_FILTER: &str = "(package(sandbox-agent) and binary(it) and (test(/^sdk::/) | test(/^sdk_debian::/))) | (package(sandbox-provider-docker) and binary(it) and test(/^sdk_channel::/)) | (package(sandbox-app) and binary(it) and test(/^e2b_sdk::/))";
 
 /// The agent's `/files` on real filesystems it mounts in a namespace of its own (root only),
 /// run by the agent filesystems stage.
@@ -598,7 +599,9 @@ fn docker_engine_stage(
 /// agent: its scenario runs against the agent started on the host by the test, and against the
 /// static agent (from the agent stage) as PID 1 of a container of the Debian image (from the
 /// fixtures stage), and through the Docker adapter's production path: a Debian sandbox in agent
-/// mode, reached only over its kept channel behind a loopback router.
+/// mode, reached only over its kept channel behind a loopback router. Then the SDK in normal
+/// mode against `sandbox serve`'s E2B API (Debian sandboxes, the static agent), with that API's
+/// tenant isolation and error bodies checked over raw HTTP.
 fn sdk_stage(
     ctx: &Ctx,
     fixtures: &mut Fixtures,
@@ -942,6 +945,12 @@ mod tests {
             (SDK_FILTER, "crates/sandbox-agent/tests/it", "sdk_debian"),
             (SDK_FILTER, docker, "sdk_channel"),
             (DOCKER_ENGINE_FILTER, docker, "sdk_channel"),
+            (SDK_FILTER, "crates/sandbox-app/tests/it", "e2b_sdk"),
+            (
+                DOCKER_ENGINE_FILTER,
+                "crates/sandbox-app/tests/it",
+                "e2b_sdk",
+            ),
             (AGENT_FS_FILTER, "crates/sandbox-agent/tests/it", "fs_edges"),
             (
                 DOCKER_ENGINE_FILTER,

@@ -6,6 +6,10 @@
 //! with `E2B_SANDBOX_URL` the URL under test. The scenario asserts each SDK result itself; the
 //! driver asserts that it ran to its summary line with nothing failed. The venv's python comes
 //! from [`ENV_PYTHON`] (`cargo xtask sdk-venv` makes the venv and prints the line).
+//!
+//! [`run_script`] is the runner and judge alone, for a scenario of another shape: the service's
+//! E2B API scenario runs the SDK in normal mode against `sandbox serve`
+//! (`crates/sandbox-app/tests/e2b/scenario.py`).
 
 use std::io::Read as _;
 use std::path::{Path, PathBuf};
@@ -82,16 +86,24 @@ pub fn run_scenario(
         .env_remove("SANDBOX_SCENARIO_HOME")
         .env_remove("E2B_API_KEY")
         .env_remove("E2B_ACCESS_TOKEN")
-        .env_remove("SANDBOX_SCENARIO_STEPS")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+        .env_remove("SANDBOX_SCENARIO_STEPS");
     if let Some(home) = expected.home {
         run.env("SANDBOX_SCENARIO_HOME", home);
     }
+    run_script(run, SCENARIO_DEADLINE, context)
+}
+
+/// Runs `run` (a scenario script under the venv's python, its environment set) up to
+/// `deadline`, its output captured. `context` tells where the server under test is when
+/// something fails (its log). Blocks; panics unless the script exited 0 with its last line
+/// `scenario: N passed, 0 failed`; its stdout otherwise.
+pub fn run_script(mut run: Command, deadline: Duration, context: &dyn Fn() -> String) -> String {
+    run.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     let mut child = run
         .spawn()
-        .unwrap_or_else(|e| panic!("starting {}: {e}", python.display()));
+        .unwrap_or_else(|e| panic!("starting {:?}: {e}", run.get_program()));
     // Read both pipes on threads, so a chatty scenario cannot fill one and stall.
     let drain = |pipe: Option<Box<dyn std::io::Read + Send>>| {
         std::thread::spawn(move || {
@@ -114,7 +126,7 @@ pub fn run_scenario(
             .take()
             .map(|p| Box::new(p) as Box<dyn std::io::Read + Send>),
     );
-    let status = wait_deadline(&mut child, SCENARIO_DEADLINE);
+    let status = wait_deadline(&mut child, deadline);
     let stdout = out_reader.join().unwrap_or_default();
     let stderr = err_reader.join().unwrap_or_default();
     let report = format!(
@@ -124,7 +136,7 @@ pub fn run_scenario(
     let Some(status) = status else {
         panic!(
             "the scenario did not finish within {}s\n{report}",
-            SCENARIO_DEADLINE.as_secs()
+            deadline.as_secs()
         );
     };
     assert!(status.success(), "the scenario failed\n{report}");

@@ -1,0 +1,895 @@
+//! The E2B-compatible API of `sandbox serve`, as a real process over the real Docker engine,
+//! proven with the official Python SDK and with raw HTTP.
+//!
+//! Each test writes a config file (a namespace of its own, network `none`, agent mode, a data
+//! directory in a temp dir, two tenants whose tokens only the test knows, `[e2b]` on a free
+//! loopback port with the Debian image as the `base` template), spawns the `sandbox` binary
+//! with `serve`, and waits for both listeners. The E2B listener serves the control plane and
+//! the envd router, so `E2B_API_URL` and `E2B_SANDBOX_URL` are the same URL, and the API key
+//! is the tenant's bearer token.
+//!
+//! - The SDK scenario (`tests/e2b/scenario.py`, normal mode) asserts each SDK result itself;
+//!   the driver asserts its summary line, then that every sandbox it killed is gone from the
+//!   engine.
+//! - Tenant isolation: a second tenant's key can neither see, connect, time out nor delete the
+//!   first tenant's sandbox (404 each), and its sandbox's access token does not open the first
+//!   tenant's envd (nor does no token, nor a signature made with it).
+//! - Every error the API and the router answer is JSON `{"code": <status>, "message": ...}`,
+//!   which the SDK needs to raise its own exceptions.
+//!
+//! Whatever happens, the namespace's containers are removed when a test ends.
+//!
+//! Needs the engine, the Debian image (`SANDBOX_TEST_DEBIAN_IMAGE`, `cargo xtask debian-image`),
+//! the static agent (`SANDBOX_AGENT_BIN`, `cargo xtask agent`) and the SDK's venv
+//! (`SANDBOX_TEST_E2B_PYTHON`, `cargo xtask sdk-venv`): the e2b sdk stage of `cargo xtask test`.
+
+// Needs the Docker backend and the E2B API compiled in.
+#![cfg(all(feature = "docker", feature = "e2b-api"))]
+#![allow(clippy::unwrap_used, clippy::expect_used)] // Test binary: a failed unwrap is a failed test.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use sandbox_app::auth::{digest, hex};
+use sandbox_testkit::e2b_sdk::{run_script, venv_python};
+use serde_json::{Value, json};
+use sha2::{Digest as _, Sha256};
+
+use crate::support::{self, container_ids};
+
+/// Tells the test which image the `base` template boots (the tag is a hash of its recipe).
+const ENV_IMAGE: &str = "SANDBOX_TEST_DEBIAN_IMAGE";
+/// Generous: the first start may wait on a busy engine.
+const START_DEADLINE: Duration = Duration::from_secs(60);
+/// The whole scenario, five Debian sandboxes created and killed, on a slow machine.
+const SCENARIO_DEADLINE: Duration = Duration::from_secs(600);
+/// A request must end, and with an answer; a hang fails the test with its route.
+const REQUEST_DEADLINE: Duration = Duration::from_secs(120);
+/// The engine removes a killed sandbox's container before the delete answers; a slack for a
+/// busy engine all the same.
+const GONE_DEADLINE: Duration = Duration::from_secs(30);
+/// The port the SDK names in `E2b-Sandbox-Port` for envd.
+const ENVD_PORT: &str = "49983";
+/// The Host routing form's domain (the `[e2b]` default).
+const DOMAIN: &str = "localhost";
+
+/// A free loopback port (bound, then released for the service to bind).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A token no other run uses, shaped like an E2B key.
+fn token() -> String {
+    format!("e2b_{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..))
+}
+
+fn debian_image() -> String {
+    std::env::var(ENV_IMAGE).unwrap_or_else(|_| {
+        panic!(
+            "{ENV_IMAGE} is not set: `cargo xtask debian-image` builds the image and prints its tag"
+        )
+    })
+}
+
+/// A TOML basic string holding `s`.
+fn toml_str(s: &str) -> String {
+    let mut out = String::from('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if c.is_control() => out.push_str(&format!("\\u{:04X}", u32::from(c))),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// One answer: status, content type, body.
+#[derive(Debug)]
+struct Answer {
+    status: u16,
+    content_type: String,
+    body: Bytes,
+}
+
+impl Answer {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {} {}", self.status, self.text()))
+    }
+
+    /// Asserts an error answer the SDK can type: one of `statuses`, `application/json`, a
+    /// body `{"code": <the status>, "message": <non-empty>}`. Its message.
+    fn error(&self, statuses: &[u16], what: &str) -> String {
+        assert!(
+            statuses.contains(&self.status),
+            "{what}: answered {} (expected one of {statuses:?}): {}",
+            self.status,
+            self.text()
+        );
+        assert!(
+            self.content_type.starts_with("application/json"),
+            "{what}: content type {:?}: {}",
+            self.content_type,
+            self.text()
+        );
+        let body: Value = serde_json::from_slice(&self.body).unwrap_or_else(|e| {
+            panic!("{what}: the error body is not JSON ({e}): {}", self.text())
+        });
+        assert_eq!(
+            body["code"].as_u64(),
+            Some(u64::from(self.status)),
+            "{what}: `code` is not the status as an integer: {body}"
+        );
+        let message = body["message"].as_str().unwrap_or_default();
+        assert!(!message.is_empty(), "{what}: no `message`: {body}");
+        message.to_owned()
+    }
+}
+
+/// A sandbox as create answers it.
+#[derive(Debug)]
+struct Created {
+    id: String,
+    token: String,
+}
+
+/// `sandbox serve` with the E2B API on, as a child process; its containers and files removed
+/// when dropped.
+struct E2bServe {
+    child: Child,
+    namespace: String,
+    dir: PathBuf,
+    log: PathBuf,
+    /// The service's own API (`/healthz`).
+    api: String,
+    /// The E2B listener: control plane and envd router.
+    e2b: String,
+    /// Tenant 1's and tenant 2's tokens (their E2B API keys).
+    key_a: String,
+    key_b: String,
+    client: Client<HttpConnector, Full<Bytes>>,
+}
+
+impl Drop for E2bServe {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        support::remove_namespace(&self.namespace);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl E2bServe {
+    async fn start(prefix: &str) -> E2bServe {
+        let namespace = format!("{prefix}-{:08x}", fastrand::u32(..));
+        let dir = std::env::temp_dir().join(format!("sbx-{namespace}"));
+        std::fs::create_dir_all(dir.join("data")).unwrap();
+        let (key_a, key_b) = (token(), token());
+        let (api_port, e2b_port) = (free_port(), free_port());
+        let agent = support::agent_bin();
+        let config = format!(
+            r#"listen = "127.0.0.1:{api_port}"
+data_dir = {data_dir}
+
+[docker]
+enabled = true
+# The Debian image for sessions too, so the service needs no other image and builds none.
+image = {image}
+build_missing_image = false
+namespace = {namespace_str}
+network = "none"
+data_plane = "agent"
+agent_path = {agent}
+
+[e2b]
+enabled = true
+listen = "127.0.0.1:{e2b_port}"
+
+[e2b.templates]
+base = {image}
+
+[[tenants]]
+id = 1
+token_sha256 = "{a}"
+
+[[tenants]]
+id = 2
+token_sha256 = "{b}"
+"#,
+            data_dir = toml_str(&dir.join("data").display().to_string()),
+            namespace_str = toml_str(&namespace),
+            agent = toml_str(&agent.display().to_string()),
+            image = toml_str(&debian_image()),
+            a = hex(&digest(&key_a)),
+            b = hex(&digest(&key_b)),
+        );
+        let config_path = dir.join("sandbox.toml");
+        std::fs::write(&config_path, config).unwrap();
+        let log = dir.join("serve.log");
+        let log_file = std::fs::File::create(&log).unwrap();
+        let mut command = Command::new(env!("CARGO_BIN_EXE_sandbox"));
+        command.arg("serve").arg("--config").arg(&config_path);
+        // The config file says everything: no setting of the test's environment leaks in.
+        for (name, _) in std::env::vars_os() {
+            if name.to_string_lossy().starts_with("SANDBOX_") {
+                command.env_remove(name);
+            }
+        }
+        let child = command
+            .env_remove("DOCKER_HOST")
+            // Plain text: the failure messages carry the log.
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(log_file.try_clone().unwrap())
+            .stderr(log_file)
+            .spawn()
+            .unwrap();
+        #[expect(
+            clippy::disallowed_methods,
+            reason = "a test dialling the loopback service it spawned, not a tenant-supplied endpoint"
+        )]
+        let client = Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
+        let mut serve = E2bServe {
+            child,
+            namespace,
+            dir,
+            log,
+            api: format!("http://127.0.0.1:{api_port}"),
+            e2b: format!("http://127.0.0.1:{e2b_port}"),
+            key_a,
+            key_b,
+            client,
+        };
+        serve.wait_ready().await;
+        serve
+    }
+
+    /// Waits until the service's API answers `/healthz` 200 and the E2B listener answers HTTP
+    /// at all; panics with the log when the process exits first or the deadline passes.
+    async fn wait_ready(&mut self) {
+        let start = Instant::now();
+        let (api, e2b) = (self.api.clone(), self.e2b.clone());
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                panic!(
+                    "sandbox serve exited with {status} before answering; its log:\n{}",
+                    self.log_text()
+                );
+            }
+            let healthy = matches!(
+                self.try_request(&api, "GET", "/healthz", &[], Bytes::new())
+                    .await,
+                Ok(Answer { status: 200, .. })
+            );
+            if healthy
+                && self
+                    .try_request(&e2b, "GET", "/health", &[], Bytes::new())
+                    .await
+                    .is_ok()
+            {
+                return;
+            }
+            assert!(
+                start.elapsed() < START_DEADLINE,
+                "sandbox serve did not answer on both listeners within {START_DEADLINE:?}; its log:\n{}",
+                self.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// What a failure report needs: where the service ran and its log.
+    fn context(&self) -> String {
+        format!(
+            "--- sandbox serve (namespace {}, E2B listener {}) log\n{}",
+            self.namespace,
+            self.e2b,
+            self.log_text()
+        )
+    }
+
+    async fn try_request(
+        &self,
+        base: &str,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Bytes,
+    ) -> Result<Answer, String> {
+        let mut req = hyper::Request::builder()
+            .method(method)
+            .uri(format!("{base}{path}"));
+        for (name, value) in headers {
+            req = req.header(*name, *value);
+        }
+        let req = req.body(Full::new(body)).map_err(|e| e.to_string())?;
+        let call = async {
+            let resp = self.client.request(req).await.map_err(|e| e.to_string())?;
+            let status = resp.status().as_u16();
+            let content_type = resp
+                .headers()
+                .get("content-type")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned();
+            let body = resp
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| e.to_string())?
+                .to_bytes();
+            Ok(Answer {
+                status,
+                content_type,
+                body,
+            })
+        };
+        tokio::time::timeout(REQUEST_DEADLINE, call)
+            .await
+            .unwrap_or_else(|_| panic!("{method} {path} did not answer"))
+    }
+
+    /// One request to the E2B listener.
+    async fn e2b_call(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> Answer {
+        let mut all = headers.to_vec();
+        if !body.is_empty() {
+            all.push(("content-type", "application/json"));
+        }
+        self.try_request(&self.e2b, method, path, &all, Bytes::from(body.to_owned()))
+            .await
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}\n{}", self.context()))
+    }
+
+    /// A control-plane request with `key` as `X-API-Key` (as the SDK sends it).
+    async fn cp(&self, method: &str, path: &str, key: &str, body: &str) -> Answer {
+        self.e2b_call(method, path, &[("x-api-key", key)], body)
+            .await
+    }
+
+    /// `POST /v2/sandboxes` as `key`'s tenant; panics unless it answers 201 with an ID and a
+    /// token.
+    async fn create(&self, key: &str, metadata: Value) -> Created {
+        let body =
+            json!({"templateID": "base", "timeout": 600, "metadata": metadata, "envVars": {}});
+        let a = self
+            .cp("POST", "/v2/sandboxes", key, &body.to_string())
+            .await;
+        assert_eq!(a.status, 201, "create: {}\n{}", a.text(), self.context());
+        let v = a.json();
+        let id = v["sandboxID"].as_str().unwrap_or_default().to_owned();
+        let token = v["envdAccessToken"].as_str().unwrap_or_default().to_owned();
+        assert!(
+            id.len() == 20 && id.starts_with('i'),
+            "sandboxID {id:?}: {v}"
+        );
+        assert!(!token.is_empty(), "no envdAccessToken: {v}");
+        Created { id, token }
+    }
+
+    /// `POST /process.Process/List` (unary Connect, JSON) on `sandbox`'s envd, addressed by
+    /// the routing headers, with `token` as `X-Access-Token` when given.
+    async fn envd_list(&self, sandbox: &str, token: Option<&str>) -> Answer {
+        let mut headers = vec![
+            ("e2b-sandbox-id", sandbox),
+            ("e2b-sandbox-port", ENVD_PORT),
+            ("connect-protocol-version", "1"),
+        ];
+        if let Some(t) = token {
+            headers.push(("x-access-token", t));
+        }
+        self.e2b_call("POST", "/process.Process/List", &headers, "{}")
+            .await
+    }
+
+    /// Waits until the engine has no container left in this service's namespace.
+    async fn wait_no_containers(&self) {
+        let start = Instant::now();
+        loop {
+            let left = container_ids(&self.namespace).await;
+            if left.is_empty() {
+                return;
+            }
+            assert!(
+                start.elapsed() < GONE_DEADLINE,
+                "containers still in {}: {left:?}\n{}",
+                self.namespace,
+                self.context()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+/// The `/files` URL signature the SDK makes: `v1_` and the unpadded base64 of the SHA-256 of
+/// `<path>:<operation>:<user>:<token>[:<expiration>]` (the default user: empty).
+fn file_signature(path: &str, operation: &str, token: &str, expiration: Option<&str>) -> String {
+    let mut raw = format!("{path}:{operation}::{token}");
+    if let Some(at) = expiration {
+        raw.push(':');
+        raw.push_str(at);
+    }
+    format!(
+        "v1_{}",
+        base64::engine::general_purpose::STANDARD_NO_PAD.encode(Sha256::digest(raw.as_bytes()))
+    )
+}
+
+/// `path` percent-encoded for a query.
+fn query_value(path: &str) -> String {
+    url::form_urlencoded::byte_serialize(path.as_bytes()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the Docker engine, the Debian image (SANDBOX_TEST_DEBIAN_IMAGE), the static agent (SANDBOX_AGENT_BIN) and the SDK venv (the e2b sdk stage)"]
+async fn the_official_python_sdk_passes_its_scenario_against_the_e2b_api() {
+    let python = venv_python();
+    let serve = E2bServe::start("te2bsdk").await;
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2b/scenario.py");
+    let mut run = Command::new(&python);
+    run.arg(&script)
+        .env("E2B_API_KEY", &serve.key_a)
+        .env("E2B_API_URL", &serve.e2b)
+        .env("E2B_SANDBOX_URL", &serve.e2b)
+        .env_remove("E2B_DEBUG")
+        .env_remove("E2B_DOMAIN")
+        .env_remove("E2B_ACCESS_TOKEN")
+        .env_remove("SANDBOX_SCENARIO_STEPS")
+        // Loopback only, whatever proxy the machine's environment names.
+        .env("NO_PROXY", "127.0.0.1,localhost")
+        .env("no_proxy", "127.0.0.1,localhost");
+    let context = || serve.context();
+    // The scenario blocks; the service is another process, so nothing here needs the runtime.
+    let stdout = tokio::task::block_in_place(|| run_script(run, SCENARIO_DEADLINE, &context));
+    println!("{stdout}");
+    // The scenario killed every sandbox it made: the engine holds none of them.
+    serve.wait_no_containers().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the Docker engine, the Debian image (SANDBOX_TEST_DEBIAN_IMAGE) and the static agent (SANDBOX_AGENT_BIN): the e2b sdk stage"]
+async fn a_second_tenant_can_neither_see_nor_reach_the_first_tenants_sandbox() {
+    let serve = E2bServe::start("te2biso").await;
+    let (a, b) = (serve.key_a.clone(), serve.key_b.clone());
+    let pair = format!("iso-{:08x}", fastrand::u32(..));
+    let sa = serve.create(&a, json!({"owner": "a", "pair": pair})).await;
+    let sb = serve.create(&b, json!({"owner": "b"})).await;
+    let before = serve
+        .cp("GET", &format!("/sandboxes/{}", sa.id), &a, "")
+        .await;
+    assert_eq!(before.status, 200, "{}", before.text());
+    let end_before = before.json()["endAt"].clone();
+
+    // The control plane: every route that names A's sandbox is 404 for B.
+    let routes = [
+        ("GET", format!("/sandboxes/{}", sa.id), ""),
+        ("POST", format!("/v2/sandboxes/{}/connect", sa.id), "{}"),
+        (
+            "POST",
+            format!("/v2/sandboxes/{}/connect", sa.id),
+            r#"{"timeout":30}"#,
+        ),
+        (
+            "POST",
+            format!("/sandboxes/{}/timeout", sa.id),
+            r#"{"timeout":30}"#,
+        ),
+        (
+            "POST",
+            format!("/sandboxes/{}/refreshes", sa.id),
+            r#"{"duration":30}"#,
+        ),
+        ("DELETE", format!("/sandboxes/{}", sa.id), ""),
+    ];
+    for (method, path, body) in &routes {
+        serve
+            .cp(method, path, &b, body)
+            .await
+            .error(&[404], &format!("B: {method} {path}"));
+    }
+    // B's listings hold B's sandbox and never A's, filtered or not, new and legacy.
+    for path in [
+        "/v2/sandboxes".to_owned(),
+        "/sandboxes".to_owned(),
+        format!(
+            "/v2/sandboxes?metadata={}",
+            query_value(&format!("pair={pair}"))
+        ),
+    ] {
+        let listed = serve.cp("GET", &path, &b, "").await;
+        assert_eq!(listed.status, 200, "B: GET {path}: {}", listed.text());
+        let ids: Vec<String> = listed
+            .json()
+            .as_array()
+            .unwrap_or_else(|| panic!("B: GET {path}: not a list: {}", listed.text()))
+            .iter()
+            .filter_map(|s| s["sandboxID"].as_str().map(str::to_owned))
+            .collect();
+        assert!(
+            !ids.contains(&sa.id),
+            "B: GET {path} lists A's sandbox: {ids:?}"
+        );
+        if !path.contains("metadata") {
+            assert!(
+                ids.contains(&sb.id),
+                "B: GET {path} misses B's own: {ids:?}"
+            );
+        }
+    }
+    // A's own filtered listing finds it: the filter above matched nothing because of the tenant.
+    let listed = serve
+        .cp(
+            "GET",
+            &format!(
+                "/v2/sandboxes?metadata={}",
+                query_value(&format!("pair={pair}"))
+            ),
+            &a,
+            "",
+        )
+        .await;
+    assert_eq!(listed.status, 200, "{}", listed.text());
+    let ids: Vec<String> = listed
+        .json()
+        .as_array()
+        .unwrap_or_else(|| panic!("A: not a list: {}", listed.text()))
+        .iter()
+        .filter_map(|s| s["sandboxID"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(
+        ids,
+        vec![sa.id.clone()],
+        "A's filtered listing: {}",
+        listed.text()
+    );
+    // None of B's attempts touched A's sandbox: still there, its end where it was.
+    let after = serve
+        .cp("GET", &format!("/sandboxes/{}", sa.id), &a, "")
+        .await;
+    assert_eq!(
+        after.status,
+        200,
+        "B's delete reached A's sandbox: {}",
+        after.text()
+    );
+    assert_eq!(
+        after.json()["endAt"],
+        end_before,
+        "B's timeout or connect moved A's deadline"
+    );
+
+    // The envd router: A's token opens A's envd; B's token, B's API key and no token do not.
+    let own = serve.envd_list(&sa.id, Some(&sa.token)).await;
+    assert_eq!(
+        own.status,
+        200,
+        "A's own envd with A's token: {}",
+        own.text()
+    );
+    assert!(
+        own.json()["processes"].is_array() || own.json() == json!({}),
+        "{}",
+        own.text()
+    );
+    serve
+        .envd_list(&sa.id, Some(&sb.token))
+        .await
+        .error(&[401, 404], "A's envd with B's sandbox token");
+    serve
+        .envd_list(&sa.id, Some(&b))
+        .await
+        .error(&[401, 404], "A's envd with B's API key as the token");
+    serve
+        .envd_list(&sa.id, None)
+        .await
+        .error(&[401], "A's envd with no token");
+    // Addressed by Host instead of the headers: the same.
+    let host = format!("{ENVD_PORT}-{}.{DOMAIN}", sa.id);
+    serve
+        .e2b_call(
+            "POST",
+            "/process.Process/List",
+            &[
+                ("host", &host),
+                ("connect-protocol-version", "1"),
+                ("x-access-token", &sb.token),
+            ],
+            "{}",
+        )
+        .await
+        .error(&[401, 404], "A's envd by Host with B's sandbox token");
+    let by_host = serve
+        .e2b_call(
+            "POST",
+            "/process.Process/List",
+            &[
+                ("host", &host),
+                ("connect-protocol-version", "1"),
+                ("x-access-token", &sa.token),
+            ],
+            "{}",
+        )
+        .await;
+    assert_eq!(
+        by_host.status,
+        200,
+        "A's envd by Host with A's token: {}",
+        by_host.text()
+    );
+
+    // `/files` signed with B's token: a write does not land, a read is refused.
+    let path = "/home/user/from-b.txt";
+    let write = format!(
+        "/files?path={}&signature={}",
+        query_value(path),
+        query_value(&file_signature(path, "write", &sb.token, None))
+    );
+    let routing = [
+        ("e2b-sandbox-id", sa.id.as_str()),
+        ("e2b-sandbox-port", ENVD_PORT),
+    ];
+    let mut upload = routing.to_vec();
+    upload.push(("content-type", "application/octet-stream"));
+    let a_write = serve
+        .try_request(
+            &serve.e2b,
+            "POST",
+            &write,
+            &upload,
+            Bytes::from_static(b"from b"),
+        )
+        .await
+        .unwrap();
+    a_write.error(&[401, 404], "a write to A's envd signed with B's token");
+    let read = format!(
+        "/files?path={}&signature={}",
+        query_value(path),
+        query_value(&file_signature(path, "read", &sb.token, None))
+    );
+    serve
+        .e2b_call("GET", &read, &routing, "")
+        .await
+        .error(&[401, 404], "a read of A's envd signed with B's token");
+    let mut own_read = routing.to_vec();
+    own_read.push(("x-access-token", &sa.token));
+    let absent = serve
+        .e2b_call(
+            "GET",
+            &format!("/files?path={}", query_value(path)),
+            &own_read,
+            "",
+        )
+        .await;
+    assert_eq!(
+        absent.status,
+        404,
+        "B's write landed in A's sandbox: {}",
+        absent.text()
+    );
+
+    // Each tenant deletes its own; then the engine holds nothing.
+    for (key, sandbox) in [(&a, &sa), (&b, &sb)] {
+        let gone = serve
+            .cp("DELETE", &format!("/sandboxes/{}", sandbox.id), key, "")
+            .await;
+        assert_eq!(gone.status, 204, "{}", gone.text());
+    }
+    serve.wait_no_containers().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the Docker engine, the Debian image (SANDBOX_TEST_DEBIAN_IMAGE) and the static agent (SANDBOX_AGENT_BIN): the e2b sdk stage"]
+async fn every_error_answer_is_json_with_an_integer_code_and_a_message() {
+    let serve = E2bServe::start("te2berr").await;
+    let a = serve.key_a.clone();
+    let missing = "i0000000000000000000";
+
+    // Authentication: no key, a wrong key; both header forms of the right one work.
+    serve
+        .e2b_call("GET", "/v2/sandboxes", &[], "")
+        .await
+        .error(&[401], "no API key");
+    serve
+        .cp("GET", "/v2/sandboxes", "e2b_not-a-tenant", "")
+        .await
+        .error(&[401], "a wrong API key");
+    serve
+        .e2b_call(
+            "GET",
+            "/v2/sandboxes",
+            &[("authorization", "Bearer e2b_not-a-tenant")],
+            "",
+        )
+        .await
+        .error(&[401], "a wrong bearer token");
+    let bearer = format!("Bearer {a}");
+    let ok = serve
+        .e2b_call("GET", "/v2/sandboxes", &[("authorization", &bearer)], "")
+        .await;
+    assert_eq!(ok.status, 200, "the key as a bearer token: {}", ok.text());
+    let ok = serve.cp("GET", "/v2/sandboxes", &a, "").await;
+    assert_eq!(ok.status, 200, "the key as X-API-Key: {}", ok.text());
+
+    // A sandbox that does not exist, on every route that names one.
+    for (method, path, body) in [
+        ("GET", format!("/sandboxes/{missing}"), ""),
+        ("DELETE", format!("/sandboxes/{missing}"), ""),
+        (
+            "POST",
+            format!("/sandboxes/{missing}/timeout"),
+            r#"{"timeout":60}"#,
+        ),
+        (
+            "POST",
+            format!("/sandboxes/{missing}/refreshes"),
+            r#"{"duration":60}"#,
+        ),
+        ("POST", format!("/v2/sandboxes/{missing}/connect"), "{}"),
+    ] {
+        serve
+            .cp(method, &path, &a, body)
+            .await
+            .error(&[404], &format!("{method} {path}"));
+    }
+
+    // Bad create bodies: not JSON, no template, a timeout past the maximum, a reserved
+    // metadata key, and each option the service cannot honour, named in the message.
+    serve
+        .cp("POST", "/v2/sandboxes", &a, "{")
+        .await
+        .error(&[400], "a create body that is not JSON");
+    serve
+        .cp(
+            "POST",
+            "/v2/sandboxes",
+            &a,
+            r#"{"metadata":{},"envVars":{}}"#,
+        )
+        .await
+        .error(&[400], "a create with no templateID");
+    serve
+        .cp(
+            "POST",
+            "/v2/sandboxes",
+            &a,
+            r#"{"templateID":"base","timeout":86401}"#,
+        )
+        .await
+        .error(&[400], "a timeout past the maximum");
+    serve
+        .cp(
+            "POST",
+            "/v2/sandboxes",
+            &a,
+            r#"{"templateID":"no-such-template"}"#,
+        )
+        .await
+        .error(&[400, 404], "an unknown template");
+    let reserved = serve
+        .cp(
+            "POST",
+            "/v2/sandboxes",
+            &a,
+            r#"{"templateID":"base","metadata":{"Sandbox.api":"x"}}"#,
+        )
+        .await
+        .error(&[400], "a reserved metadata key");
+    assert!(reserved.contains("Sandbox.api"), "{reserved}");
+    for (field, option) in [
+        (
+            "volumeMounts",
+            json!({"volumeMounts": [{"name": "v", "path": "/mnt/v"}]}),
+        ),
+        ("mcp", json!({"mcp": {"exa": {"apiKey": "x"}}})),
+        (
+            "iam",
+            json!({"iam": {"tokens": {"aws": {"audience": "sts.amazonaws.com", "tokenType": "JWT-SVID"}}}}),
+        ),
+        (
+            "allowOut",
+            json!({"network": {"allowOut": ["api.example.com"]}}),
+        ),
+        (
+            "egressProxy",
+            json!({"network": {"egressProxy": {"address": "127.0.0.1:1080"}}}),
+        ),
+        (
+            "rules",
+            json!({"network": {"rules": {"api.example.com": [{"transform": {"headers": {"X-A": "b"}}}]}}}),
+        ),
+    ] {
+        let mut body = json!({"templateID": "base", "metadata": {}, "envVars": {}});
+        for (k, v) in option.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        let message = serve
+            .cp("POST", "/v2/sandboxes", &a, &body.to_string())
+            .await
+            .error(&[400], &format!("a create with {field}"));
+        assert!(
+            message.contains(field),
+            "the refusal of {field} does not name it: {message}"
+        );
+    }
+    // None of the refused creates made a container.
+    assert_eq!(container_ids(&serve.namespace).await, Vec::<String>::new());
+
+    // The router's own refusals: an unknown sandbox, and a real one without or with a wrong
+    // token, or with an expired signature.
+    serve
+        .envd_list(missing, Some("not-a-token"))
+        .await
+        .error(&[401, 404, 502], "envd of a sandbox that does not exist");
+    let s = serve.create(&a, json!({})).await;
+    serve
+        .envd_list(&s.id, None)
+        .await
+        .error(&[401], "envd without a token");
+    serve
+        .envd_list(&s.id, Some("wrong"))
+        .await
+        .error(&[401], "envd with a wrong token");
+    let path = "/home/user/x.txt";
+    // A signed read with an expiration: in the future it passes the router (the file is
+    // absent, which the agent answers), long past it is refused, the signature right in both.
+    let routing = [
+        ("e2b-sandbox-id", s.id.as_str()),
+        ("e2b-sandbox-port", ENVD_PORT),
+    ];
+    let signed_read = |expiration: &str| {
+        format!(
+            "/files?path={}&signature={}&signature_expiration={expiration}",
+            query_value(path),
+            query_value(&file_signature(path, "read", &s.token, Some(expiration)))
+        )
+    };
+    let future = (time::OffsetDateTime::now_utc().unix_timestamp() + 600).to_string();
+    let passed = serve
+        .e2b_call("GET", &signed_read(&future), &routing, "")
+        .await;
+    assert_eq!(
+        passed.status,
+        404,
+        "a signed read of a missing file, expiring in 10 minutes: {}",
+        passed.text()
+    );
+    serve
+        .e2b_call("GET", &signed_read("1000000000"), &routing, "")
+        .await
+        .error(&[401], "a signature that expired");
+    let gone = serve
+        .cp("DELETE", &format!("/sandboxes/{}", s.id), &a, "")
+        .await;
+    assert_eq!(gone.status, 204, "{}", gone.text());
+    serve
+        .cp("DELETE", &format!("/sandboxes/{}", s.id), &a, "")
+        .await
+        .error(&[404], "a second delete");
+    serve.wait_no_containers().await;
+}
