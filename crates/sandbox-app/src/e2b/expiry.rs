@@ -164,45 +164,45 @@ impl Expiry {
             .map_or_else(end_of_range, |at| at.min(end_of_range()))
     }
 
-    /// Gives every live sandbox without a stored deadline `max(label, now + default timeout)`,
-    /// logging each, and removes the due deadlines of sandboxes that are not live. Fails (and
-    /// changes nothing more) when the target cannot list or the store cannot be read; a key
-    /// the store refuses is reported in [`ReconcileReport::failed`].
+    /// Gives every live sandbox without a readable stored deadline `max(label, now + default
+    /// timeout)`, logging each, and removes the due deadlines of sandboxes that are not live.
+    /// Fails when the target cannot list or the store is unreachable (`unavailable`,
+    /// `timeout`): nothing is decided on a store that did not answer. A stored value the store
+    /// cannot read (a corrupt Redis score) is replaced like a missing one; a key the store
+    /// refuses is reported in [`ReconcileReport::failed`].
     pub async fn reconcile(&self, now: OffsetDateTime) -> Result<ReconcileReport, Error> {
         let mut report = ReconcileReport::default();
         let live = self.target.live().await?;
         let default = self.default_deadline(now);
         for (key, label) in &live {
-            match self.store.deadline(key).await {
-                Ok(Some(_)) => report.kept += 1,
-                Ok(None) => {
-                    let deadline = label.map_or(default, |label| label.max(default));
-                    match self.store.set_deadline(key, deadline).await {
-                        Ok(()) => {
-                            tracing::warn!(
-                                key = %key,
-                                label = ?label.map(|l| l.to_string()),
-                                now_plus_default = %default,
-                                deadline = %deadline,
-                                "e2b sandbox had no stored deadline; gave it max(create-time label, now + default timeout)"
-                            );
-                            report.assigned.push(Assigned {
-                                key: key.clone(),
-                                label: *label,
-                                deadline,
-                            });
-                        }
-                        Err(e) if e.kind() == ErrorKind::InvalidRequest => {
-                            report.failed.push((key.clone(), e));
-                        }
-                        Err(e) => return Err(e),
-                    }
+            let unreadable = match self.store.deadline(key).await {
+                Ok(Some(_)) => {
+                    report.kept += 1;
+                    continue;
                 }
-                // A key no store accepts can never get a deadline; the others still can.
-                Err(e) if e.kind() == ErrorKind::InvalidRequest => {
-                    report.failed.push((key.clone(), e));
+                Ok(None) => None,
+                Err(e) if is_outage(&e) => return Err(e),
+                Err(e) => Some(e),
+            };
+            let deadline = label.map_or(default, |label| label.max(default));
+            match self.store.set_deadline(key, deadline).await {
+                Ok(()) => {
+                    tracing::warn!(
+                        key = %key,
+                        label = ?label.map(|l| l.to_string()),
+                        now_plus_default = %default,
+                        deadline = %deadline,
+                        read_error = ?unreadable.as_ref().map(ToString::to_string),
+                        "e2b sandbox had no readable stored deadline; gave it max(create-time label, now + default timeout)"
+                    );
+                    report.assigned.push(Assigned {
+                        key: key.clone(),
+                        label: *label,
+                        deadline,
+                    });
                 }
-                Err(e) => return Err(e),
+                Err(e) if is_outage(&e) => return Err(e),
+                Err(e) => report.failed.push((key.clone(), e)),
             }
         }
         let live_keys: std::collections::HashSet<&str> =
@@ -305,6 +305,11 @@ impl Expiry {
             }
         })
     }
+}
+
+/// A store or target that did not answer: worth retrying as a whole, never a verdict on one key.
+fn is_outage(e: &Error) -> bool {
+    matches!(e.kind(), ErrorKind::Unavailable | ErrorKind::Timeout)
 }
 
 fn log_reconcile(report: &ReconcileReport) {
@@ -621,6 +626,78 @@ mod tests {
         assert_eq!(report.failed.len(), 1);
         assert_eq!(report.failed[0].0, "bad\nkey");
         assert_eq!(report.failed[0].1.origin(), Origin::Store);
+    }
+
+    /// A store whose reads of some keys fail: `internal` (an unreadable value) or
+    /// `unavailable` (an outage), until the key is written again.
+    #[derive(Debug)]
+    struct Unreadable {
+        inner: MemoryDeadlines,
+        broken: Mutex<BTreeMap<String, ErrorKind>>,
+    }
+
+    #[async_trait]
+    impl DeadlineStore for Unreadable {
+        async fn set_deadline(&self, key: &str, at: OffsetDateTime) -> Result<(), Error> {
+            self.broken.lock().unwrap().remove(key);
+            self.inner.set_deadline(key, at).await
+        }
+        async fn deadline(&self, key: &str) -> Result<Option<OffsetDateTime>, Error> {
+            if let Some(kind) = self.broken.lock().unwrap().get(key) {
+                return Err(Error::new(*kind, Operation::new("deadline"), "bad value")
+                    .with_origin(Origin::Store));
+            }
+            self.inner.deadline(key).await
+        }
+        async fn remove_deadline(&self, key: &str) -> Result<(), Error> {
+            self.inner.remove_deadline(key).await
+        }
+        async fn due(
+            &self,
+            now: OffsetDateTime,
+            limit: usize,
+        ) -> Result<Vec<(String, OffsetDateTime)>, Error> {
+            self.inner.due(now, limit).await
+        }
+    }
+
+    #[tokio::test]
+    async fn an_unreadable_deadline_is_replaced_and_an_outage_fails_reconcile() {
+        let store = Arc::new(Unreadable {
+            inner: MemoryDeadlines::new(),
+            broken: Mutex::new(BTreeMap::new()),
+        });
+        store.inner.set_deadline("icorrupt", t0()).await.unwrap();
+        store
+            .broken
+            .lock()
+            .unwrap()
+            .insert("icorrupt".to_owned(), ErrorKind::Internal);
+        let target = FakeTarget::with(&[("icorrupt", Some(t0() + secs(3600)))]);
+        let expiry = Expiry::new(store.clone(), target.clone(), DEFAULT);
+        let report = expiry.reconcile(t0()).await.unwrap();
+        assert_eq!(
+            report.assigned,
+            vec![Assigned {
+                key: "icorrupt".to_owned(),
+                label: Some(t0() + secs(3600)),
+                deadline: t0() + secs(3600),
+            }]
+        );
+        assert_eq!(
+            store.deadline("icorrupt").await.unwrap(),
+            Some(t0() + secs(3600))
+        );
+        // An outage on a read decides nothing: the reconcile fails and writes nothing.
+        store
+            .broken
+            .lock()
+            .unwrap()
+            .insert("icorrupt".to_owned(), ErrorKind::Unavailable);
+        store.inner.remove_deadline("icorrupt").await.unwrap();
+        let err = expiry.reconcile(t0()).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Unavailable);
+        assert_eq!(store.inner.deadline("icorrupt").await.unwrap(), None);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
