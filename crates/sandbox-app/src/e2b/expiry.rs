@@ -86,6 +86,10 @@ pub struct ReconcileReport {
     pub left_for_sweep: usize,
     /// Sandboxes whose deadline could not be given or removed, with why.
     pub failed: Vec<(String, Error)>,
+    /// Why the stored deadlines could not be listed for the clean-up of gone sandboxes (a value
+    /// the store cannot read), when they could not; the live sandboxes were handled all the
+    /// same, and what is left is removed by the sweeps as it comes due.
+    pub cleanup_error: Option<Error>,
 }
 
 /// One sandbox a sweep killed.
@@ -207,7 +211,15 @@ impl Expiry {
         }
         let live_keys: std::collections::HashSet<&str> =
             live.iter().map(|(k, _)| k.as_str()).collect();
-        for (key, deadline) in self.store.due(end_of_range(), usize::MAX).await? {
+        let stored = match self.store.due(end_of_range(), usize::MAX).await {
+            Ok(stored) => stored,
+            Err(e) if is_outage(&e) => return Err(e),
+            Err(e) => {
+                report.cleanup_error = Some(e);
+                Vec::new()
+            }
+        };
+        for (key, deadline) in stored {
             if live_keys.contains(key.as_str()) {
                 continue;
             }
@@ -321,6 +333,9 @@ fn log_reconcile(report: &ReconcileReport) {
         failed = report.failed.len(),
         "e2b expiry: reconciled the stored deadlines with the live sandboxes"
     );
+    if let Some(e) = &report.cleanup_error {
+        tracing::warn!(error = %e, "e2b expiry: could not list the stored deadlines to clean up gone sandboxes");
+    }
     for (key, e) in &report.failed {
         tracing::warn!(key = %key, error = %e, "e2b expiry: reconcile could not handle a sandbox");
     }
@@ -657,6 +672,10 @@ mod tests {
             now: OffsetDateTime,
             limit: usize,
         ) -> Result<Vec<(String, OffsetDateTime)>, Error> {
+            if let Some(kind) = self.broken.lock().unwrap().get("*due") {
+                return Err(Error::new(*kind, Operation::new("due"), "bad value")
+                    .with_origin(Origin::Store));
+            }
             self.inner.due(now, limit).await
         }
     }
@@ -698,6 +717,32 @@ mod tests {
         let err = expiry.reconcile(t0()).await.unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Unavailable);
         assert_eq!(store.inner.deadline("icorrupt").await.unwrap(), None);
+        // A listing that cannot be read stops only the clean-up: the live sandbox still gets
+        // its deadline.
+        let mut broken = store.broken.lock().unwrap().clone();
+        broken.clear();
+        broken.insert("*due".to_owned(), ErrorKind::Internal);
+        *store.broken.lock().unwrap() = broken;
+        let report = expiry.reconcile(t0()).await.unwrap();
+        assert_eq!(report.assigned.len(), 1);
+        assert_eq!(
+            report.cleanup_error.map(|e| e.kind()),
+            Some(ErrorKind::Internal)
+        );
+        assert_eq!(
+            store.inner.deadline("icorrupt").await.unwrap(),
+            Some(t0() + secs(3600))
+        );
+        // An outage of the listing fails the reconcile.
+        store
+            .broken
+            .lock()
+            .unwrap()
+            .insert("*due".to_owned(), ErrorKind::Timeout);
+        assert_eq!(
+            expiry.reconcile(t0()).await.unwrap_err().kind(),
+            ErrorKind::Timeout
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
