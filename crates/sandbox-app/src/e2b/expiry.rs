@@ -2,9 +2,9 @@
 //!
 //! Deadlines live in a [`DeadlineStore`] (Redis, or the file store), written by the API before
 //! it answers a create or a set-timeout. This engine only reads them back:
-//! - [`Expiry::sweep_once`] takes the due deadlines (a bounded batch, earliest first), asks the
-//!   [`ExpiryTarget`] to delete each sandbox, and removes a deadline only after its delete
-//!   succeeded, so a failed delete is tried again by the next sweep and a crash between the
+//! - [`Expiry::sweep_once`] takes the due deadlines (a bounded batch, earliest first), reads
+//!   each again (one extended since is left alone), asks the [`ExpiryTarget`] to delete the
+//!   sandbox, and removes a deadline only after its delete succeeded, so a failed delete is tried again by the next sweep and a crash between the
 //!   two deletes again (an absent sandbox is `Ok`). Each kill reports its lag, `now - deadline`.
 //! - [`Expiry::reconcile`], at start, gives every live sandbox without a stored deadline one:
 //!   `max(create-time label, now + default timeout)`. A deadline may be missing because the
@@ -109,6 +109,9 @@ pub struct SweepReport {
     /// Due deadlines whose delete (or whose removal after the delete) failed; each is still in
     /// the store, so the next sweep tries again.
     pub failed: Vec<(String, Error)>,
+    /// Due when the batch was read, but extended or removed before its kill (a set-timeout or
+    /// a delete on this or another replica, another replica's sweep): left alone.
+    pub moved: Vec<String>,
     /// The batch was full: more may be due.
     pub batch_full: bool,
 }
@@ -244,7 +247,21 @@ impl Expiry {
             batch_full: due.len() >= SWEEP_BATCH,
             ..SweepReport::default()
         };
-        for (key, deadline) in due {
+        for (key, _) in due {
+            // Read again just before the kill: a deadline extended since the batch was read
+            // must not be killed at its old time. (A set landing between this read and the
+            // delete still loses; the port has no conditional remove to close that.)
+            let deadline = match self.store.deadline(&key).await {
+                Ok(Some(deadline)) if deadline <= now => deadline,
+                Ok(_) => {
+                    report.moved.push(key);
+                    continue;
+                }
+                Err(e) => {
+                    report.failed.push((key, e));
+                    continue;
+                }
+            };
             if let Err(e) = self.target.expire(&key).await {
                 report.failed.push((key, e));
                 continue;
@@ -678,6 +695,58 @@ mod tests {
             }
             self.inner.due(now, limit).await
         }
+    }
+
+    /// A store whose `due` lets a set-timeout land right after it read the batch.
+    #[derive(Debug)]
+    struct ExtendedAfterDue {
+        inner: MemoryDeadlines,
+        extend: (String, OffsetDateTime),
+    }
+
+    #[async_trait]
+    impl DeadlineStore for ExtendedAfterDue {
+        async fn set_deadline(&self, key: &str, at: OffsetDateTime) -> Result<(), Error> {
+            self.inner.set_deadline(key, at).await
+        }
+        async fn deadline(&self, key: &str) -> Result<Option<OffsetDateTime>, Error> {
+            self.inner.deadline(key).await
+        }
+        async fn remove_deadline(&self, key: &str) -> Result<(), Error> {
+            self.inner.remove_deadline(key).await
+        }
+        async fn due(
+            &self,
+            now: OffsetDateTime,
+            limit: usize,
+        ) -> Result<Vec<(String, OffsetDateTime)>, Error> {
+            let due = self.inner.due(now, limit).await?;
+            let (key, at) = &self.extend;
+            self.inner.set_deadline(key, *at).await?;
+            Ok(due)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_deadline_extended_after_the_batch_was_read_is_not_killed() {
+        let store = Arc::new(ExtendedAfterDue {
+            inner: MemoryDeadlines::new(),
+            extend: ("iextended".to_owned(), t0() + secs(600)),
+        });
+        store.inner.set_deadline("iextended", t0()).await.unwrap();
+        store.inner.set_deadline("iexpired", t0()).await.unwrap();
+        store.inner.set_deadline("igone", t0()).await.unwrap();
+        let target = FakeTarget::with(&[("iextended", None), ("iexpired", None)]);
+        let expiry = Expiry::new(store.clone(), target.clone(), DEFAULT);
+        let report = expiry.sweep_once(t0() + secs(1)).await.unwrap();
+        let killed: Vec<&str> = report.killed.iter().map(|k| k.key.as_str()).collect();
+        assert_eq!(killed, vec!["iexpired", "igone"]);
+        assert_eq!(report.moved, vec!["iextended"]);
+        assert!(target.is_live("iextended"));
+        assert_eq!(
+            store.inner.deadline("iextended").await.unwrap(),
+            Some(t0() + secs(600))
+        );
     }
 
     #[tokio::test]
