@@ -2,9 +2,9 @@
 //!
 //! Deadlines live in a [`DeadlineStore`] (Redis, or the file store), written by the API before
 //! it answers a create or a set-timeout. This engine only reads them back:
-//! - [`Expiry::sweep_once`] takes the due deadlines (a bounded batch, earliest first), asks the
-//!   [`ExpiryTarget`] to delete each sandbox, and removes a deadline only after its delete
-//!   succeeded, so a failed delete is tried again by the next sweep and a crash between the
+//! - [`Expiry::sweep_once`] takes the due deadlines (a bounded batch, earliest first), reads
+//!   each again (one extended since is left alone), asks the [`ExpiryTarget`] to delete the
+//!   sandbox, and removes a deadline only after its delete succeeded, so a failed delete is tried again by the next sweep and a crash between the
 //!   two deletes again (an absent sandbox is `Ok`). Each kill reports its lag, `now - deadline`.
 //! - [`Expiry::reconcile`], at start, gives every live sandbox without a stored deadline one:
 //!   `max(create-time label, now + default timeout)`. A deadline may be missing because the
@@ -86,6 +86,10 @@ pub struct ReconcileReport {
     pub left_for_sweep: usize,
     /// Sandboxes whose deadline could not be given or removed, with why.
     pub failed: Vec<(String, Error)>,
+    /// Why the stored deadlines could not be listed for the clean-up of gone sandboxes (a value
+    /// the store cannot read), when they could not; the live sandboxes were handled all the
+    /// same, and what is left is removed by the sweeps as it comes due.
+    pub cleanup_error: Option<Error>,
 }
 
 /// One sandbox a sweep killed.
@@ -105,6 +109,9 @@ pub struct SweepReport {
     /// Due deadlines whose delete (or whose removal after the delete) failed; each is still in
     /// the store, so the next sweep tries again.
     pub failed: Vec<(String, Error)>,
+    /// Due when the batch was read, but extended or removed before its kill (a set-timeout or
+    /// a delete on this or another replica, another replica's sweep): left alone.
+    pub moved: Vec<String>,
     /// The batch was full: more may be due.
     pub batch_full: bool,
 }
@@ -164,50 +171,58 @@ impl Expiry {
             .map_or_else(end_of_range, |at| at.min(end_of_range()))
     }
 
-    /// Gives every live sandbox without a stored deadline `max(label, now + default timeout)`,
-    /// logging each, and removes the due deadlines of sandboxes that are not live. Fails (and
-    /// changes nothing more) when the target cannot list or the store cannot be read; a key
-    /// the store refuses is reported in [`ReconcileReport::failed`].
+    /// Gives every live sandbox without a readable stored deadline `max(label, now + default
+    /// timeout)`, logging each, and removes the due deadlines of sandboxes that are not live.
+    /// Fails when the target cannot list or the store is unreachable (`unavailable`,
+    /// `timeout`): nothing is decided on a store that did not answer. A stored value the store
+    /// cannot read (a corrupt Redis score) is replaced like a missing one; a key the store
+    /// refuses is reported in [`ReconcileReport::failed`].
     pub async fn reconcile(&self, now: OffsetDateTime) -> Result<ReconcileReport, Error> {
         let mut report = ReconcileReport::default();
         let live = self.target.live().await?;
         let default = self.default_deadline(now);
         for (key, label) in &live {
-            match self.store.deadline(key).await {
-                Ok(Some(_)) => report.kept += 1,
-                Ok(None) => {
-                    let deadline = label.map_or(default, |label| label.max(default));
-                    match self.store.set_deadline(key, deadline).await {
-                        Ok(()) => {
-                            tracing::warn!(
-                                key = %key,
-                                label = ?label.map(|l| l.to_string()),
-                                now_plus_default = %default,
-                                deadline = %deadline,
-                                "e2b sandbox had no stored deadline; gave it max(create-time label, now + default timeout)"
-                            );
-                            report.assigned.push(Assigned {
-                                key: key.clone(),
-                                label: *label,
-                                deadline,
-                            });
-                        }
-                        Err(e) if e.kind() == ErrorKind::InvalidRequest => {
-                            report.failed.push((key.clone(), e));
-                        }
-                        Err(e) => return Err(e),
-                    }
+            let unreadable = match self.store.deadline(key).await {
+                Ok(Some(_)) => {
+                    report.kept += 1;
+                    continue;
                 }
-                // A key no store accepts can never get a deadline; the others still can.
-                Err(e) if e.kind() == ErrorKind::InvalidRequest => {
-                    report.failed.push((key.clone(), e));
+                Ok(None) => None,
+                Err(e) if is_outage(&e) => return Err(e),
+                Err(e) => Some(e),
+            };
+            let deadline = label.map_or(default, |label| label.max(default));
+            match self.store.set_deadline(key, deadline).await {
+                Ok(()) => {
+                    tracing::warn!(
+                        key = %key,
+                        label = ?label.map(|l| l.to_string()),
+                        now_plus_default = %default,
+                        deadline = %deadline,
+                        read_error = ?unreadable.as_ref().map(ToString::to_string),
+                        "e2b sandbox had no readable stored deadline; gave it max(create-time label, now + default timeout)"
+                    );
+                    report.assigned.push(Assigned {
+                        key: key.clone(),
+                        label: *label,
+                        deadline,
+                    });
                 }
-                Err(e) => return Err(e),
+                Err(e) if is_outage(&e) => return Err(e),
+                Err(e) => report.failed.push((key.clone(), e)),
             }
         }
         let live_keys: std::collections::HashSet<&str> =
             live.iter().map(|(k, _)| k.as_str()).collect();
-        for (key, deadline) in self.store.due(end_of_range(), usize::MAX).await? {
+        let stored = match self.store.due(end_of_range(), usize::MAX).await {
+            Ok(stored) => stored,
+            Err(e) if is_outage(&e) => return Err(e),
+            Err(e) => {
+                report.cleanup_error = Some(e);
+                Vec::new()
+            }
+        };
+        for (key, deadline) in stored {
             if live_keys.contains(key.as_str()) {
                 continue;
             }
@@ -232,7 +247,21 @@ impl Expiry {
             batch_full: due.len() >= SWEEP_BATCH,
             ..SweepReport::default()
         };
-        for (key, deadline) in due {
+        for (key, _) in due {
+            // Read again just before the kill: a deadline extended since the batch was read
+            // must not be killed at its old time. (A set landing between this read and the
+            // delete still loses; the port has no conditional remove to close that.)
+            let deadline = match self.store.deadline(&key).await {
+                Ok(Some(deadline)) if deadline <= now => deadline,
+                Ok(_) => {
+                    report.moved.push(key);
+                    continue;
+                }
+                Err(e) => {
+                    report.failed.push((key, e));
+                    continue;
+                }
+            };
             if let Err(e) = self.target.expire(&key).await {
                 report.failed.push((key, e));
                 continue;
@@ -307,6 +336,11 @@ impl Expiry {
     }
 }
 
+/// A store or target that did not answer: worth retrying as a whole, never a verdict on one key.
+fn is_outage(e: &Error) -> bool {
+    matches!(e.kind(), ErrorKind::Unavailable | ErrorKind::Timeout)
+}
+
 fn log_reconcile(report: &ReconcileReport) {
     tracing::info!(
         kept = report.kept,
@@ -316,6 +350,9 @@ fn log_reconcile(report: &ReconcileReport) {
         failed = report.failed.len(),
         "e2b expiry: reconciled the stored deadlines with the live sandboxes"
     );
+    if let Some(e) = &report.cleanup_error {
+        tracing::warn!(error = %e, "e2b expiry: could not list the stored deadlines to clean up gone sandboxes");
+    }
     for (key, e) in &report.failed {
         tracing::warn!(key = %key, error = %e, "e2b expiry: reconcile could not handle a sandbox");
     }
@@ -621,6 +658,160 @@ mod tests {
         assert_eq!(report.failed.len(), 1);
         assert_eq!(report.failed[0].0, "bad\nkey");
         assert_eq!(report.failed[0].1.origin(), Origin::Store);
+    }
+
+    /// A store whose reads of some keys fail: `internal` (an unreadable value) or
+    /// `unavailable` (an outage), until the key is written again.
+    #[derive(Debug)]
+    struct Unreadable {
+        inner: MemoryDeadlines,
+        broken: Mutex<BTreeMap<String, ErrorKind>>,
+    }
+
+    #[async_trait]
+    impl DeadlineStore for Unreadable {
+        async fn set_deadline(&self, key: &str, at: OffsetDateTime) -> Result<(), Error> {
+            self.broken.lock().unwrap().remove(key);
+            self.inner.set_deadline(key, at).await
+        }
+        async fn deadline(&self, key: &str) -> Result<Option<OffsetDateTime>, Error> {
+            if let Some(kind) = self.broken.lock().unwrap().get(key) {
+                return Err(Error::new(*kind, Operation::new("deadline"), "bad value")
+                    .with_origin(Origin::Store));
+            }
+            self.inner.deadline(key).await
+        }
+        async fn remove_deadline(&self, key: &str) -> Result<(), Error> {
+            self.inner.remove_deadline(key).await
+        }
+        async fn due(
+            &self,
+            now: OffsetDateTime,
+            limit: usize,
+        ) -> Result<Vec<(String, OffsetDateTime)>, Error> {
+            if let Some(kind) = self.broken.lock().unwrap().get("*due") {
+                return Err(Error::new(*kind, Operation::new("due"), "bad value")
+                    .with_origin(Origin::Store));
+            }
+            self.inner.due(now, limit).await
+        }
+    }
+
+    /// A store whose `due` lets a set-timeout land right after it read the batch.
+    #[derive(Debug)]
+    struct ExtendedAfterDue {
+        inner: MemoryDeadlines,
+        extend: (String, OffsetDateTime),
+    }
+
+    #[async_trait]
+    impl DeadlineStore for ExtendedAfterDue {
+        async fn set_deadline(&self, key: &str, at: OffsetDateTime) -> Result<(), Error> {
+            self.inner.set_deadline(key, at).await
+        }
+        async fn deadline(&self, key: &str) -> Result<Option<OffsetDateTime>, Error> {
+            self.inner.deadline(key).await
+        }
+        async fn remove_deadline(&self, key: &str) -> Result<(), Error> {
+            self.inner.remove_deadline(key).await
+        }
+        async fn due(
+            &self,
+            now: OffsetDateTime,
+            limit: usize,
+        ) -> Result<Vec<(String, OffsetDateTime)>, Error> {
+            let due = self.inner.due(now, limit).await?;
+            let (key, at) = &self.extend;
+            self.inner.set_deadline(key, *at).await?;
+            Ok(due)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_deadline_extended_after_the_batch_was_read_is_not_killed() {
+        let store = Arc::new(ExtendedAfterDue {
+            inner: MemoryDeadlines::new(),
+            extend: ("iextended".to_owned(), t0() + secs(600)),
+        });
+        store.inner.set_deadline("iextended", t0()).await.unwrap();
+        store.inner.set_deadline("iexpired", t0()).await.unwrap();
+        store.inner.set_deadline("igone", t0()).await.unwrap();
+        let target = FakeTarget::with(&[("iextended", None), ("iexpired", None)]);
+        let expiry = Expiry::new(store.clone(), target.clone(), DEFAULT);
+        let report = expiry.sweep_once(t0() + secs(1)).await.unwrap();
+        let killed: Vec<&str> = report.killed.iter().map(|k| k.key.as_str()).collect();
+        assert_eq!(killed, vec!["iexpired", "igone"]);
+        assert_eq!(report.moved, vec!["iextended"]);
+        assert!(target.is_live("iextended"));
+        assert_eq!(
+            store.inner.deadline("iextended").await.unwrap(),
+            Some(t0() + secs(600))
+        );
+    }
+
+    #[tokio::test]
+    async fn an_unreadable_deadline_is_replaced_and_an_outage_fails_reconcile() {
+        let store = Arc::new(Unreadable {
+            inner: MemoryDeadlines::new(),
+            broken: Mutex::new(BTreeMap::new()),
+        });
+        store.inner.set_deadline("icorrupt", t0()).await.unwrap();
+        store
+            .broken
+            .lock()
+            .unwrap()
+            .insert("icorrupt".to_owned(), ErrorKind::Internal);
+        let target = FakeTarget::with(&[("icorrupt", Some(t0() + secs(3600)))]);
+        let expiry = Expiry::new(store.clone(), target.clone(), DEFAULT);
+        let report = expiry.reconcile(t0()).await.unwrap();
+        assert_eq!(
+            report.assigned,
+            vec![Assigned {
+                key: "icorrupt".to_owned(),
+                label: Some(t0() + secs(3600)),
+                deadline: t0() + secs(3600),
+            }]
+        );
+        assert_eq!(
+            store.deadline("icorrupt").await.unwrap(),
+            Some(t0() + secs(3600))
+        );
+        // An outage on a read decides nothing: the reconcile fails and writes nothing.
+        store
+            .broken
+            .lock()
+            .unwrap()
+            .insert("icorrupt".to_owned(), ErrorKind::Unavailable);
+        store.inner.remove_deadline("icorrupt").await.unwrap();
+        let err = expiry.reconcile(t0()).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Unavailable);
+        assert_eq!(store.inner.deadline("icorrupt").await.unwrap(), None);
+        // A listing that cannot be read stops only the clean-up: the live sandbox still gets
+        // its deadline.
+        let mut broken = store.broken.lock().unwrap().clone();
+        broken.clear();
+        broken.insert("*due".to_owned(), ErrorKind::Internal);
+        *store.broken.lock().unwrap() = broken;
+        let report = expiry.reconcile(t0()).await.unwrap();
+        assert_eq!(report.assigned.len(), 1);
+        assert_eq!(
+            report.cleanup_error.map(|e| e.kind()),
+            Some(ErrorKind::Internal)
+        );
+        assert_eq!(
+            store.inner.deadline("icorrupt").await.unwrap(),
+            Some(t0() + secs(3600))
+        );
+        // An outage of the listing fails the reconcile.
+        store
+            .broken
+            .lock()
+            .unwrap()
+            .insert("*due".to_owned(), ErrorKind::Timeout);
+        assert_eq!(
+            expiry.reconcile(t0()).await.unwrap_err().kind(),
+            ErrorKind::Timeout
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -15,7 +15,7 @@
 //! brackets, cited by its cases; `cargo xtask tidy` (rule `contract-tags`) keeps both in step.
 //!
 //! - `[deadlines.origin]` Every error a deadline store returns, from any method, has origin
-//!   [`Origin::Store`](crate::error::Origin::Store), core's key and instant validation
+//!   [`Origin::Store`], core's key and instant validation
 //!   included: a store that cannot be reached must read as the store's fault, never as "no
 //!   deadline".
 
