@@ -206,6 +206,25 @@ async fn create_answers_201_with_a_token_and_the_agents_envd_version() {
     );
     assert_eq!(detail["state"], "running");
     assert_eq!(detail["envdAccessToken"], token);
+    assert_eq!(detail["allowInternetAccess"], true);
+    // A backend that cannot enforce a closed network refuses it, naming the field, and makes
+    // nothing (the fake, like E2B, does not enforce it).
+    let (status, _, refused) = call(
+        &h,
+        "POST",
+        "/v2/sandboxes",
+        &[("x-api-key", KEY_A)],
+        Some(json!({"templateID": "base", "allow_internet_access": false})),
+    )
+    .await;
+    assert_error(status, &refused, StatusCode::NOT_IMPLEMENTED);
+    assert!(
+        refused["message"]
+            .as_str()
+            .unwrap()
+            .contains("allow_internet_access"),
+        "{refused}"
+    );
     let all = h
         .provider
         .list(&sandbox_core::ListFilter::default())

@@ -172,6 +172,9 @@ async fn create(
     };
     if new.deny_internet {
         create.network.allow_internet_access = Some(false);
+        create
+            .metadata
+            .insert(meta::INTERNET.to_owned(), "false".to_owned());
     }
     create.user = Some(
         sandbox_core::SandboxPath::new(DEFAULT_WORKDIR)
@@ -380,7 +383,7 @@ async fn get_one(
     let detail = SandboxDetail {
         listed,
         envd_access_token: inner.keys.access_token(tenant, &e2b_id),
-        allow_internet_access: true,
+        allow_internet_access: meta::internet_of(&summary.metadata),
         domain: inner.settings.domain.clone(),
         lifecycle: wire::Lifecycle {
             auto_resume: false,

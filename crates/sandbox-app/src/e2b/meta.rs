@@ -22,6 +22,8 @@ pub const TENANT: &str = "sandbox.tenant";
 pub const DEADLINE: &str = "sandbox.e2b.deadline";
 /// The template as the caller named it.
 pub const TEMPLATE: &str = "sandbox.e2b.template";
+/// `false` when the create denied internet access (absent: allowed).
+pub const INTERNET: &str = "sandbox.e2b.internet";
 
 /// The reserved prefix of keys, compared without case.
 const RESERVED_PREFIX: &str = "sandbox";
@@ -104,6 +106,11 @@ pub fn tenant_of(metadata: &Metadata) -> Option<TenantId> {
         return None;
     }
     TenantId::new(metadata.get(TENANT)?.parse().ok()?).ok()
+}
+
+/// Whether the sandbox may reach the internet, as its create asked.
+pub fn internet_of(metadata: &Metadata) -> bool {
+    metadata.get(INTERNET).map(String::as_str) != Some("false")
 }
 
 /// The create-time deadline a sandbox's metadata names.
