@@ -41,7 +41,8 @@ use crate::{files, isolation, labels, snapshots};
 /// mapped onto named volumes yet: advertising it would let a tenant configure mounts that never
 /// appear), `desktop` (no gateway to the container's websockify port yet), and `processes`,
 /// `streamed_files` and `watch` (issue 17: the exec fallback cannot serve them honestly; the
-/// agent plane adds them, [`docker_capabilities_for`]).
+/// agent plane adds them, [`docker_capabilities_for`]), and `terminal_reattach` and
+/// `default_user`, which only the agent plane serves.
 pub fn docker_capabilities() -> Capabilities {
     Capabilities::from_slice(&[
         Capability::Reconnect,
@@ -1242,14 +1243,14 @@ mod tests {
                         | Capability::StreamedFiles
                         | Capability::Watch
                         | Capability::TerminalReattach
+                        | Capability::DefaultUser
                 )
             })
             .fold(Capabilities::NONE, |set, c| set.with(c, true));
         assert_eq!(docker_capabilities(), expected);
         assert_eq!(docker_capabilities_for(DataPlane::Exec), expected);
-        // The agent plane keeps background processes, streams files, watches directories and
-        // reattaches terminals;
-        // nothing else differs.
+        // The agent plane keeps background processes, streams files, watches directories,
+        // reattaches terminals and runs as the create's default user; nothing else differs.
         assert_eq!(
             docker_capabilities_for(DataPlane::Agent),
             expected
@@ -1257,6 +1258,7 @@ mod tests {
                 .with(Capability::StreamedFiles, true)
                 .with(Capability::Watch, true)
                 .with(Capability::TerminalReattach, true)
+                .with(Capability::DefaultUser, true)
         );
     }
 
