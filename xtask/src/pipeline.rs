@@ -878,6 +878,10 @@ mod tests {
                     format!("{app} --no-default-features --features sandbox-app/redis {tail}")
                 ),
                 (
+                    "sandbox-app, e2b-api alone",
+                    format!("{app} --no-default-features --features sandbox-app/e2b-api {tail}")
+                ),
+                (
                     "sandbox-app, failpoints alone",
                     format!("{app} --no-default-features --features sandbox-app/failpoints {tail}")
                 ),

@@ -147,9 +147,9 @@ async fn create(
             )
         })?;
 
-    let _reserved = reserve(&api, tenant).await?;
-
     let id = E2bId::generate().map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e))?;
+    let _reserved = reserve(&api, tenant, &id).await?;
+
     let deadline = after(OffsetDateTime::now_utc(), timeout);
     // Written before the sandbox exists: a crash after this line leaves a deadline whose
     // sandbox may or may not exist, which the timeout engine handles either way; a crash
@@ -213,6 +213,7 @@ async fn create(
 struct Reservation {
     api: E2bApi,
     tenant: sandbox_core::TenantId,
+    id: E2bId,
 }
 
 impl Drop for Reservation {
@@ -223,22 +224,24 @@ impl Drop for Reservation {
             .pending_creates
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(n) = pending.get_mut(&self.tenant) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
+        if let Some(ids) = pending.get_mut(&self.tenant) {
+            ids.remove(&self.id);
+            if ids.is_empty() {
                 pending.remove(&self.tenant);
             }
         }
     }
 }
 
-/// Counts a create against the tenant's limit: its live sandboxes and its creates in flight
-/// in this process. Only the check is serialised per tenant, not the creates, so a tenant's
-/// parallel creates still run in parallel. (Replicas each count their own creates in flight:
-/// a burst spread over several may overshoot by what they had in flight at once.)
+/// Counts create `id` against the tenant's limit: the tenant holds its live sandboxes and its
+/// creates in flight in this process, each counted once (a create that already made its
+/// sandbox is both, by the same ID). Only the check is serialised per tenant, not the creates,
+/// so a tenant's parallel creates still run in parallel. (Replicas each know their own creates
+/// in flight: a burst spread over several may overshoot by what they had in flight at once.)
 async fn reserve(
     api: &E2bApi,
     tenant: sandbox_core::TenantId,
+    id: &E2bId,
 ) -> Result<Option<Reservation>, ApiError> {
     let inner = &api.inner;
     let Some(max) = inner.settings.max_sandboxes(tenant) else {
@@ -252,13 +255,23 @@ async fn reserve(
         Arc::clone(gates.entry(tenant).or_default())
     };
     let _checking = gate.lock().await;
-    let live = inner.provider.list(&tenant_filter(tenant)).await?.len();
+    let live: std::collections::HashSet<String> = inner
+        .provider
+        .list(&tenant_filter(tenant))
+        .await?
+        .into_iter()
+        .filter_map(|s| s.metadata.get(meta::ID).cloned())
+        .collect();
     let mut pending = inner
         .pending_creates
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let in_flight = pending.entry(tenant).or_default();
-    let held = live.saturating_add(usize::try_from(*in_flight).unwrap_or(usize::MAX));
+    let held = live.len()
+        + in_flight
+            .iter()
+            .filter(|p| !live.contains(p.as_str()))
+            .count();
     if held >= usize::try_from(max).unwrap_or(usize::MAX) {
         return Err(ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,
@@ -268,10 +281,11 @@ async fn reserve(
             ),
         ));
     }
-    *in_flight += 1;
+    in_flight.insert(id.clone());
     Ok(Some(Reservation {
         api: api.clone(),
         tenant,
+        id: id.clone(),
     }))
 }
 

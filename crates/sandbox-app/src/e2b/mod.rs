@@ -104,7 +104,7 @@ pub(crate) struct Inner {
     /// Serialises each tenant's check of its sandbox limit (not its creates).
     pub(crate) create_locks: Mutex<HashMap<TenantId, Arc<tokio::sync::Mutex<()>>>>,
     /// Each tenant's creates in flight in this process, counted against its limit.
-    pub(crate) pending_creates: Mutex<HashMap<TenantId, u32>>,
+    pub(crate) pending_creates: Mutex<HashMap<TenantId, std::collections::HashSet<E2bId>>>,
     /// The envd version the agents last reported (one per service: see
     /// `control::envd_version_hint`).
     envd_version: Mutex<Option<String>>,

@@ -162,3 +162,35 @@ fn settings(config: &ServiceConfig) -> Result<Settings, String> {
         quotas: crate::serve::quotas(config)?,
     })
 }
+
+#[cfg(all(test, unix))]
+mod tests {
+    use std::os::unix::fs::PermissionsExt as _;
+
+    use super::*;
+
+    #[test]
+    fn a_generated_secret_is_private_kept_and_a_configured_one_wins() {
+        let root = std::env::temp_dir().join(format!("sbx-e2b-secret-{:08x}", fastrand::u32(..)));
+        let config = ServiceConfig {
+            data_dir: Some(root.join("data")),
+            ..ServiceConfig::default()
+        };
+        let first = secret(&config).unwrap();
+        let file = root.join("data").join(SECRET_FILE);
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&file), 0o600);
+        assert_eq!(mode(file.parent().unwrap()), 0o700);
+        assert!(first.expose().len() >= crate::config::E2B_SECRET_MIN_BYTES);
+        // A restart reads the same secret, so the tokens it issued stay valid.
+        assert_eq!(secret(&config).unwrap().expose(), first.expose());
+        // A file others could read is narrowed, still used.
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert_eq!(secret(&config).unwrap().expose(), first.expose());
+        assert_eq!(mode(&file), 0o600);
+        let mut configured = config.clone();
+        configured.e2b.secret = Some(Secret::new("x".repeat(40)));
+        assert_eq!(secret(&configured).unwrap().expose(), "x".repeat(40));
+        let _ = std::fs::remove_dir_all(root);
+    }
+}
