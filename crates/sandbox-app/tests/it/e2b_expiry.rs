@@ -63,6 +63,10 @@ fn end_at(v: &Value) -> f64 {
 
 /// Creates a sandbox as tenant A with `timeout` (none: the service's default); its ID and the
 /// Unix time the create was sent.
+#[expect(
+    clippy::print_stdout,
+    reason = "the measured figures go to the test's output"
+)]
 async fn create(serve: &E2bServe, timeout: Option<u64>) -> (String, f64) {
     let mut body = json!({"templateID": "base", "metadata": {"test": "expiry"}, "envVars": {}});
     if let Some(t) = timeout {
@@ -104,6 +108,10 @@ async fn wait_gone(serve: &E2bServe, id: &str, from: f64, bound: Duration) -> f6
 }
 
 /// A sandbox killed by the engine: `deadline` passed, its container gone, the API's 404.
+#[expect(
+    clippy::print_stdout,
+    reason = "the measured figures go to the test's output"
+)]
 async fn expect_killed(serve: &E2bServe, id: &str, deadline: f64, what: &str) {
     let gone = wait_gone(serve, id, deadline.max(unix_now()), KILL_BOUND).await;
     let lag = gone - deadline;
@@ -151,6 +159,10 @@ async fn sleep_until(at: f64) {
 
 /// The whole scenario on one service; `forget` removes a sandbox's deadline from the store
 /// while the service is stopped.
+#[expect(
+    clippy::print_stdout,
+    reason = "the measured figures go to the test's output"
+)]
 async fn scenario(mut serve: E2bServe, forget: impl Fn(&E2bServe, &str)) {
     // Long-lived ones first, so their creates are behind us when the short ones run.
     // 10 s rather than 5: the create's own time on a busy engine counts against it, and the

@@ -322,8 +322,7 @@ token_sha256 = "{b}"
         assert!(term.success(), "kill -TERM {}: {term}", child.id());
         let start = Instant::now();
         loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                println!("sandbox serve stopped ({status})");
+            if child.try_wait().unwrap().is_some() {
                 return;
             }
             if start.elapsed() > STOP_DEADLINE {
