@@ -34,7 +34,7 @@ const HERMETIC_FILTER: &str = "not binary(conformance) and not (package(sandbox-
 /// The tests that need the Docker engine beyond conformance, run by the docker stage: the
 /// adapter's engine, registry and `tcp://` TLS modules (egress runs in a stage of its own), the
 /// session manager over the real adapter and the service's engine tests.
-const DOCKER_ENGINE_FILTER: &str = "(package(sandbox-provider-docker) and binary(it) and not test(/^egress::/) and not test(/^tcp_guard::/) and not test(/^sdk_channel::/)) | (package(sandbox-session) and binary(it)) | (package(sandbox-app) and binary(it) and not test(/^e2b_sdk::/)) | (package(sandbox-agent) and binary(it) and test(/^pid1_docker::/))";
+const DOCKER_ENGINE_FILTER: &str = "(package(sandbox-provider-docker) and binary(it) and not test(/^egress::/) and not test(/^tcp_guard::/) and not test(/^sdk_channel::/)) | (package(sandbox-session) and binary(it)) | (package(sandbox-app) and binary(it) and not test(/^e2b_sdk::/) and not test(/^e2b_expiry::/) and not test(/^e2b_no_leaks::/)) | (package(sandbox-agent) and binary(it) and test(/^pid1_docker::/))";
 
 /// The tests that need the Redis fixtures beyond conformance, run by the redis stage: the Redis
 /// store's `it` binary and xtask's own check of the fixtures.
@@ -50,7 +50,7 @@ const SERVE_FILTER: &str = "package(xtask) and binary(it) and test(/^serve_docke
 /// container of the Debian image, and through the Docker adapter's agent channel (a Debian
 /// sandbox in agent mode behind a loopback router), and the service's E2B API in normal mode
 /// (`sandbox serve` with `[e2b]` on, Debian sandboxes), run by the e2b sdk stage.
-const SDK_FILTER: &str = "(package(sandbox-agent) and binary(it) and (test(/^sdk::/) | test(/^sdk_debian::/))) | (package(sandbox-provider-docker) and binary(it) and test(/^sdk_channel::/)) | (package(sandbox-app) and binary(it) and test(/^e2b_sdk::/))";
+const SDK_FILTER: &str = "(package(sandbox-agent) and binary(it) and (test(/^sdk::/) | test(/^sdk_debian::/))) | (package(sandbox-provider-docker) and binary(it) and test(/^sdk_channel::/)) | (package(sandbox-app) and binary(it) and (test(/^e2b_sdk::/) | test(/^e2b_expiry::/) | test(/^e2b_no_leaks::/)))";
 
 /// The agent's `/files` on real filesystems it mounts in a namespace of its own (root only),
 /// run by the agent filesystems stage.
@@ -601,7 +601,9 @@ fn docker_engine_stage(
 /// fixtures stage), and through the Docker adapter's production path: a Debian sandbox in agent
 /// mode, reached only over its kept channel behind a loopback router. Then the SDK in normal
 /// mode against `sandbox serve`'s E2B API (Debian sandboxes, the static agent), with that API's
-/// tenant isolation and error bodies checked over raw HTTP.
+/// tenant isolation and error bodies checked over raw HTTP, its timeout engine on both deadline
+/// stores across restarts (`e2b_expiry`, which starts its own redis-server), and the idle
+/// sweeper and session recovery leaving its sandboxes alone (`e2b_no_leaks`).
 fn sdk_stage(
     ctx: &Ctx,
     fixtures: &mut Fixtures,
@@ -609,9 +611,13 @@ fn sdk_stage(
     agent_bin: Option<&std::path::Path>,
     counts: &mut Option<Counts>,
 ) -> Verdict {
-    if let Some(why) =
-        avail.lacking(&[Tool::Nextest, Tool::Python, Tool::Docker, Tool::Debootstrap])
-    {
+    if let Some(why) = avail.lacking(&[
+        Tool::Nextest,
+        Tool::Python,
+        Tool::Docker,
+        Tool::Debootstrap,
+        Tool::Redis,
+    ]) {
         return cannot_run(ctx, why);
     }
     let Some(agent_bin) = agent_bin else {
@@ -954,6 +960,18 @@ mod tests {
                 DOCKER_ENGINE_FILTER,
                 "crates/sandbox-app/tests/it",
                 "e2b_sdk",
+            ),
+            (SDK_FILTER, "crates/sandbox-app/tests/it", "e2b_expiry"),
+            (
+                DOCKER_ENGINE_FILTER,
+                "crates/sandbox-app/tests/it",
+                "e2b_expiry",
+            ),
+            (SDK_FILTER, "crates/sandbox-app/tests/it", "e2b_no_leaks"),
+            (
+                DOCKER_ENGINE_FILTER,
+                "crates/sandbox-app/tests/it",
+                "e2b_no_leaks",
             ),
             (AGENT_FS_FILTER, "crates/sandbox-agent/tests/it", "fs_edges"),
             (

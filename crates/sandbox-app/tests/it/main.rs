@@ -9,6 +9,8 @@ mod support;
 mod agent_idle_docker;
 mod cli_docker;
 mod doctor_docker;
+mod e2b_expiry;
+mod e2b_no_leaks;
 mod e2b_sdk;
 mod engine_fault_docker;
 mod hardening_docker;

@@ -5,6 +5,7 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 pub(crate) mod agent_mode;
+pub(crate) mod e2b;
 pub(crate) mod redis;
 pub(crate) mod serve;
 
