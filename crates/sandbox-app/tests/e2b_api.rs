@@ -493,13 +493,48 @@ async fn listing_filters_by_metadata_as_the_sdk_encodes_it_and_pages() {
     assert_eq!(sorted.len(), seen.len(), "no sandbox twice: {seen:?}");
     ids.sort();
     assert_eq!(sorted, ids);
-    // A bad filter, state or cursor is a 400, not an empty list.
+    // Both orders, by start time.
+    for (order, newest_first) in [("asc", false), ("desc", true)] {
+        let (status, _, page) = call(
+            &h,
+            "GET",
+            &format!("/v2/sandboxes?order={order}"),
+            &[("x-api-key", KEY_A)],
+            None,
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{page}");
+        let started: Vec<time::OffsetDateTime> = page
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| {
+                time::OffsetDateTime::parse(
+                    i["startedAt"].as_str().unwrap(),
+                    &time::format_description::well_known::Rfc3339,
+                )
+                .unwrap()
+            })
+            .collect();
+        let mut sorted = started.clone();
+        sorted.sort();
+        if newest_first {
+            sorted.reverse();
+        }
+        assert_eq!(started, sorted, "order={order}");
+    }
+    // A bad filter, state or cursor is a 400, not an empty list; so is a filter this server
+    // does not support (answering a wider set than asked would be worse).
     for uri in [
         "/v2/sandboxes?metadata=novalue",
         "/v2/sandboxes?state=exploded",
         "/v2/sandboxes?limit=0",
         "/v2/sandboxes?limit=101",
         "/v2/sandboxes?nextToken=forged",
+        "/v2/sandboxes?order=sideways",
+        "/v2/sandboxes?startedAfter=2026-01-01T00:00:00Z",
+        "/v2/sandboxes?template=base",
+        "/sandboxes?state=running",
     ] {
         let (status, _, answer) = call(&h, "GET", uri, &[("x-api-key", KEY_A)], None).await;
         assert_error(status, &answer, StatusCode::BAD_REQUEST);

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::{Path, Query, Request, State};
+use axum::extract::{Path, RawQuery, Request, State};
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -407,14 +407,39 @@ async fn get_one(
     Ok(Json(detail).into_response())
 }
 
-/// The query of `GET /v2/sandboxes`.
-#[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
+/// The query of `GET /v2/sandboxes` (and of the legacy list, which takes `metadata` only).
+/// Read by hand so a parameter this server does not honour is refused by name, never
+/// ignored: an ignored filter would answer a wider set than asked for.
+#[derive(Debug, Default)]
 struct ListQuery {
     metadata: Option<String>,
     state: Option<String>,
     limit: Option<String>,
     next_token: Option<String>,
+    order: Option<String>,
+}
+
+impl ListQuery {
+    fn parse(raw: Option<&str>, legacy: bool) -> Result<ListQuery, ApiError> {
+        let mut out = ListQuery::default();
+        for (key, value) in url::form_urlencoded::parse(raw.unwrap_or("").as_bytes()) {
+            let value = Some(value.into_owned());
+            match key.as_ref() {
+                "metadata" => out.metadata = value,
+                "state" if !legacy => out.state = value,
+                "limit" if !legacy => out.limit = value,
+                "nextToken" if !legacy => out.next_token = value,
+                "order" if !legacy => out.order = value,
+                other => {
+                    let shown: String = other.chars().take(64).collect();
+                    return Err(ApiError::bad_request(format!(
+                        "{shown}: not a filter this server supports, so it cannot honour it"
+                    )));
+                }
+            }
+        }
+        Ok(out)
+    }
 }
 
 /// The most a page may hold, and what a list without `limit` gets.
@@ -423,15 +448,26 @@ const MAX_PAGE: usize = 100;
 async fn list_v2(
     State(api): State<E2bApi>,
     Extension(Caller(tenant)): Extension<Caller>,
-    Query(query): Query<ListQuery>,
+    RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
     let inner = &api.inner;
+    let query = ListQuery::parse(raw.as_deref(), false)?;
     let mut filter = tenant_filter(tenant);
     if let Some(raw) = &query.metadata {
         let wanted = meta::decode_filter(raw).map_err(ApiError::bad_request)?;
         meta::check_caller_metadata(&wanted).map_err(ApiError::bad_request)?;
         filter.metadata.extend(wanted);
     }
+    let order = match query.order.as_deref() {
+        None | Some("desc") => sandbox_core::ListOrder::NewestFirst,
+        Some("asc") => sandbox_core::ListOrder::OldestFirst,
+        Some(other) => {
+            let shown: String = other.chars().take(32).collect();
+            return Err(ApiError::bad_request(format!(
+                "order: {shown:?} is not asc or desc"
+            )));
+        }
+    };
     let mut want_running = true;
     let mut want_paused = true;
     if let Some(states) = &query.state {
@@ -479,7 +515,7 @@ async fn list_v2(
     let page = sandbox_core::ListPage {
         limit,
         cursor,
-        order: sandbox_core::ListOrder::NewestFirst,
+        order,
     };
     let page = inner.provider.list_page(&filter, &page).await?;
     let mut out = Vec::with_capacity(page.items.len());
@@ -501,9 +537,10 @@ async fn list_v2(
 async fn list_legacy(
     State(api): State<E2bApi>,
     Extension(Caller(tenant)): Extension<Caller>,
-    Query(query): Query<ListQuery>,
+    RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
     let inner = &api.inner;
+    let query = ListQuery::parse(raw.as_deref(), true)?;
     let mut filter = tenant_filter(tenant);
     if let Some(raw) = &query.metadata {
         let wanted = meta::decode_filter(raw).map_err(ApiError::bad_request)?;
