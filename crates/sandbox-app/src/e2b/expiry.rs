@@ -48,6 +48,10 @@ pub const SWEEP_BATCH: usize = 256;
 /// [`RECONCILE_RETRY_MAX`].
 pub const RECONCILE_RETRY_MIN: Duration = Duration::from_millis(500);
 
+/// The warning reconcile logs for each sandbox it gave a deadline (operators grep for it;
+/// the engine tests look for it).
+pub const LOG_ASSIGNED: &str = "e2b sandbox had no readable stored deadline; gave it max(create-time label, now + default timeout)";
+
 /// The longest wait between two reconcile attempts.
 pub const RECONCILE_RETRY_MAX: Duration = Duration::from_secs(30);
 
@@ -200,7 +204,7 @@ impl Expiry {
                         now_plus_default = %default,
                         deadline = %deadline,
                         read_error = ?unreadable.as_ref().map(ToString::to_string),
-                        "e2b sandbox had no readable stored deadline; gave it max(create-time label, now + default timeout)"
+                        "{LOG_ASSIGNED}"
                     );
                     report.assigned.push(Assigned {
                         key: key.clone(),

@@ -25,6 +25,7 @@
 
 use std::time::{Duration, SystemTime};
 
+use sandbox_app::e2b::expiry::LOG_ASSIGNED;
 use serde_json::{Value, json};
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
@@ -245,7 +246,7 @@ async fn scenario(mut serve: E2bServe, forget: impl Fn(&E2bServe, &str)) {
     let log = serve.log_text();
     let assigned = log
         .lines()
-        .any(|l| l.contains("had no stored deadline") && l.contains(&lost) && l.contains("WARN"));
+        .any(|l| l.contains(LOG_ASSIGNED) && l.contains(&lost) && l.contains("WARN"));
     assert!(
         assigned,
         "the log does not say the sandbox {lost} was given a deadline\n{}",
@@ -255,7 +256,7 @@ async fn scenario(mut serve: E2bServe, forget: impl Fn(&E2bServe, &str)) {
     for id in [&extended, &expired] {
         assert!(
             !log.lines()
-                .any(|l| l.contains("had no stored deadline") && l.contains(id.as_str())),
+                .any(|l| l.contains(LOG_ASSIGNED) && l.contains(id.as_str())),
             "the log says {id} had no stored deadline\n{}",
             serve.context()
         );
