@@ -198,26 +198,33 @@ fn tenants(config: &ServiceConfig) -> Result<TenantAuth, String> {
         .dev_token_file
         .clone()
         .unwrap_or_else(default_dev_token_file);
-    let token = match std::fs::read_to_string(&path) {
+    let token = private_random_file(&path, "the development token")?;
+    tracing::info!(token_file = %path.display(), tenant = DEV_TENANT, "no tenants configured: the development tenant's token is in the token file");
+    TenantAuth::new([(DEV_TENANT, hex(&digest(&token)).as_str())])
+}
+
+/// The value kept in `path`, or, when the file is missing or blank, a fresh one (32 bytes
+/// from the OS CSPRNG, hex) written there first: the file 0600, a directory made for it 0700.
+/// An existing file others could read is narrowed to 0600 and still used. `what` names the
+/// value in errors.
+pub(crate) fn private_random_file(path: &std::path::Path, what: &str) -> Result<String, String> {
+    match std::fs::read_to_string(path) {
         Ok(existing) if !existing.trim().is_empty() => {
-            keep_private(&path)?;
-            existing.trim().to_owned()
+            keep_private(path)?;
+            Ok(existing.trim().to_owned())
         }
         _ => {
-            // A bearer credential: from the OS CSPRNG, never a fast PRNG.
+            // A credential: from the OS CSPRNG, never a fast PRNG.
             let mut raw = [0u8; 32];
-            getrandom::fill(&mut raw)
-                .map_err(|e| format!("no randomness for the development token: {e}"))?;
-            let token = hex(&raw);
+            getrandom::fill(&mut raw).map_err(|e| format!("no randomness for {what}: {e}"))?;
+            let value = hex(&raw);
             if let Some(dir) = path.parent() {
                 create_private_dir(dir)?;
             }
-            write_private(&path, &token)?;
-            token
+            write_private(path, &value)?;
+            Ok(value)
         }
-    };
-    tracing::info!(token_file = %path.display(), tenant = DEV_TENANT, "no tenants configured: the development tenant's token is in the token file");
-    TenantAuth::new([(DEV_TENANT, hex(&digest(&token)).as_str())])
+    }
 }
 
 /// `$XDG_CONFIG_HOME/sandbox/dev-token`, else `~/.config/sandbox/dev-token`.
@@ -231,7 +238,7 @@ pub fn default_dev_token_file() -> std::path::PathBuf {
 
 /// Creates `dir` (and its parents) when missing; the directory the token is created in is
 /// made owner-only (0700), so no other account can even list it.
-pub(crate) fn create_private_dir(dir: &std::path::Path) -> Result<(), String> {
+fn create_private_dir(dir: &std::path::Path) -> Result<(), String> {
     let existed = dir.is_dir();
     std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     #[cfg(unix)]
@@ -245,7 +252,7 @@ pub(crate) fn create_private_dir(dir: &std::path::Path) -> Result<(), String> {
 
 /// An existing token file readable or writable by anyone but its owner is a leaked
 /// credential waiting to happen: it is narrowed to 0600 (with a warning), never used as is.
-pub(crate) fn keep_private(path: &std::path::Path) -> Result<(), String> {
+fn keep_private(path: &std::path::Path) -> Result<(), String> {
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt as _;
@@ -263,7 +270,7 @@ pub(crate) fn keep_private(path: &std::path::Path) -> Result<(), String> {
     Ok(())
 }
 
-pub(crate) fn write_private(path: &std::path::Path, token: &str) -> Result<(), String> {
+fn write_private(path: &std::path::Path, token: &str) -> Result<(), String> {
     use std::io::Write as _;
     #[cfg(unix)]
     use std::os::unix::fs::OpenOptionsExt as _;

@@ -442,6 +442,31 @@ impl ListQuery {
     }
 }
 
+/// The tenant's sandboxes with the query's metadata pairs (decoded as the SDK encodes them).
+fn caller_filter(
+    tenant: sandbox_core::TenantId,
+    query: &ListQuery,
+) -> Result<ListFilter, ApiError> {
+    let mut filter = tenant_filter(tenant);
+    if let Some(raw) = &query.metadata {
+        let wanted = meta::decode_filter(raw).map_err(ApiError::bad_request)?;
+        meta::check_caller_metadata(&wanted).map_err(ApiError::bad_request)?;
+        filter.metadata.extend(wanted);
+    }
+    Ok(filter)
+}
+
+/// The listing entries of `summaries`, those of this API only.
+async fn listed_all(inner: &Inner, summaries: &[SandboxSummary]) -> Vec<ListedSandbox> {
+    let mut out = Vec::with_capacity(summaries.len());
+    for summary in summaries {
+        if let Some(item) = listed(inner, summary).await {
+            out.push(item);
+        }
+    }
+    out
+}
+
 /// The most a page may hold, and what a list without `limit` gets.
 const MAX_PAGE: usize = 100;
 
@@ -452,12 +477,7 @@ async fn list_v2(
 ) -> Result<Response, ApiError> {
     let inner = &api.inner;
     let query = ListQuery::parse(raw.as_deref(), false)?;
-    let mut filter = tenant_filter(tenant);
-    if let Some(raw) = &query.metadata {
-        let wanted = meta::decode_filter(raw).map_err(ApiError::bad_request)?;
-        meta::check_caller_metadata(&wanted).map_err(ApiError::bad_request)?;
-        filter.metadata.extend(wanted);
-    }
+    let mut filter = caller_filter(tenant, &query)?;
     let order = match query.order.as_deref() {
         None | Some("desc") => sandbox_core::ListOrder::NewestFirst,
         Some("asc") => sandbox_core::ListOrder::OldestFirst,
@@ -518,12 +538,7 @@ async fn list_v2(
         order,
     };
     let page = inner.provider.list_page(&filter, &page).await?;
-    let mut out = Vec::with_capacity(page.items.len());
-    for summary in &page.items {
-        if let Some(item) = listed(inner, summary).await {
-            out.push(item);
-        }
-    }
+    let out = listed_all(inner, &page.items).await;
     let mut response = Json(out).into_response();
     if let Some(next) = page.next
         && let Ok(value) = HeaderValue::from_str(next.as_str())
@@ -541,21 +556,10 @@ async fn list_legacy(
 ) -> Result<Response, ApiError> {
     let inner = &api.inner;
     let query = ListQuery::parse(raw.as_deref(), true)?;
-    let mut filter = tenant_filter(tenant);
-    if let Some(raw) = &query.metadata {
-        let wanted = meta::decode_filter(raw).map_err(ApiError::bad_request)?;
-        meta::check_caller_metadata(&wanted).map_err(ApiError::bad_request)?;
-        filter.metadata.extend(wanted);
-    }
+    let mut filter = caller_filter(tenant, &query)?;
     filter.states = vec![SandboxState::Running, SandboxState::Transitioning];
     let all = inner.provider.list(&filter).await?;
-    let mut out = Vec::with_capacity(all.len());
-    for summary in &all {
-        if let Some(item) = listed(inner, summary).await {
-            out.push(item);
-        }
-    }
-    Ok(Json(out).into_response())
+    Ok(Json(listed_all(inner, &all).await).into_response())
 }
 
 async fn kill(

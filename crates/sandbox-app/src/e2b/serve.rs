@@ -82,24 +82,13 @@ fn secret(config: &ServiceConfig) -> Result<Secret, String> {
     if let Some(secret) = &config.e2b.secret {
         return Ok(secret.clone());
     }
-    let dir = config.data_dir();
-    let path = dir.join(SECRET_FILE);
-    match std::fs::read_to_string(&path) {
-        Ok(existing) if !existing.trim().is_empty() => {
-            crate::serve::keep_private(&path)?;
-            Ok(Secret::new(existing.trim()))
-        }
-        _ => {
-            let mut raw = [0_u8; 32];
-            getrandom::fill(&mut raw)
-                .map_err(|e| format!("no randomness for the E2B API's secret: {e}"))?;
-            let secret = crate::auth::hex(&raw);
-            crate::serve::create_private_dir(&dir)?;
-            crate::serve::write_private(&path, &secret)?;
-            tracing::info!(secret_file = %path.display(), "e2b api: generated its secret");
-            Ok(Secret::new(secret))
-        }
+    let path = config.data_dir().join(SECRET_FILE);
+    let existed = path.exists();
+    let secret = crate::serve::private_random_file(&path, "the E2B API's secret")?;
+    if !existed {
+        tracing::info!(secret_file = %path.display(), "e2b api: generated its secret");
     }
+    Ok(Secret::new(secret))
 }
 
 /// Where deadlines live: the Redis store's, else a file under the data directory.
