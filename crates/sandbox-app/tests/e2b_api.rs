@@ -896,6 +896,39 @@ async fn signed_file_urls_open_their_path_until_they_expire() {
 }
 
 #[tokio::test]
+async fn an_oversized_body_is_413_and_creates_nothing() {
+    let h = harness();
+    let huge = "x".repeat(sandbox_app::e2b::MAX_BODY_BYTES + 1);
+    let (status, _, body) = call(
+        &h,
+        "POST",
+        "/v2/sandboxes",
+        &[("x-api-key", KEY_A)],
+        Some(json!({"templateID": "base", "metadata": {"big": huge}})),
+    )
+    .await;
+    assert_error(status, &body, StatusCode::PAYLOAD_TOO_LARGE);
+    let many: serde_json::Map<String, Value> =
+        (0..65).map(|i| (format!("k{i}"), json!("v"))).collect();
+    let (status, _, body) = call(
+        &h,
+        "POST",
+        "/v2/sandboxes",
+        &[("x-api-key", KEY_A)],
+        Some(json!({"templateID": "base", "metadata": many})),
+    )
+    .await;
+    assert_error(status, &body, StatusCode::BAD_REQUEST);
+    assert!(
+        h.provider
+            .list(&sandbox_core::ListFilter::default())
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+#[tokio::test]
 async fn the_control_plane_health_and_unknown_routes_answer_json() {
     let h = harness();
     let (status, _, body) = call(&h, "GET", "/health", &[], None).await;
