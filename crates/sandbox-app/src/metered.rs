@@ -31,8 +31,8 @@ use sandbox_core::{
     Terminals, TreeLimits, TreeListing, TurnLeases, TurnState,
 };
 use sandbox_core::{
-    ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream, Processes, Signal, StreamedFiles,
-    Watch, WatchStream,
+    PauseResume, ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream, Processes, Signal,
+    StreamedFiles, Tunnel, Tunnels, Watch, WatchStream,
 };
 
 use crate::http::metrics::{Component, Metrics};
@@ -233,6 +233,14 @@ impl SandboxProvider for MeteredProvider {
     }
     fn as_watch(&self) -> Option<&dyn Watch> {
         self.inner.as_watch().map(|_| self as &dyn Watch)
+    }
+    fn as_pause_resume(&self) -> Option<&dyn PauseResume> {
+        self.inner
+            .as_pause_resume()
+            .map(|_| self as &dyn PauseResume)
+    }
+    fn as_tunnels(&self) -> Option<&dyn Tunnels> {
+        self.inner.as_tunnels().map(|_| self as &dyn Tunnels)
     }
 }
 
@@ -518,6 +526,40 @@ impl Watch for MeteredProvider {
             .ok_or_else(|| missing(self.provider(), op))?;
         self.observe(op, inner.watch_dir(sandbox, dir, recursive))
             .await
+    }
+}
+
+#[async_trait]
+#[deny(clippy::missing_trait_methods)]
+impl PauseResume for MeteredProvider {
+    async fn pause(&self, id: &SandboxId) -> Result<(), Error> {
+        let op = Operation::PAUSE;
+        let inner = self
+            .inner
+            .as_pause_resume()
+            .ok_or_else(|| missing(self.provider(), op))?;
+        self.observe(op, inner.pause(id)).await
+    }
+    async fn resume(&self, id: &SandboxId) -> Result<(), Error> {
+        let op = Operation::RESUME;
+        let inner = self
+            .inner
+            .as_pause_resume()
+            .ok_or_else(|| missing(self.provider(), op))?;
+        self.observe(op, inner.resume(id)).await
+    }
+}
+
+#[async_trait]
+#[deny(clippy::missing_trait_methods)]
+impl Tunnels for MeteredProvider {
+    async fn open_tunnel(&self, sandbox: &SandboxHandle, port: u16) -> Result<Tunnel, Error> {
+        let op = Operation::OPEN_TUNNEL;
+        let inner = self
+            .inner
+            .as_tunnels()
+            .ok_or_else(|| missing(self.provider(), op))?;
+        self.observe(op, inner.open_tunnel(sandbox, port)).await
     }
 }
 

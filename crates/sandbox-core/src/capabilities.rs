@@ -19,7 +19,7 @@ pub enum Capability {
     Metadata,
     /// `list` enumerates existing sandboxes.
     List,
-    /// Idle sandboxes are paused and resumed rather than destroyed.
+    /// Sandboxes can be paused, keeping memory and files, and resumed ([`crate::PauseResume`]).
     PauseResume,
     /// The provider's idle timeout can be extended after creation.
     TimeoutRefresh,
@@ -54,11 +54,14 @@ pub enum Capability {
     /// A create request's [`user`](crate::CreateRequest::user) is honoured: what names no user
     /// acts as it, and processes start in its workdir.
     DefaultUser,
+    /// Byte tunnels reach TCP ports inside a sandbox over the backend's own channel
+    /// ([`crate::Tunnels`]).
+    Tunnels,
 }
 
 impl Capability {
     /// Every capability, in declaration order.
-    pub const ALL: [Capability; 19] = [
+    pub const ALL: [Capability; 20] = [
         Capability::Reconnect,
         Capability::Metadata,
         Capability::List,
@@ -78,6 +81,7 @@ impl Capability {
         Capability::Watch,
         Capability::TerminalReattach,
         Capability::DefaultUser,
+        Capability::Tunnels,
     ];
 
     /// The flag's name.
@@ -102,6 +106,7 @@ impl Capability {
             Capability::Watch => "watch",
             Capability::TerminalReattach => "terminal_reattach",
             Capability::DefaultUser => "default_user",
+            Capability::Tunnels => "tunnels",
         }
     }
 }
@@ -135,6 +140,7 @@ pub struct Capabilities {
     pub watch: bool,
     pub terminal_reattach: bool,
     pub default_user: bool,
+    pub tunnels: bool,
 }
 
 impl Capabilities {
@@ -159,6 +165,7 @@ impl Capabilities {
         watch: false,
         terminal_reattach: false,
         default_user: false,
+        tunnels: false,
     };
 
     /// A set holding exactly `caps`.
@@ -189,6 +196,7 @@ impl Capabilities {
             Capability::Watch => self.watch,
             Capability::TerminalReattach => self.terminal_reattach,
             Capability::DefaultUser => self.default_user,
+            Capability::Tunnels => self.tunnels,
         }
     }
 
@@ -215,6 +223,7 @@ impl Capabilities {
             Capability::Watch => &mut self.watch,
             Capability::TerminalReattach => &mut self.terminal_reattach,
             Capability::DefaultUser => &mut self.default_user,
+            Capability::Tunnels => &mut self.tunnels,
         };
         *flag = on;
         self
@@ -269,7 +278,8 @@ mod tests {
                 "streamed_files",
                 "watch",
                 "terminal_reattach",
-                "default_user"
+                "default_user",
+                "tunnels"
             ]
         );
         // The serde name, the struct field name and as_str agree.

@@ -379,6 +379,9 @@ impl Operation {
     pub const WRITE_FILE_STREAM: Operation = Operation::new("write_file_stream");
     pub const RENAME_PATH: Operation = Operation::new("rename_path");
     pub const WATCH_DIR: Operation = Operation::new("watch_dir");
+    pub const PAUSE: Operation = Operation::new("pause");
+    pub const RESUME: Operation = Operation::new("resume");
+    pub const OPEN_TUNNEL: Operation = Operation::new("open_tunnel");
     /// Parsing or validating input before it is used: a request's (origin [`Origin::Caller`]),
     /// or a configuration's or a stored value's (whose origin the reading layer says).
     pub const VALIDATE: Operation = Operation::new("validate");
@@ -939,6 +942,9 @@ mod tests {
             Operation::REATTACH_TERMINAL,
             Operation::DIAL_DESKTOP,
             Operation::KEEP_ALIVE,
+            Operation::PAUSE,
+            Operation::RESUME,
+            Operation::OPEN_TUNNEL,
             Operation::VALIDATE,
         ] {
             assert!(Operation::follows_scheme(op.as_str()), "{op}");

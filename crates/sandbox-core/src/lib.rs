@@ -63,8 +63,9 @@ pub use ports::deadlines::{
     deadline_from_millis, deadline_millis, due_cutoff_millis,
 };
 pub use ports::provider::{
-    ConnectProbe, Desktop, KeepAlive, Processes, SandboxProvider, Snapshots, StreamedFiles,
-    TemplateCatalog, TerminalReattach, Terminals, Watch, narrow,
+    ConnectProbe, Desktop, KeepAlive, PauseResume, Processes, SandboxProvider, Snapshots,
+    StreamedFiles, TemplateCatalog, TerminalReattach, Terminals, Tunnel, TunnelSink, TunnelSource,
+    Tunnels, Watch, narrow,
 };
 pub use ports::session::{
     Bootstrapper, ConfigLoader, LoadedConfig, PermissiveSessionExistence, SessionExistence,

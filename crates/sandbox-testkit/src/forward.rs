@@ -25,8 +25,8 @@ use sandbox_core::{
     TerminalReattach, TerminalSize, Terminals, TreeLimits, TreeListing, TurnLeases, TurnState,
 };
 use sandbox_core::{
-    ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream, Processes, Signal, StreamedFiles,
-    Watch, WatchStream,
+    PauseResume, ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream, Processes, Signal,
+    StreamedFiles, Tunnel, Tunnels, Watch, WatchStream,
 };
 
 /// What a provider double changes. Each hook receives the wrapped provider (or its
@@ -311,6 +311,18 @@ impl<H: ProviderHooks> SandboxProvider for Forward<H> {
         self.shows(Capability::Watch, has)
             .then_some(self as &dyn Watch)
     }
+
+    fn as_pause_resume(&self) -> Option<&dyn PauseResume> {
+        let has = self.inner.as_pause_resume().is_some();
+        self.shows(Capability::PauseResume, has)
+            .then_some(self as &dyn PauseResume)
+    }
+
+    fn as_tunnels(&self) -> Option<&dyn Tunnels> {
+        let has = self.inner.as_tunnels().is_some();
+        self.shows(Capability::Tunnels, has)
+            .then_some(self as &dyn Tunnels)
+    }
 }
 
 #[async_trait]
@@ -523,6 +535,31 @@ impl<H: ProviderHooks> Watch for Forward<H> {
         let next = self.inner.as_watch();
         let next = next.ok_or_else(|| self.missing(Operation::WATCH_DIR))?;
         self.hooks.watch_dir(next, sandbox, dir, recursive).await
+    }
+}
+
+#[async_trait]
+#[deny(clippy::missing_trait_methods)]
+impl<H: ProviderHooks> PauseResume for Forward<H> {
+    async fn pause(&self, id: &SandboxId) -> Result<(), Error> {
+        let next = self.inner.as_pause_resume();
+        let next = next.ok_or_else(|| self.missing(Operation::PAUSE))?;
+        next.pause(id).await
+    }
+    async fn resume(&self, id: &SandboxId) -> Result<(), Error> {
+        let next = self.inner.as_pause_resume();
+        let next = next.ok_or_else(|| self.missing(Operation::RESUME))?;
+        next.resume(id).await
+    }
+}
+
+#[async_trait]
+#[deny(clippy::missing_trait_methods)]
+impl<H: ProviderHooks> Tunnels for Forward<H> {
+    async fn open_tunnel(&self, sandbox: &SandboxHandle, port: u16) -> Result<Tunnel, Error> {
+        let next = self.inner.as_tunnels();
+        let next = next.ok_or_else(|| self.missing(Operation::OPEN_TUNNEL))?;
+        next.open_tunnel(sandbox, port).await
     }
 }
 

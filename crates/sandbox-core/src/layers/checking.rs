@@ -31,8 +31,8 @@ use crate::fs::{DirEntry, ReadStream, StatEntry, TreeLimits, TreeListing};
 use crate::ids::{SandboxId, SnapshotId};
 use crate::path::SandboxPath;
 use crate::ports::provider::{
-    ConnectProbe, Desktop, KeepAlive, Processes, SandboxProvider, Snapshots, StreamedFiles,
-    TemplateCatalog, TerminalReattach, Terminals, Watch,
+    ConnectProbe, Desktop, KeepAlive, PauseResume, Processes, SandboxProvider, Snapshots,
+    StreamedFiles, TemplateCatalog, TerminalReattach, Terminals, Tunnel, Tunnels, Watch,
 };
 use crate::process::{ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream, Signal};
 use crate::provider::Provider;
@@ -363,6 +363,16 @@ impl<P: SandboxProvider> SandboxProvider for Checked<P> {
     fn as_watch(&self) -> Option<&dyn Watch> {
         self.inner.as_watch().map(|_| self as &dyn Watch)
     }
+
+    fn as_pause_resume(&self) -> Option<&dyn PauseResume> {
+        self.inner
+            .as_pause_resume()
+            .map(|_| self as &dyn PauseResume)
+    }
+
+    fn as_tunnels(&self) -> Option<&dyn Tunnels> {
+        self.inner.as_tunnels().map(|_| self as &dyn Tunnels)
+    }
 }
 
 #[async_trait]
@@ -605,6 +615,35 @@ impl<P: SandboxProvider> Watch for Checked<P> {
         let op = Operation::WATCH_DIR;
         self.inner_capability(Capability::Watch, op, |p| p.as_watch())?
             .watch_dir(sandbox, dir, recursive)
+            .await
+    }
+}
+
+#[async_trait]
+#[deny(clippy::missing_trait_methods)]
+impl<P: SandboxProvider> PauseResume for Checked<P> {
+    async fn pause(&self, id: &SandboxId) -> Result<(), Error> {
+        let op = Operation::PAUSE;
+        self.inner_capability(Capability::PauseResume, op, |p| p.as_pause_resume())?
+            .pause(id)
+            .await
+    }
+
+    async fn resume(&self, id: &SandboxId) -> Result<(), Error> {
+        let op = Operation::RESUME;
+        self.inner_capability(Capability::PauseResume, op, |p| p.as_pause_resume())?
+            .resume(id)
+            .await
+    }
+}
+
+#[async_trait]
+#[deny(clippy::missing_trait_methods)]
+impl<P: SandboxProvider> Tunnels for Checked<P> {
+    async fn open_tunnel(&self, sandbox: &SandboxHandle, port: u16) -> Result<Tunnel, Error> {
+        let op = Operation::OPEN_TUNNEL;
+        self.inner_capability(Capability::Tunnels, op, |p| p.as_tunnels())?
+            .open_tunnel(sandbox, port)
             .await
     }
 }

@@ -301,6 +301,16 @@ pub trait SandboxProvider: Send + Sync + std::fmt::Debug {
     fn as_watch(&self) -> Option<&dyn Watch> {
         None
     }
+    /// Pausing and resuming, when implemented. Use [`crate::narrow::pause_resume`], which also
+    /// checks the flag.
+    fn as_pause_resume(&self) -> Option<&dyn PauseResume> {
+        None
+    }
+    /// Byte tunnels to ports inside a sandbox, when implemented. Use
+    /// [`crate::narrow::tunnels`], which also checks the flag.
+    fn as_tunnels(&self) -> Option<&dyn Tunnels> {
+        None
+    }
 }
 
 /// The error of a read past its cap.
@@ -572,6 +582,58 @@ pub trait Watch: Send + Sync {
     ) -> Result<WatchStream, Error>;
 }
 
+/// Pausing a sandbox and resuming it (capability `pause_resume`).
+///
+/// A paused sandbox keeps its filesystem and its memory: its processes are frozen, not killed,
+/// and run on from where they were after [`resume`](PauseResume::resume). It runs nothing
+/// meanwhile (no exec, no file call, no tunnel reaches it) and is reported as
+/// [`SandboxState::Paused`](crate::SandboxState::Paused). [`SandboxProvider::connect`] resumes a
+/// paused sandbox too.
+#[async_trait]
+pub trait PauseResume: Send + Sync {
+    /// Pauses a running sandbox.
+    async fn pause(&self, id: &SandboxId) -> Result<(), Error>;
+    /// Resumes a paused sandbox; resuming one that runs is `Ok` and changes nothing.
+    async fn resume(&self, id: &SandboxId) -> Result<(), Error>;
+}
+
+/// One direction of a [`Tunnel`] into the sandbox: bytes for the port.
+#[async_trait]
+pub trait TunnelSink: Send + std::fmt::Debug {
+    /// Sends bytes to the port, waiting while the sandbox side is full (backpressure).
+    async fn send(&mut self, data: Vec<u8>) -> Result<(), Error>;
+    /// Ends this direction: the program on the port reads end of file; the other direction
+    /// goes on. Idempotent.
+    async fn finish(&mut self) -> Result<(), Error>;
+}
+
+/// The other direction of a [`Tunnel`]: bytes from the port.
+#[async_trait]
+pub trait TunnelSource: Send + std::fmt::Debug {
+    /// The next bytes the port sent; `None` once it closed its side. Cancel-safe: dropping
+    /// the future loses no bytes, so a relay may select over it.
+    async fn recv(&mut self) -> Option<Result<Vec<u8>, Error>>;
+}
+
+/// One TCP connection to a port inside a sandbox, as two halves a relay can drive from two
+/// tasks. Dropping both closes the connection.
+#[derive(Debug)]
+pub struct Tunnel {
+    /// Bytes to the port.
+    pub sink: Box<dyn TunnelSink>,
+    /// Bytes from the port.
+    pub source: Box<dyn TunnelSource>,
+}
+
+/// Byte tunnels to TCP ports inside a sandbox (capability `tunnels`), for preview ports: they
+/// reach a server listening on the sandbox's loopback whatever the sandbox's network policy,
+/// since the tunnel runs over the backend's own channel to the sandbox, never the network.
+#[async_trait]
+pub trait Tunnels: Send + Sync {
+    /// Opens a connection to `127.0.0.1:<port>` inside the sandbox.
+    async fn open_tunnel(&self, sandbox: &SandboxHandle, port: u16) -> Result<Tunnel, Error>;
+}
+
 /// Narrowing a provider to an optional capability.
 ///
 /// Two signals must agree: the trait is implemented (the `as_*` method returns it) *and* the
@@ -639,5 +701,17 @@ pub mod narrow {
         provider
             .as_watch()
             .filter(|_| provider.capabilities().watch)
+    }
+    /// Pause and resume, if implemented and declared.
+    pub fn pause_resume(provider: &dyn SandboxProvider) -> Option<&dyn PauseResume> {
+        provider
+            .as_pause_resume()
+            .filter(|_| provider.capabilities().pause_resume)
+    }
+    /// Tunnels to ports inside a sandbox, if implemented and declared.
+    pub fn tunnels(provider: &dyn SandboxProvider) -> Option<&dyn Tunnels> {
+        provider
+            .as_tunnels()
+            .filter(|_| provider.capabilities().tunnels)
     }
 }
