@@ -54,6 +54,7 @@ impl EnvdPlane for Recording {
 
 struct Harness {
     app: axum::Router,
+    metrics: Arc<sandbox_app::http::metrics::Metrics>,
     envd: Arc<Recording>,
     deadlines: Arc<MemoryDeadlines>,
     provider: Arc<dyn SandboxProvider>,
@@ -92,8 +93,10 @@ fn harness_with(max_sandboxes: Option<u32>) -> Harness {
         deadlines.clone(),
         settings,
     );
+    let metrics = Arc::new(sandbox_app::http::metrics::Metrics::new());
     Harness {
-        app: sandbox_app::e2b::router(api),
+        app: sandbox_app::e2b::router(api, Arc::clone(&metrics)),
+        metrics,
         envd,
         deadlines,
         provider,
@@ -937,4 +940,187 @@ async fn the_control_plane_health_and_unknown_routes_answer_json() {
     let (status, _, body) = call(&h, "GET", "/v2/nothing", &[("x-api-key", KEY_A)], None).await;
     assert_error(status, &body, StatusCode::NOT_FOUND);
     let _ = TenantId::new(1).unwrap();
+}
+
+/// The `sandbox_http_requests_total` series of `api`, as `(labels, value)` lines.
+fn request_series(h: &Harness, api: &str) -> Vec<String> {
+    let text = h.metrics.encode().unwrap();
+    text.lines()
+        .filter(|l| l.starts_with("sandbox_http_requests_total{"))
+        .filter(|l| l.contains(&format!("api=\"{api}\"")))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test]
+async fn every_request_is_counted_by_route_template_with_the_e2b_api_label() {
+    let h = harness();
+    let a = create(&h, KEY_A, json!({"templateID": "base"})).await;
+    let id = a["sandboxID"].as_str().unwrap().to_owned();
+    let token = a["envdAccessToken"].as_str().unwrap().to_owned();
+    let (status, _, _) = call(
+        &h,
+        "GET",
+        "/sandboxes/inope0000000000000000",
+        &[("x-api-key", KEY_A)],
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, _, _) = call(
+        &h,
+        "GET",
+        &format!("/sandboxes/{id}"),
+        &[("x-api-key", "wrong")],
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let envd = [
+        ("e2b-sandbox-id", id.as_str()),
+        ("e2b-sandbox-port", "49983"),
+        ("x-access-token", token.as_str()),
+    ];
+    let (status, _, _) = call(&h, "POST", "/process.Process/List", &envd, None).await;
+    assert_eq!(status, StatusCode::OK);
+
+    let series = request_series(&h, "e2b");
+    let has = |needle: &str| series.iter().any(|l| l.contains(needle));
+    for expected in [
+        r#"method="POST",route="/v2/sandboxes",status="201"} 1"#,
+        r#"method="GET",route="/sandboxes/{id}",status="404"} 1"#,
+        r#"method="GET",route="/sandboxes/{id}",status="401"} 1"#,
+        r#"method="POST",route="envd /process.Process",status="200"} 1"#,
+    ] {
+        assert!(has(expected), "no series with {expected} in {series:#?}");
+    }
+    // The latency family carries the label too.
+    let text = h.metrics.encode().unwrap();
+    assert!(
+        text.contains(
+            r#"sandbox_http_request_duration_seconds_count{api="e2b",route="/v2/sandboxes"} 1"#
+        ),
+        "{text}"
+    );
+    // Nothing is labelled with a path a caller chose: a thousand made-up paths, on both
+    // planes, add at most a handful of series.
+    let before = request_series(&h, "e2b").len();
+    for i in 0..500 {
+        let path = format!("/made-up/{i}");
+        call(&h, "GET", &path, &[("x-api-key", KEY_A)], None).await;
+        call(&h, "GET", &path, &envd, None).await;
+    }
+    let after = request_series(&h, "e2b").len();
+    assert!(after <= before + 4, "{before} series before, {after} after");
+    assert!(
+        request_series(&h, "e2b")
+            .iter()
+            .all(|l| !l.contains("made-up")),
+        "a raw path became a label"
+    );
+}
+
+/// A writer the test's subscriber logs into.
+#[derive(Clone, Default)]
+struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
+    type Writer = Captured;
+    fn make_writer(&'a self) -> Self::Writer {
+        self.clone()
+    }
+}
+
+#[tokio::test]
+async fn api_keys_and_tokens_never_reach_the_logs() {
+    let logs = Captured::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_writer(logs.clone())
+        .with_ansi(false)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let h = harness();
+    let a = create(&h, KEY_A, json!({"templateID": "base", "timeout": 60})).await;
+    let id = a["sandboxID"].as_str().unwrap().to_owned();
+    let token = a["envdAccessToken"].as_str().unwrap().to_owned();
+    let wrong_token = format!("{token}x");
+    // Successes, refusals and failures, on both planes, each carrying a credential.
+    call(
+        &h,
+        "GET",
+        &format!("/sandboxes/{id}"),
+        &[("x-api-key", KEY_A)],
+        None,
+    )
+    .await;
+    call(
+        &h,
+        "GET",
+        "/sandboxes",
+        &[("authorization", &format!("Bearer {KEY_B}"))],
+        None,
+    )
+    .await;
+    call(
+        &h,
+        "GET",
+        "/v2/sandboxes",
+        &[("x-api-key", "e2b_not_a_key_of_anyone")],
+        None,
+    )
+    .await;
+    call(
+        &h,
+        "POST",
+        "/v2/sandboxes",
+        &[("x-api-key", KEY_A)],
+        Some(json!({"templateID": "nope"})),
+    )
+    .await;
+    for t in [token.as_str(), wrong_token.as_str()] {
+        call(
+            &h,
+            "POST",
+            "/process.Process/List",
+            &[
+                ("e2b-sandbox-id", id.as_str()),
+                ("e2b-sandbox-port", "49983"),
+                ("x-access-token", t),
+            ],
+            None,
+        )
+        .await;
+    }
+    call(
+        &h,
+        "DELETE",
+        &format!("/sandboxes/{id}"),
+        &[("x-api-key", KEY_A)],
+        None,
+    )
+    .await;
+
+    let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    // The log did see these requests: the create, the kill and the refused key.
+    for seen in ["sandbox created", "sandbox killed", "no valid API key"] {
+        assert!(text.contains(seen), "{seen} not logged:\n{text}");
+    }
+    for secret in [KEY_A, KEY_B, "e2b_not_a_key_of_anyone", token.as_str()] {
+        assert!(!text.contains(secret), "{secret} was logged:\n{text}");
+    }
+    // The token's MAC is what makes it secret: not even that part appears.
+    let mac = token.rsplit('.').next().unwrap();
+    assert!(mac.len() >= 16 && !text.contains(mac), "{text}");
 }

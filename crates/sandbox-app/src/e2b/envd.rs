@@ -36,13 +36,13 @@ const SIGNATURE_PARAMS: [&str; 2] = ["signature", "signature_expiration"];
 
 /// Where a request goes.
 #[derive(Debug, PartialEq, Eq)]
-enum Route {
+pub(crate) enum Route {
     Control,
     Sandbox { id: String, port: u16 },
     Bad(String),
 }
 
-fn route_of(domain: &str, headers: &HeaderMap) -> Route {
+pub(crate) fn route_of(domain: &str, headers: &HeaderMap) -> Route {
     let id = headers.get(SANDBOX_ID_HEADER);
     let port = headers.get(SANDBOX_PORT_HEADER);
     if id.is_some() || port.is_some() {

@@ -45,6 +45,7 @@ use sandbox_core::{
 
 use self::ids::{E2bId, Keys};
 use crate::auth::TenantAuth;
+use crate::http::metrics::{API_E2B, Metrics};
 
 /// What the E2B API needs of a backend beyond the provider port: a way to relay an HTTP
 /// request to a sandbox's envd (for Docker, the agent channel), and the envd version the
@@ -339,14 +340,81 @@ pub struct Caller(pub TenantId);
 pub const MAX_BODY_BYTES: usize = 256 * 1024;
 
 /// Both planes on one router: the envd router for requests addressed to a sandbox, the
-/// control plane for the rest.
-pub fn router(api: E2bApi) -> Router {
+/// control plane for the rest. Every request is counted and timed on `metrics`' HTTP
+/// families with `api="e2b"`.
+pub fn router(api: E2bApi, metrics: Arc<Metrics>) -> Router {
     let control = control::routes()
         .layer(middleware::from_fn_with_state(api.clone(), authenticate))
         .route("/health", axum::routing::get(health))
+        .layer(middleware::from_fn(tag_route))
         .fallback(not_found)
         .with_state(api.clone());
-    control.layer(middleware::from_fn_with_state(api, envd::dispatch))
+    control
+        .layer(middleware::from_fn_with_state(api.clone(), envd::dispatch))
+        .layer(middleware::from_fn_with_state((api, metrics), record))
+}
+
+/// The route a control-plane request matched, as its template (`/sandboxes/{id}`),
+/// carried out on the response for [`record`].
+#[derive(Debug, Clone)]
+struct MatchedRoute(String);
+
+async fn tag_route(request: Request, next: Next) -> Response {
+    let route = request
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map(|p| p.as_str().to_owned());
+    let mut response = next.run(request).await;
+    if let Some(route) = route {
+        response.extensions_mut().insert(MatchedRoute(route));
+    }
+    response
+}
+
+/// The `route` label of a request addressed to a sandbox: envd's services by name, other
+/// ports as `preview`. Never the raw path, which a caller chooses.
+fn envd_route(port: u16, path: &str) -> &'static str {
+    if port != envd::ENVD_PORT {
+        return "preview";
+    }
+    match path {
+        "/files" => "envd /files",
+        "/health" => "envd /health",
+        _ if path.starts_with("/process.Process/") => "envd /process.Process",
+        _ if path.starts_with("/filesystem.Filesystem/") => "envd /filesystem.Filesystem",
+        _ => "envd other",
+    }
+}
+
+/// Counts and times every request of this API, on the same families as the service's own.
+async fn record(
+    State((api, metrics)): State<(E2bApi, Arc<Metrics>)>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let addressed = match envd::route_of(&api.inner.settings.domain, request.headers()) {
+        envd::Route::Control => None,
+        envd::Route::Bad(_) => Some("envd bad route"),
+        envd::Route::Sandbox { port, .. } => Some(envd_route(port, request.uri().path())),
+    };
+    let method = crate::http::method_label(request.method());
+    let started = std::time::Instant::now();
+    let response = next.run(request).await;
+    let route = match addressed {
+        Some(route) => route,
+        None => response
+            .extensions()
+            .get::<MatchedRoute>()
+            .map_or("unmatched", |r| r.0.as_str()),
+    };
+    metrics.observe_request(
+        API_E2B,
+        method,
+        route,
+        response.status().as_u16(),
+        started.elapsed(),
+    );
+    response
 }
 
 async fn health() -> &'static str {
@@ -364,7 +432,11 @@ async fn authenticate(State(api): State<E2bApi>, mut request: Request, next: Nex
             request.extensions_mut().insert(Caller(tenant));
             next.run(request).await
         }
-        None => ApiError::unauthorized().into_response(),
+        None => {
+            // Debug, not info: anyone can send these, and the key itself is never logged.
+            tracing::debug!(path = %request.uri().path(), "e2b api: request refused: no valid API key");
+            ApiError::unauthorized().into_response()
+        }
     }
 }
 

@@ -70,7 +70,7 @@ where
     tracing::info!(listen = %local, store = %config.store, "e2b api listening (E2B_API_URL and E2B_SANDBOX_URL: http://{local})");
     let server = tokio::spawn(crate::server::serve(
         listener,
-        super::router(api),
+        super::router(api, Arc::clone(&state.metrics)),
         crate::server::ServerLimits::from_config(&config.server),
         stopped(),
     ));

@@ -23,6 +23,7 @@ use super::AppState;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
+    api: &'static str,
     method: &'static str,
     route: String,
     status: u16,
@@ -30,8 +31,14 @@ struct RequestLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RouteLabels {
+    api: &'static str,
     route: String,
 }
+
+/// The `api` label of the service's own HTTP API.
+pub const API_SANDBOX: &str = "sandbox";
+/// The `api` label of the E2B-compatible API.
+pub const API_E2B: &str = "e2b";
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindLabels {
@@ -120,12 +127,12 @@ impl Metrics {
         let provider_errors = Family::<KindLabels, Counter>::default();
         registry.register(
             "http_requests",
-            "HTTP requests by method, route and status",
+            "HTTP requests by API, method, route and status",
             requests.clone(),
         );
         registry.register(
             "http_request_duration_seconds",
-            "HTTP request latency by route",
+            "HTTP request latency by API and route",
             latency.clone(),
         );
         registry.register(
@@ -211,9 +218,12 @@ impl Metrics {
         }
     }
 
-    /// Records one finished request.
+    /// Records one finished request of `api` ([`API_SANDBOX`] or [`API_E2B`]). `route` must
+    /// come from a bounded set (a matched route's template, never a raw path), so no caller
+    /// can grow the series without limit.
     pub fn observe_request(
         &self,
+        api: &'static str,
         method: &'static str,
         route: &str,
         status: u16,
@@ -221,6 +231,7 @@ impl Metrics {
     ) {
         self.requests
             .get_or_create(&RequestLabels {
+                api,
                 method,
                 route: route.to_owned(),
                 status,
@@ -228,6 +239,7 @@ impl Metrics {
             .inc();
         self.latency
             .get_or_create(&RouteLabels {
+                api,
                 route: route.to_owned(),
             })
             .observe(elapsed.as_secs_f64());

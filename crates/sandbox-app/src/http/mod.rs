@@ -208,7 +208,7 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for SessionPath {
 
 /// The method as a metric label: the standard methods by name, anything a client made up as
 /// `other`, so invented methods cannot grow the series set.
-fn method_label(method: &Method) -> &'static str {
+pub(crate) fn method_label(method: &Method) -> &'static str {
     match *method {
         Method::GET => "GET",
         Method::POST => "POST",
@@ -233,6 +233,7 @@ async fn record(State(state): State<AppState>, request: Request, next: Next) -> 
     let started = Instant::now();
     let response = next.run(request).await;
     state.metrics.observe_request(
+        metrics::API_SANDBOX,
         method,
         &route,
         response.status().as_u16(),
