@@ -360,6 +360,16 @@ fn sdk(serve: &E2bServe, code: &str) -> String {
     })
 }
 
+#[expect(
+    clippy::print_stdout,
+    reason = "the measured figures go to the test's output"
+)]
+fn print_pause_lag(after_send: f64) {
+    println!(
+        "e2b pause on timeout: paused {after_send:.2} s after the create was sent (timeout 4 s)"
+    );
+}
+
 /// `key=value` of the line of `out` that starts with `key=`.
 fn said<'a>(out: &'a str, key: &str) -> &'a str {
     out.lines()
@@ -369,10 +379,6 @@ fn said<'a>(out: &'a str, key: &str) -> &'a str {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the Docker engine, the Debian image (SANDBOX_TEST_DEBIAN_IMAGE), the static agent (SANDBOX_AGENT_BIN) and the SDK venv (SANDBOX_TEST_E2B_PYTHON): the e2b sdk stage"]
-#[expect(
-    clippy::print_stdout,
-    reason = "the measured figures go to the test's output"
-)]
 async fn a_sandbox_that_pauses_on_timeout_is_paused_not_killed_and_resumes_on_connect() {
     let serve = E2bServe::start_with("te2bexpp", options()).await;
     let sent = unix_now();
@@ -414,10 +420,7 @@ print("scenario: 1 passed, 0 failed")
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    println!(
-        "e2b pause on timeout: paused {:.2} s after the create was sent (timeout 4 s)",
-        paused_at - sent
-    );
+    print_pause_lag(paused_at - sent);
     assert!(
         paused_at > sent + 4.0 - EARLY_SLACK.as_secs_f64(),
         "paused {:.2} s before its deadline",
