@@ -1,6 +1,11 @@
 //! The E2B API's envd plane on the Docker backend: every sandbox's agent, through the
 //! adapter's kept exec channel (`DockerProvider::channel`). Outside `src/e2b/`, which names
 //! no backend adapter.
+//!
+//! A paused sandbox's channel cannot open (the engine refuses exec on a frozen container), so
+//! its envd traffic is answered at once with 409 `session_sandbox_paused`, never held. The
+//! adapter's pause drops the channel's generation, so after a resume (a connect) the first call
+//! here opens a fresh one: the connect's own envd-version call does, before it answers.
 
 use axum::body::Body;
 use axum::extract::Request;

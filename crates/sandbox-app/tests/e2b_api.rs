@@ -58,6 +58,7 @@ struct Harness {
     envd: Arc<Recording>,
     deadlines: Arc<MemoryDeadlines>,
     provider: Arc<dyn SandboxProvider>,
+    api: E2bApi,
 }
 
 fn harness_with(max_sandboxes: Option<u32>) -> Harness {
@@ -95,11 +96,12 @@ fn harness_with(max_sandboxes: Option<u32>) -> Harness {
     );
     let metrics = Arc::new(sandbox_app::http::metrics::Metrics::new());
     Harness {
-        app: sandbox_app::e2b::router(api, Arc::clone(&metrics)),
+        app: sandbox_app::e2b::router(api.clone(), Arc::clone(&metrics)),
         metrics,
         envd,
         deadlines,
         provider,
+        api,
     }
 }
 
@@ -389,6 +391,8 @@ async fn another_tenant_gets_404_for_every_route_of_a_sandbox_not_its_own() {
             format!("/sandboxes/{id}/connect"),
             Some(json!({"timeout": 10})),
         ),
+        ("POST", format!("/sandboxes/{id}/pause"), Some(json!({}))),
+        ("POST", format!("/sandboxes/{id}/resume"), Some(json!({}))),
     ] {
         let (status, _, answer) = call(&h, method, &uri, &b, body).await;
         assert_error(status, &answer, StatusCode::NOT_FOUND);
@@ -940,6 +944,250 @@ async fn the_control_plane_health_and_unknown_routes_answer_json() {
     let (status, _, body) = call(&h, "GET", "/v2/nothing", &[("x-api-key", KEY_A)], None).await;
     assert_error(status, &body, StatusCode::NOT_FOUND);
     let _ = TenantId::new(1).unwrap();
+}
+
+/// The sandbox's state as the provider reports it.
+async fn provider_state(h: &Harness, e2b_id: &str) -> sandbox_core::SandboxState {
+    let all = h
+        .provider
+        .list(&sandbox_core::ListFilter::default())
+        .await
+        .unwrap();
+    all.iter()
+        .find(|s| s.metadata.get("sandbox.e2b.id").map(String::as_str) == Some(e2b_id))
+        .map(|s| s.state)
+        .unwrap()
+}
+
+fn listed_ids(listed: &Value) -> Vec<String> {
+    listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["sandboxID"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn pause_connect_and_the_legacy_resume_answer_as_the_api_does() {
+    let h = harness();
+    let a = create(&h, KEY_A, json!({"templateID": "base", "timeout": 60})).await;
+    let id = a["sandboxID"].as_str().unwrap().to_owned();
+    let key = [("x-api-key", KEY_A)];
+    let now = time::OffsetDateTime::now_utc;
+
+    let (status, _, body) = call(
+        &h,
+        "POST",
+        &format!("/sandboxes/{id}/pause"),
+        &key,
+        Some(json!({"memory": false})),
+    )
+    .await;
+    assert_error(status, &body, StatusCode::BAD_REQUEST);
+    assert!(
+        body["message"].as_str().unwrap().contains("memory"),
+        "{body}"
+    );
+    assert_eq!(
+        provider_state(&h, &id).await,
+        sandbox_core::SandboxState::Running
+    );
+
+    // The SDK's body, then none at all for the second.
+    let (status, _, body) = call(
+        &h,
+        "POST",
+        &format!("/sandboxes/{id}/pause"),
+        &key,
+        Some(json!({})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NO_CONTENT, "{body}");
+    assert_eq!(
+        provider_state(&h, &id).await,
+        sandbox_core::SandboxState::Paused
+    );
+    assert_eq!(
+        h.deadlines.deadline(&id).await.unwrap(),
+        None,
+        "a paused sandbox has no deadline"
+    );
+    let (status, _, body) = call(&h, "POST", &format!("/sandboxes/{id}/pause"), &key, None).await;
+    assert_error(status, &body, StatusCode::CONFLICT);
+    assert_eq!(
+        body["message"],
+        json!(format!(
+            "Error pausing sandbox - sandbox '{id}' is already paused"
+        ))
+    );
+    let (status, _, detail) = call(&h, "GET", &format!("/sandboxes/{id}"), &key, None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(detail["state"], json!("paused"), "{detail}");
+    let (_, _, paused) = call(&h, "GET", "/v2/sandboxes?state=paused", &key, None).await;
+    assert_eq!(listed_ids(&paused), vec![id.clone()]);
+    let (_, _, running) = call(&h, "GET", "/v2/sandboxes?state=running", &key, None).await;
+    assert!(listed_ids(&running).is_empty(), "{running}");
+    let (_, _, legacy) = call(&h, "GET", "/sandboxes", &key, None).await;
+    assert!(
+        listed_ids(&legacy).is_empty(),
+        "the legacy list shows running ones only"
+    );
+
+    // Connect resumes it: 201, and the deadline is now + the connect's timeout.
+    let (status, _, answer) = call(
+        &h,
+        "POST",
+        &format!("/v2/sandboxes/{id}/connect"),
+        &key,
+        Some(json!({"timeout": 120})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "paused: 201 {answer}");
+    assert_eq!(answer["sandboxID"], json!(id));
+    assert_eq!(answer["envdVersion"], json!(ENVD_VERSION));
+    assert_eq!(
+        provider_state(&h, &id).await,
+        sandbox_core::SandboxState::Running
+    );
+    let d = h.deadlines.deadline(&id).await.unwrap().unwrap() - now();
+    assert!(
+        d > time::Duration::seconds(110) && d <= time::Duration::seconds(121),
+        "{d}"
+    );
+    let (status, _, _) = call(
+        &h,
+        "POST",
+        &format!("/v2/sandboxes/{id}/connect"),
+        &key,
+        Some(json!({})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "running: 200");
+
+    // The legacy resume: 409 while it runs, 201 (and a 15 s default) once paused.
+    let (status, _, body) = call(
+        &h,
+        "POST",
+        &format!("/sandboxes/{id}/resume"),
+        &key,
+        Some(json!({})),
+    )
+    .await;
+    assert_error(status, &body, StatusCode::CONFLICT);
+    let (status, _, _) = call(&h, "POST", &format!("/sandboxes/{id}/pause"), &key, None).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let (status, _, body) = call(
+        &h,
+        "POST",
+        &format!("/sandboxes/{id}/resume"),
+        &key,
+        Some(json!({"autoPause": true})),
+    )
+    .await;
+    assert_error(status, &body, StatusCode::BAD_REQUEST);
+    let (status, _, answer) = call(
+        &h,
+        "POST",
+        &format!("/sandboxes/{id}/resume"),
+        &key,
+        Some(json!({})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{answer}");
+    assert_eq!(answer["sandboxID"], json!(id));
+    let d = h.deadlines.deadline(&id).await.unwrap().unwrap() - now();
+    assert!(d <= time::Duration::seconds(16), "{d}");
+    assert_eq!(
+        provider_state(&h, &id).await,
+        sandbox_core::SandboxState::Running
+    );
+
+    // The old connect route resumes too.
+    call(&h, "POST", &format!("/sandboxes/{id}/pause"), &key, None).await;
+    let (status, _, _) = call(
+        &h,
+        "POST",
+        &format!("/sandboxes/{id}/connect"),
+        &key,
+        Some(json!({"timeout": 30})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+
+    for uri in ["/sandboxes/inosuch/pause", "/sandboxes/inosuch/resume"] {
+        let (status, _, body) = call(&h, "POST", uri, &key, Some(json!({}))).await;
+        assert_error(status, &body, StatusCode::NOT_FOUND);
+    }
+}
+
+#[tokio::test]
+async fn auto_pause_pauses_at_the_timeout_instead_of_killing() {
+    let h = harness();
+    let key = [("x-api-key", KEY_A)];
+    let pausing = create(
+        &h,
+        KEY_A,
+        json!({"templateID": "base", "timeout": 60, "autoPause": true, "autoPauseMemory": true}),
+    )
+    .await;
+    let pausing = pausing["sandboxID"].as_str().unwrap().to_owned();
+    let killing = create(&h, KEY_A, json!({"templateID": "base", "timeout": 60})).await;
+    let killing = killing["sandboxID"].as_str().unwrap().to_owned();
+    let (_, _, detail) = call(&h, "GET", &format!("/sandboxes/{pausing}"), &key, None).await;
+    assert_eq!(detail["lifecycle"]["onTimeout"], json!("pause"), "{detail}");
+    let (_, _, detail) = call(&h, "GET", &format!("/sandboxes/{killing}"), &key, None).await;
+    assert_eq!(detail["lifecycle"]["onTimeout"], json!("kill"), "{detail}");
+    let (status, _, body) = call(
+        &h,
+        "POST",
+        "/v2/sandboxes",
+        &key,
+        Some(json!({"templateID": "base", "autoPause": true, "autoPauseMemory": false})),
+    )
+    .await;
+    assert_error(status, &body, StatusCode::BAD_REQUEST);
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("autoPauseMemory"),
+        "{body}"
+    );
+
+    let expiry = sandbox_app::e2b::expiry::Expiry::new(
+        h.api.deadlines(),
+        h.api.expiry_target(),
+        Duration::from_secs(300),
+    );
+    let later = time::OffsetDateTime::now_utc() + time::Duration::seconds(61);
+    let report = expiry.sweep_once(later).await.unwrap();
+    let keys =
+        |v: &[sandbox_app::e2b::expiry::Kill]| v.iter().map(|k| k.key.clone()).collect::<Vec<_>>();
+    assert_eq!(keys(&report.paused), vec![pausing.clone()], "{report:?}");
+    assert_eq!(keys(&report.killed), vec![killing.clone()], "{report:?}");
+    assert_eq!(
+        provider_state(&h, &pausing).await,
+        sandbox_core::SandboxState::Paused
+    );
+    assert_eq!(h.deadlines.deadline(&pausing).await.unwrap(), None);
+    let (status, _, _) = call(&h, "GET", &format!("/sandboxes/{killing}"), &key, None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "the other one was killed");
+    // A restart's reconcile gives the paused one no deadline back.
+    let reconciled = expiry.reconcile(later).await.unwrap();
+    assert!(reconciled.assigned.is_empty(), "{reconciled:?}");
+    assert_eq!(h.deadlines.deadline(&pausing).await.unwrap(), None);
+
+    let (status, _, _) = call(
+        &h,
+        "POST",
+        &format!("/v2/sandboxes/{pausing}/connect"),
+        &key,
+        Some(json!({})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert!(h.deadlines.deadline(&pausing).await.unwrap().is_some());
 }
 
 /// The `sandbox_http_requests_total` series of `api`, as `(labels, value)` lines.

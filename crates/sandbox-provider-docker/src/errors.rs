@@ -49,10 +49,18 @@ pub fn map(op: Operation, err: BollardError) -> Error {
         ),
         _ => (ErrorKind::Internal, None, err.to_string()),
     };
+    // The engine refuses every exec (and so every exec-plane call) on a paused container:
+    // said with the code that tells a caller a resume would help ([pause.refused]).
+    let paused = status == Some(409) && message.to_ascii_lowercase().contains("is paused");
     let mapped = Error::new(kind, op, message).with_provider(Provider::Docker);
     let mapped = match status {
         Some(status) => mapped.with_http_status(status),
         None => mapped,
+    };
+    let mapped = if paused {
+        mapped.with_code(sandbox_core::ErrorCode::SandboxPaused)
+    } else {
+        mapped
     };
     mapped.with_source(err)
 }

@@ -14,6 +14,11 @@ pub const MANAGED: &str = "sandbox.managed";
 pub const NAMESPACE: &str = "sandbox.namespace";
 /// Per-container idle TTL in seconds (0 = never reclaimed for idleness).
 pub const IDLE_TTL: &str = "sandbox.idle-ttl-seconds";
+/// What the idle sweep does to a container idle past its TTL: [`ON_IDLE_PAUSE`] pauses it (the
+/// create's `on_timeout = pause`); absent, it is deleted.
+pub const ON_IDLE: &str = "sandbox.on-idle";
+/// The [`ON_IDLE`] value that pauses.
+pub const ON_IDLE_PAUSE: &str = "pause";
 /// Prefix of labels carrying sandbox metadata.
 pub const META_PREFIX: &str = "sandbox.meta.";
 /// On snapshot images.

@@ -33,6 +33,7 @@ pub mod files;
 pub mod image_build;
 pub mod isolation;
 pub mod labels;
+pub mod pause;
 pub mod provider;
 pub mod snapshots;
 pub mod sweeper;

@@ -633,13 +633,9 @@ impl SandboxProvider for DockerProvider {
     async fn create(&self, request: CreateRequest) -> Result<SandboxHandle, Error> {
         // Validation, volumes and network-policy fields are the checking layer's.
         let op = Operation::CREATE;
-        if request.timeout.on_timeout == TimeoutAction::Pause || request.timeout.auto_resume {
-            return Err(provider_error(
-                ErrorKind::Unsupported,
-                op,
-                "the Docker backend reclaims idle containers; it cannot pause them on timeout (use on_timeout = kill)",
-            ));
-        }
+        // `on_timeout = pause` makes the idle sweep pause the container instead of deleting
+        // it; `auto_resume` needs nothing more, since every connect resumes a paused container.
+        let pause_on_idle = request.timeout.on_timeout == TimeoutAction::Pause;
         let ttl_secs = match request.timeout.idle {
             IdleTimeout::ServerDefault => self.inner.config.idle_ttl.as_secs(),
             IdleTimeout::After(d) => d.as_secs().max(1),
@@ -653,6 +649,9 @@ impl SandboxProvider for DockerProvider {
         container_labels.insert(labels::MANAGED.to_owned(), "true".to_owned());
         container_labels.insert(labels::NAMESPACE.to_owned(), config.namespace.clone());
         container_labels.insert(labels::IDLE_TTL.to_owned(), ttl_secs.to_string());
+        if pause_on_idle {
+            container_labels.insert(labels::ON_IDLE.to_owned(), labels::ON_IDLE_PAUSE.to_owned());
+        }
 
         // A restore, or any template in a snapshot repository, boots only this tenant's
         // snapshot of this namespace ([create.snapshot_owner]); it is never pulled.
@@ -1048,6 +1047,9 @@ impl SandboxProvider for DockerProvider {
     fn as_terminal_reattach(&self) -> Option<&dyn sandbox_core::TerminalReattach> {
         (self.data_plane() == DataPlane::Agent)
             .then_some(self as &dyn sandbox_core::TerminalReattach)
+    }
+    fn as_pause_resume(&self) -> Option<&dyn sandbox_core::PauseResume> {
+        Some(self)
     }
     fn as_processes(&self) -> Option<&dyn Processes> {
         (self.data_plane() == DataPlane::Agent).then_some(self as &dyn Processes)

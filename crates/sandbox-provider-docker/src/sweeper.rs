@@ -20,10 +20,17 @@
 //! Idleness (marker and execs) is checked again right before each delete, because an exec may
 //! have arrived while the sweep ran. The sweep only ever lists containers labelled with this
 //! adapter's namespace.
+//!
+//! A container created with `on_timeout = pause` (label [`labels::ON_IDLE`]) is paused instead
+//! of deleted, and a paused or stopped one of that policy is left alone: keeping it is what its
+//! policy asked for, and a connect resumes it. A paused container of the delete policy is judged
+//! by its marker alone: its execs are frozen, so one the engine still lists as running is no
+//! work in progress.
 
 use std::sync::PoisonError;
 use std::time::{Duration, Instant};
 
+use bollard::models::ContainerSummaryStateEnum;
 use bollard::query_parameters::{
     ContainerArchiveInfoOptions, InspectContainerOptions, ListContainersOptions,
     RemoveContainerOptions,
@@ -47,6 +54,8 @@ const OP: Operation = Operation::new("sweep_idle");
 #[derive(Debug, Default)]
 pub struct SweepReport {
     pub reaped: Vec<SandboxId>,
+    /// Containers of the pause policy the sweep paused.
+    pub paused: Vec<SandboxId>,
     pub kept: usize,
     /// Containers whose check or delete failed; the sweep went on with the rest.
     pub failures: Vec<(String, Error)>,
@@ -148,6 +157,36 @@ pub async fn sweep(provider: &DockerProvider) -> Result<SweepReport, Error> {
         let created = c
             .created
             .and_then(|t| OffsetDateTime::from_unix_timestamp(t).ok());
+        let pauses = c
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(labels::ON_IDLE))
+            .is_some_and(|v| v == labels::ON_IDLE_PAUSE);
+        let running = c.state == Some(ContainerSummaryStateEnum::RUNNING);
+        if pauses {
+            if !running {
+                report.kept += 1;
+                continue;
+            }
+            match idle_now(provider, &id, ttl, created).await {
+                Ok(false) => report.kept += 1,
+                Err(e) => report.failures.push((id, e)),
+                Ok(true) => match provider.pause_container(OP, &id).await {
+                    Ok(()) => {
+                        tracing::info!(sandbox = %id, ttl_secs = ttl, "idle sweep paused a container (its policy pauses)");
+                        if let Ok(sid) = SandboxId::new(id) {
+                            report.paused.push(sid);
+                        }
+                    }
+                    // Paused by someone else meanwhile: as the policy wants.
+                    Err(e) if e.code() == Some(sandbox_core::ErrorCode::SandboxPaused) => {
+                        report.kept += 1;
+                    }
+                    Err(e) => report.failures.push((id, e)),
+                },
+            }
+            continue;
+        }
         match idle_now(provider, &id, ttl, created).await {
             Ok(false) => report.kept += 1,
             Err(e) => report.failures.push((id, e)),
@@ -221,12 +260,10 @@ async fn has_running_exec(provider: &DockerProvider, id: &str) -> Result<bool, E
             };
         }
     };
-    // A container that is not running runs no exec.
-    if !inspect
-        .state
-        .as_ref()
-        .and_then(|s| s.running)
-        .unwrap_or(false)
+    // A container that is not running runs no exec, and a frozen one's execs do no work.
+    let state = inspect.state.as_ref();
+    if !state.and_then(|s| s.running).unwrap_or(false)
+        || state.and_then(|s| s.paused).unwrap_or(false)
     {
         return Ok(false);
     }

@@ -10,12 +10,13 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json};
 use sandbox_core::{
-    CreateRequest, Error, IdleTimeout, ListFilter, SandboxState, SandboxSummary, TimeoutAction,
-    TimeoutPolicy,
+    CreateRequest, Error, IdleTimeout, ListFilter, Operation, SandboxState, SandboxSummary,
+    TimeoutAction, TimeoutPolicy,
 };
 use serde::Deserialize;
 use time::OffsetDateTime;
 
+use super::expiry::Expired;
 use super::ids::E2bId;
 use super::wire::{self, CLIENT_ID, ListedSandbox, SandboxAnswer, SandboxDetail};
 use super::{ApiError, Caller, E2bApi, Inner, Located, MAX_BODY_BYTES, is_gone, meta};
@@ -30,6 +31,8 @@ pub(crate) fn routes() -> Router<E2bApi> {
         .route("/sandboxes/{id}/refreshes", post(refresh))
         .route("/v2/sandboxes/{id}/connect", post(connect))
         .route("/sandboxes/{id}/connect", post(connect))
+        .route("/sandboxes/{id}/pause", post(pause))
+        .route("/sandboxes/{id}/resume", post(resume_legacy))
 }
 
 /// The legacy create's default timeout, as the API defines it.
@@ -127,6 +130,11 @@ async fn create(
         inner.settings.default_timeout
     };
     let timeout = timeout_of(inner, new.timeout, default)?;
+    if new.auto_pause && sandbox_core::narrow::pause_resume(&*inner.provider).is_none() {
+        return Err(ApiError::bad_request(
+            "autoPause: this server's backend cannot pause sandboxes",
+        ));
+    }
     let name = new.template.to_ascii_lowercase();
     let image = inner
         .settings
@@ -163,8 +171,15 @@ async fn create(
         deadline.unix_timestamp(),
         &new.template,
     );
+    if new.auto_pause {
+        create.metadata.insert(
+            meta::ON_TIMEOUT.to_owned(),
+            meta::ON_TIMEOUT_PAUSE.to_owned(),
+        );
+    }
     create.env = new.env;
-    // Their own timeout engine owns them: the backend's idle reclaim must never.
+    // Their own timeout engine owns them (and pauses the ones that pause): the backend's idle
+    // reclaim must never.
     create.timeout = TimeoutPolicy {
         idle: IdleTimeout::Never,
         on_timeout: TimeoutAction::Kill,
@@ -401,7 +416,11 @@ async fn get_one(
         domain: inner.settings.domain.clone(),
         lifecycle: wire::Lifecycle {
             auto_resume: false,
-            on_timeout: "kill",
+            on_timeout: if meta::pauses_on_timeout(&summary.metadata) {
+                meta::ON_TIMEOUT_PAUSE
+            } else {
+                meta::ON_TIMEOUT_KILL
+            },
         },
     };
     Ok(Json(detail).into_response())
@@ -671,26 +690,212 @@ async fn connect(
     let (e2b_id, located, summary) = live_owned(inner, tenant, &id).await?;
     let resumed = summary.state == SandboxState::Paused;
     if resumed {
-        inner
-            .provider
-            .connect(sandbox_core::ConnectRequest::new(located.sandbox.clone()))
-            .await?;
+        if body.memory == Some(false) {
+            return Err(ApiError::bad_request(
+                "memory: a reboot-style resume is not supported by this server; its resume keeps the memory",
+            ));
+        }
+        resume_to(inner, &e2b_id, &located, timeout).await?;
+    } else {
+        // For a running sandbox a connect only ever extends its timeout.
+        extend_to(inner, &e2b_id, after(OffsetDateTime::now_utc(), timeout)).await?;
     }
-    // For a running sandbox a connect only ever extends its timeout.
-    extend_to(inner, &e2b_id, after(OffsetDateTime::now_utc(), timeout)).await?;
+    let status = if resumed {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    answer_for(inner, tenant, &e2b_id, &located, &summary, status).await
+}
+
+/// The `Sandbox` answer of a connect or a resume, with `status`. The envd version comes from
+/// the sandbox's agent: after a resume that is the channel's first call, which re-opens it.
+async fn answer_for(
+    inner: &Inner,
+    tenant: sandbox_core::TenantId,
+    e2b_id: &E2bId,
+    located: &Located,
+    summary: &SandboxSummary,
+    status: StatusCode,
+) -> Result<Response, ApiError> {
     let envd_version = inner.learn_envd_version(inner.envd.envd_version(&located.sandbox).await?);
     let template = summary
         .metadata
         .get(meta::TEMPLATE)
         .cloned()
         .unwrap_or_default();
-    let answer = sandbox_answer(inner, tenant, &e2b_id, &template, envd_version);
-    let status = if resumed {
-        StatusCode::CREATED
-    } else {
-        StatusCode::OK
-    };
+    let answer = sandbox_answer(inner, tenant, e2b_id, &template, envd_version);
     Ok((status, Json(answer)).into_response())
+}
+
+/// Resumes a paused sandbox (the provider's connect, which resumes) and gives it the deadline
+/// `now + timeout`: a paused sandbox had none. The deadline is written first, so a crash
+/// between the two leaves a deadline on a paused sandbox (which the timeout engine clears)
+/// rather than a running sandbox that nothing ever ends.
+async fn resume_to(
+    inner: &Inner,
+    e2b_id: &E2bId,
+    located: &Located,
+    timeout: Duration,
+) -> Result<(), ApiError> {
+    inner
+        .deadlines
+        .set_deadline(e2b_id.as_str(), after(OffsetDateTime::now_utc(), timeout))
+        .await?;
+    match inner
+        .provider
+        .connect(sandbox_core::ConnectRequest::new(located.sandbox.clone()))
+        .await
+    {
+        Ok(_) => {}
+        Err(e) if is_gone(&e) => {
+            inner.index.forget(e2b_id);
+            let _ = inner.deadlines.remove_deadline(e2b_id.as_str()).await;
+            return Err(ApiError::sandbox_not_found(e2b_id.as_str()));
+        }
+        Err(e) => return Err(e.into()),
+    }
+    tracing::info!(sandbox = %e2b_id, tenant = located.tenant.get(), timeout_seconds = timeout.as_secs(), "e2b api: sandbox resumed");
+    Ok(())
+}
+
+/// The conflict of pausing a paused sandbox, in the API's words.
+fn already_paused(id: &str) -> ApiError {
+    let shown: String = id.chars().take(64).collect();
+    ApiError::new(
+        StatusCode::CONFLICT,
+        format!("Error pausing sandbox - sandbox '{shown}' is already paused"),
+    )
+}
+
+/// `POST /sandboxes/{id}/pause`: 204 once paused (its deadline then removed: a paused sandbox
+/// has none), 409 when it is paused already.
+async fn pause(
+    State(api): State<E2bApi>,
+    Extension(Caller(tenant)): Extension<Caller>,
+    Path(id): Path<String>,
+    request: Request,
+) -> Result<Response, ApiError> {
+    let inner = &api.inner;
+    let body: wire::PauseBody = optional_json(request).await?;
+    if body.memory == Some(false) {
+        return Err(ApiError::bad_request(
+            "memory: filesystem-only pause is not supported by this server; its pause keeps the memory",
+        ));
+    }
+    let (e2b_id, located, summary) = live_owned(inner, tenant, &id).await?;
+    if summary.state == SandboxState::Paused {
+        return Err(already_paused(&id));
+    }
+    let Some(pauser) = sandbox_core::narrow::pause_resume(&*inner.provider) else {
+        return Err(ApiError::new(
+            StatusCode::NOT_IMPLEMENTED,
+            "this server's backend cannot pause sandboxes",
+        ));
+    };
+    if body.require_healthy_guest == Some(true) {
+        // Strict: a guest whose envd does not answer is not paused.
+        inner
+            .envd
+            .envd_version(&located.sandbox)
+            .await
+            .map_err(|e| {
+                ApiError::new(
+                    StatusCode::CONFLICT,
+                    format!(
+                        "Error pausing sandbox - the sandbox's envd did not answer: {}",
+                        e.message()
+                    ),
+                )
+            })?;
+    }
+    pause_located(inner, pauser, &e2b_id, &located)
+        .await
+        .map_err(|e| match e {
+            Paused::Already => already_paused(&id),
+            Paused::Failed(e) if is_gone(&e) => {
+                inner.index.forget(&e2b_id);
+                ApiError::sandbox_not_found(&id)
+            }
+            Paused::Failed(e) => e.into(),
+        })?;
+    tracing::info!(sandbox = %e2b_id, tenant = tenant.get(), "e2b api: sandbox paused");
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// Why [`pause_located`] did not pause.
+enum Paused {
+    /// It was paused already (by another call since it was looked at).
+    Already,
+    Failed(Error),
+}
+
+/// Pauses the sandbox, then removes its deadline (after the pause succeeded: a failed pause
+/// keeps the sandbox running, and so its deadline).
+async fn pause_located(
+    inner: &Inner,
+    pauser: &dyn sandbox_core::PauseResume,
+    e2b_id: &E2bId,
+    located: &Located,
+) -> Result<(), Paused> {
+    match pauser.pause(&located.sandbox).await {
+        Ok(()) => {}
+        Err(e)
+            if e.kind() == sandbox_core::ErrorKind::Conflict
+                && e.code() == Some(sandbox_core::ErrorCode::SandboxPaused) =>
+        {
+            return Err(Paused::Already);
+        }
+        Err(e) => return Err(Paused::Failed(e)),
+    }
+    if let Err(e) = inner.deadlines.remove_deadline(e2b_id.as_str()).await {
+        // Left behind, it only makes the timeout engine find the sandbox paused and clear it.
+        tracing::warn!(sandbox = %e2b_id, error = %e, "e2b api: the paused sandbox's deadline stays until the timeout engine clears it");
+    }
+    Ok(())
+}
+
+/// The legacy resume's default timeout, as the API defines it.
+const LEGACY_RESUME_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// `POST /sandboxes/{id}/resume` (deprecated in the API): 201 once resumed, 409 when it runs.
+async fn resume_legacy(
+    State(api): State<E2bApi>,
+    Extension(Caller(tenant)): Extension<Caller>,
+    Path(id): Path<String>,
+    request: Request,
+) -> Result<Response, ApiError> {
+    let inner = &api.inner;
+    let body: wire::ResumeBody = optional_json(request).await?;
+    if body.memory == Some(false) {
+        return Err(ApiError::bad_request(
+            "memory: a reboot-style resume is not supported by this server; its resume keeps the memory",
+        ));
+    }
+    if body.auto_pause == Some(true) {
+        return Err(ApiError::bad_request(
+            "autoPause: a sandbox's timeout action is set at its create on this server, not at a resume",
+        ));
+    }
+    let timeout = timeout_of(inner, body.timeout, LEGACY_RESUME_TIMEOUT)?;
+    let (e2b_id, located, summary) = live_owned(inner, tenant, &id).await?;
+    if summary.state != SandboxState::Paused {
+        let shown: String = id.chars().take(64).collect();
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            format!("Sandbox '{shown}' is already running"),
+        ));
+    }
+    resume_to(inner, &e2b_id, &located, timeout).await?;
+    answer_for(
+        inner,
+        tenant,
+        &e2b_id,
+        &located,
+        &summary,
+        StatusCode::CREATED,
+    )
+    .await
 }
 
 /// The timeout engine's view: every sandbox of this API, and how to kill one.
@@ -699,14 +904,46 @@ pub(crate) struct Target(pub(crate) E2bApi);
 
 #[async_trait::async_trait]
 impl super::expiry::ExpiryTarget for Target {
-    async fn expire(&self, key: &str) -> Result<(), Error> {
+    async fn expire(&self, key: &str) -> Result<Expired, Error> {
         let inner = &self.0.inner;
         let Some(id) = E2bId::parse(key) else {
-            return Ok(());
+            return Ok(Expired::Killed);
         };
         let Some(located) = inner.locate(&id).await? else {
-            return Ok(());
+            return Ok(Expired::Killed);
         };
+        let summary = match inner.provider.get(&located.sandbox).await {
+            Ok(summary) => summary,
+            Err(e) if is_gone(&e) => {
+                inner.index.forget(&id);
+                return Ok(Expired::Killed);
+            }
+            Err(e) => return Err(e),
+        };
+        // A paused sandbox has no deadline: one left behind (a crash between a pause and the
+        // removal) is only cleared.
+        if summary.state == SandboxState::Paused {
+            return Ok(Expired::Paused);
+        }
+        if meta::pauses_on_timeout(&summary.metadata) {
+            let Some(pauser) = sandbox_core::narrow::pause_resume(&*inner.provider) else {
+                return Err(Error::unsupported(
+                    Operation::PAUSE,
+                    format!("sandbox {id} pauses at its timeout, and this backend cannot pause"),
+                ));
+            };
+            match pauser.pause(&located.sandbox).await {
+                Ok(()) => {}
+                Err(e) if e.code() == Some(sandbox_core::ErrorCode::SandboxPaused) => {}
+                Err(e) if is_gone(&e) => {
+                    inner.index.forget(&id);
+                    return Ok(Expired::Killed);
+                }
+                Err(e) => return Err(e),
+            }
+            tracing::info!(sandbox = %id, tenant = located.tenant.get(), "e2b api: sandbox paused at its timeout");
+            return Ok(Expired::Paused);
+        }
         match inner.provider.delete(&located.sandbox).await {
             Ok(()) => {}
             Err(e) if is_gone(&e) => {}
@@ -714,7 +951,7 @@ impl super::expiry::ExpiryTarget for Target {
         }
         inner.index.forget(&id);
         tracing::info!(sandbox = %id, tenant = located.tenant.get(), "e2b api: sandbox killed at its timeout");
-        Ok(())
+        Ok(Expired::Killed)
     }
 
     async fn live(&self) -> Result<Vec<(String, Option<OffsetDateTime>)>, Error> {
@@ -726,7 +963,7 @@ impl super::expiry::ExpiryTarget for Target {
         let all = inner.provider.list(&filter).await?;
         Ok(all
             .iter()
-            .filter(|s| !matches!(s.state, SandboxState::Terminal))
+            .filter(|s| !matches!(s.state, SandboxState::Terminal | SandboxState::Paused))
             .filter_map(|s| {
                 let id = s.metadata.get(meta::ID)?;
                 Some((id.clone(), meta::deadline_of(&s.metadata)))

@@ -1,4 +1,6 @@
-//! The timeout engine of E2B-API sandboxes: kills each sandbox once its deadline has passed.
+//! The timeout engine of E2B-API sandboxes: kills each sandbox once its deadline has passed,
+//! or pauses it when its create asked for that (`autoPause`); either way its deadline is then
+//! removed, since a paused sandbox has none until a connect resumes it.
 //!
 //! Deadlines live in a [`DeadlineStore`] (Redis, or the file store), written by the API before
 //! it answers a create or a set-timeout. This engine only reads them back:
@@ -59,11 +61,24 @@ pub const RECONCILE_RETRY_MAX: Duration = Duration::from_secs(30);
 /// the provider port).
 #[async_trait]
 pub trait ExpiryTarget: Send + Sync {
-    /// Deletes the sandbox `key` names. An absent sandbox is `Ok`: it is as dead as asked.
-    async fn expire(&self, key: &str) -> Result<(), Error>;
-    /// Every live E2B-API sandbox, with the deadline its create stamped on it (its
-    /// `sandbox.e2b.deadline` metadata), `None` when that is missing or unreadable.
+    /// Ends the sandbox `key` names as its create asked: deletes it, or pauses it when it
+    /// pauses at its timeout. An absent sandbox is `Ok` ([`Expired::Killed`]: it is as dead as
+    /// asked), and so is one already paused ([`Expired::Paused`]: a paused sandbox has no
+    /// deadline).
+    async fn expire(&self, key: &str) -> Result<Expired, Error>;
+    /// Every running E2B-API sandbox, with the deadline its create stamped on it (its
+    /// `sandbox.e2b.deadline` metadata), `None` when that is missing or unreadable. Paused
+    /// ones are left out: they have no deadline, and reconcile must not give them one.
     async fn live(&self) -> Result<Vec<(String, Option<OffsetDateTime>)>, Error>;
+}
+
+/// What [`ExpiryTarget::expire`] did to a sandbox at its deadline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expired {
+    /// Deleted (or already gone).
+    Killed,
+    /// Paused (or already paused): it stays, with no deadline, until a connect resumes it.
+    Paused,
 }
 
 /// A deadline reconcile gave a live sandbox that had none in the store.
@@ -110,6 +125,9 @@ pub struct Kill {
 pub struct SweepReport {
     /// The sandboxes deleted, with their deadlines removed.
     pub killed: Vec<Kill>,
+    /// The sandboxes paused at their deadline (their create asked for it), with their
+    /// deadlines removed.
+    pub paused: Vec<Kill>,
     /// Due deadlines whose delete (or whose removal after the delete) failed; each is still in
     /// the store, so the next sweep tries again.
     pub failed: Vec<(String, Error)>,
@@ -266,16 +284,23 @@ impl Expiry {
                     continue;
                 }
             };
-            if let Err(e) = self.target.expire(&key).await {
-                report.failed.push((key, e));
-                continue;
-            }
+            let expired = match self.target.expire(&key).await {
+                Ok(expired) => expired,
+                Err(e) => {
+                    report.failed.push((key, e));
+                    continue;
+                }
+            };
             if let Err(e) = self.store.remove_deadline(&key).await {
                 report.failed.push((key, e));
                 continue;
             }
             let lag = Duration::try_from(now - deadline).unwrap_or(Duration::ZERO);
-            report.killed.push(Kill { key, deadline, lag });
+            let done = Kill { key, deadline, lag };
+            match expired {
+                Expired::Killed => report.killed.push(done),
+                Expired::Paused => report.paused.push(done),
+            }
         }
         Ok(report)
     }
@@ -371,6 +396,14 @@ fn log_sweep(report: &SweepReport) {
             "e2b expiry: killed a sandbox past its deadline"
         );
     }
+    for pause in &report.paused {
+        tracing::info!(
+            key = %pause.key,
+            deadline = %pause.deadline,
+            lag_ms = pause.lag.as_millis(),
+            "e2b expiry: paused a sandbox at its deadline (its create asked for that); it has no deadline now"
+        );
+    }
     for (key, e) in &report.failed {
         tracing::warn!(key = %key, error = %e, "e2b expiry: could not kill a sandbox; kept its deadline for the next sweep");
     }
@@ -403,6 +436,9 @@ mod tests {
         deleted: Mutex<Vec<String>>,
         expire_fails: Mutex<BTreeSet<String>>,
         live_failures_left: Mutex<usize>,
+        /// Keys that pause at their timeout instead of dying (then no longer live: paused).
+        pauses: Mutex<BTreeSet<String>>,
+        paused: Mutex<Vec<String>>,
     }
 
     impl FakeTarget {
@@ -423,16 +459,22 @@ mod tests {
 
     #[async_trait]
     impl ExpiryTarget for FakeTarget {
-        async fn expire(&self, key: &str) -> Result<(), Error> {
+        async fn expire(&self, key: &str) -> Result<Expired, Error> {
             if self.expire_fails.lock().unwrap().contains(key) {
                 return Err(Error::unavailable(Operation::DELETE, "engine down"));
             }
             // Give another sweep a chance to race this one.
             tokio::task::yield_now().await;
+            if self.pauses.lock().unwrap().contains(key) {
+                if self.live.lock().unwrap().remove(key).is_some() {
+                    self.paused.lock().unwrap().push(key.to_owned());
+                }
+                return Ok(Expired::Paused);
+            }
             if self.live.lock().unwrap().remove(key).is_some() {
                 self.deleted.lock().unwrap().push(key.to_owned());
             }
-            Ok(())
+            Ok(Expired::Killed)
         }
         async fn live(&self) -> Result<Vec<(String, Option<OffsetDateTime>)>, Error> {
             {
@@ -881,6 +923,33 @@ mod tests {
         let report = expiry.sweep_once(t0() + secs(600)).await.unwrap();
         assert_eq!(report.killed.len(), 1);
         assert_eq!(report.killed[0].key, "iextended");
+    }
+
+    #[tokio::test]
+    async fn a_sandbox_that_pauses_at_its_timeout_is_paused_and_loses_its_deadline() {
+        for (name, store, _dir) in stores().await {
+            let target = FakeTarget::with(&[("ipause", Some(t0())), ("ikill", Some(t0()))]);
+            target.pauses.lock().unwrap().insert("ipause".to_owned());
+            store.set_deadline("ipause", t0()).await.unwrap();
+            store.set_deadline("ikill", t0()).await.unwrap();
+            let expiry = Expiry::new(store.clone(), target.clone(), DEFAULT);
+            let report = expiry.sweep_once(t0() + secs(2)).await.unwrap();
+            let keys = |v: &[Kill]| v.iter().map(|k| k.key.clone()).collect::<Vec<_>>();
+            assert_eq!(keys(&report.paused), vec!["ipause"], "{name}");
+            assert_eq!(keys(&report.killed), vec!["ikill"], "{name}");
+            assert_eq!(report.paused[0].lag, Duration::from_secs(2), "{name}");
+            assert_eq!(*target.paused.lock().unwrap(), vec!["ipause"], "{name}");
+            assert_eq!(target.deleted(), vec!["ikill"], "{name}");
+            assert_eq!(
+                store.deadline("ipause").await.unwrap(),
+                None,
+                "{name}: a paused sandbox has no deadline"
+            );
+            // Paused, it is not live: a reconcile (a restart) gives it none back.
+            let report = expiry.reconcile(t0() + secs(3)).await.unwrap();
+            assert!(report.assigned.is_empty(), "{name}: {report:?}");
+            assert_eq!(store.deadline("ipause").await.unwrap(), None, "{name}");
+        }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -25,6 +25,12 @@ pub const TEMPLATE: &str = "sandbox.e2b.template";
 /// `false` when the create denied internet access (absent: allowed).
 pub const INTERNET: &str = "sandbox.e2b.internet";
 
+/// What the timeout engine does at the deadline: [`ON_TIMEOUT_PAUSE`] (the create's
+/// `autoPause: true`) or `kill` (absent: kill).
+pub const ON_TIMEOUT: &str = "sandbox.e2b.on_timeout";
+pub const ON_TIMEOUT_PAUSE: &str = "pause";
+pub const ON_TIMEOUT_KILL: &str = "kill";
+
 /// The reserved prefix of keys, compared without case.
 const RESERVED_PREFIX: &str = "sandbox";
 
@@ -111,6 +117,11 @@ pub fn tenant_of(metadata: &Metadata) -> Option<TenantId> {
 /// Whether the sandbox may reach the internet, as its create asked.
 pub fn internet_of(metadata: &Metadata) -> bool {
     metadata.get(INTERNET).map(String::as_str) != Some("false")
+}
+
+/// Whether the sandbox is paused, not killed, at its timeout.
+pub fn pauses_on_timeout(metadata: &Metadata) -> bool {
+    metadata.get(ON_TIMEOUT).map(String::as_str) == Some(ON_TIMEOUT_PAUSE)
 }
 
 /// The create-time deadline a sandbox's metadata names.

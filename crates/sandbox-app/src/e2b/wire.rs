@@ -22,6 +22,8 @@ pub struct NewSandbox {
     pub env: BTreeMap<String, String>,
     /// `allow_internet_access: false`, or `network.denyOut: ["0.0.0.0/0"]`.
     pub deny_internet: bool,
+    /// `autoPause: true`: paused, not killed, at the timeout.
+    pub auto_pause: bool,
 }
 
 /// Why a create body was refused: the message names the field.
@@ -67,6 +69,7 @@ pub fn parse_new_sandbox(body: &[u8], legacy: bool) -> Result<NewSandbox, Refuse
         return Err(Refused("the body must be a JSON object".to_owned()));
     };
     let mut out = NewSandbox::default();
+    let mut keep_memory = None;
     for (key, value) in &object {
         match key.as_str() {
             "templateID" => match value {
@@ -90,21 +93,23 @@ pub fn parse_new_sandbox(body: &[u8], legacy: bool) -> Result<NewSandbox, Refuse
                 Value::Bool(false) => out.deny_internet = true,
                 _ => return Err(refuse("allow_internet_access", "must be a boolean")),
             },
-            "autoPause" if is_off(value) => {}
-            "autoPause" => {
-                return Err(refuse(
-                    "autoPause",
-                    "pausing on timeout is not supported by this server yet; sandboxes are killed at their timeout",
-                ));
-            }
-            // Only meaningful with autoPause, which is refused above when on.
-            "autoPauseMemory" => {}
+            "autoPause" => match value {
+                Value::Null | Value::Bool(false) => {}
+                Value::Bool(true) => out.auto_pause = true,
+                _ => return Err(refuse("autoPause", "must be a boolean")),
+            },
+            // Judged with autoPause below: the keys come in any order.
+            "autoPauseMemory" => match value {
+                Value::Null => {}
+                Value::Bool(keep) => keep_memory = Some(*keep),
+                _ => return Err(refuse("autoPauseMemory", "must be a boolean")),
+            },
             "autoResume" => {
                 let enabled = value.get("enabled").cloned().unwrap_or(Value::Null);
                 if !is_off(&enabled) {
                     return Err(refuse(
                         "autoResume",
-                        "auto-resume is not supported by this server yet",
+                        "resuming a paused sandbox on traffic is not supported by this server; a paused sandbox resumes on connect",
                     ));
                 }
             }
@@ -143,6 +148,12 @@ pub fn parse_new_sandbox(body: &[u8], legacy: bool) -> Result<NewSandbox, Refuse
     }
     if out.template.is_empty() {
         return Err(refuse("templateID", "is required"));
+    }
+    if out.auto_pause && keep_memory == Some(false) {
+        return Err(refuse(
+            "autoPauseMemory",
+            "filesystem-only pause is not supported by this server: its pause keeps the memory",
+        ));
     }
     Ok(out)
 }
@@ -235,6 +246,32 @@ pub struct TimeoutBody {
     #[serde(default)]
     pub timeout: Option<i64>,
     /// Sent by connect for a reboot-style resume; irrelevant to a running sandbox.
+    #[serde(default)]
+    pub memory: Option<bool>,
+}
+
+/// `POST /sandboxes/{id}/pause`: `{}`, `{"memory": bool}`, `{"requireHealthyGuest": bool}`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PauseBody {
+    /// `false` asks for a filesystem-only pause, which this server does not do.
+    #[serde(default)]
+    pub memory: Option<bool>,
+    /// Refuse the pause unless the sandbox's envd answers first.
+    #[serde(default)]
+    pub require_healthy_guest: Option<bool>,
+}
+
+/// `POST /sandboxes/{id}/resume` (the legacy resume): `timeout` defaults to 15 s there.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResumeBody {
+    #[serde(default)]
+    pub timeout: Option<i64>,
+    /// Deprecated in the API; a sandbox's timeout action is fixed at its create here.
+    #[serde(default)]
+    pub auto_pause: Option<bool>,
+    /// `false` asks for a reboot-style resume, which this server does not do.
     #[serde(default)]
     pub memory: Option<bool>,
 }
@@ -364,7 +401,11 @@ mod tests {
                 r#"{"templateID":"b","network":{"denyOut":["10.0.0.0/8"]}}"#,
                 "denyOut",
             ),
-            (r#"{"templateID":"b","autoPause":true}"#, "autoPause"),
+            (
+                r#"{"templateID":"b","autoPause":true,"autoPauseMemory":false}"#,
+                "autoPauseMemory",
+            ),
+            (r#"{"templateID":"b","autoPause":"yes"}"#, "autoPause"),
             (
                 r#"{"templateID":"b","autoResume":{"enabled":true}}"#,
                 "autoResume",
@@ -380,6 +421,25 @@ mod tests {
         }
         assert!(parse("[]").is_err());
         assert!(parse("{").is_err());
+    }
+
+    #[test]
+    fn auto_pause_is_read_and_keeps_memory() {
+        assert!(!parse(r#"{"templateID":"b"}"#).unwrap().auto_pause);
+        assert!(
+            !parse(r#"{"templateID":"b","autoPause":false}"#)
+                .unwrap()
+                .auto_pause
+        );
+        for body in [
+            r#"{"templateID":"b","autoPause":true}"#,
+            r#"{"templateID":"b","autoPause":true,"autoPauseMemory":true}"#,
+            r#"{"autoPauseMemory":true,"templateID":"b","autoPause":true,"autoResume":{"enabled":false}}"#,
+        ] {
+            assert!(parse(body).unwrap().auto_pause, "{body}");
+        }
+        // Without autoPause, the memory flag means nothing.
+        assert!(parse(r#"{"templateID":"b","autoPauseMemory":false}"#).is_ok());
     }
 
     #[test]

@@ -493,6 +493,53 @@ def connect_by_id(ctx):
     assert again.files.read(f"{WORK}/before-connect.txt") == "written before connect"
 
 
+# --- pause and resume ----------------------------------------------------------------------
+
+# Counts in the shell's memory and writes each value: after a resume the file goes on from the
+# value in memory, which a restarted process could not know.
+COUNTER = "i=0; while true; do i=$((i+1)); echo $i > /tmp/counter; sleep 0.2; done"
+
+
+def counter(sbx):
+    text = sbx.files.read("/tmp/counter").strip()
+    return int(text) if text else 0
+
+
+@step
+def pause_then_connect_keeps_files_and_a_running_process(ctx):
+    pair = {"scenario-pause": RUN}
+    sbx = create(metadata=pair, timeout=300)
+    sbx.files.write(f"{HOME}/paused.txt", "kept through the pause")
+    handle = sbx.commands.run(COUNTER, background=True)
+    eventually("the counter counts", lambda: sbx.files.exists("/tmp/counter") and counter(sbx) >= 3)
+    before = counter(sbx)
+    assert sbx.pause() is True, "the first pause"
+    info = Sandbox.get_info(sbx.sandbox_id)
+    assert info.state == SandboxState.PAUSED, info.state
+    paused, _ = list_all(SandboxQuery(metadata=pair, state=[SandboxState.PAUSED]), limit=10)
+    assert paused == [sbx.sandbox_id], paused
+    running, _ = list_all(SandboxQuery(metadata=pair, state=[SandboxState.RUNNING]), limit=10)
+    assert running == [], running
+    assert sbx.pause() is False, "a second pause of a paused sandbox"
+    # Three seconds frozen: a counter ticking every 0.2 s that ran on would move by about
+    # fifteen; the slack covers the ticks between the last read and the pause taking hold.
+    time.sleep(3)
+    again = Sandbox.connect(sbx.sandbox_id, timeout=300)
+    assert again.sandbox_id == sbx.sandbox_id
+    thawed = counter(again)
+    assert before <= thawed <= before + 6, f"frozen means no counting: {before} before, {thawed} after"
+    assert Sandbox.get_info(sbx.sandbox_id).state == SandboxState.RUNNING
+    assert handle.pid in running_pids(again), f"pid {handle.pid} did not survive the pause"
+    eventually("the counter counts on after the resume", lambda: counter(again) > thawed + 2)
+    assert again.files.read(f"{HOME}/paused.txt") == "kept through the pause"
+    r = again.commands.run("echo after-resume")
+    assert r.stdout == "after-resume\n", repr(r.stdout)
+    # The first handle works again too: the resume re-opened the channel to its agent.
+    assert sbx.files.read(f"{HOME}/paused.txt") == "kept through the pause"
+    assert sbx.is_running() is True
+    assert sbx.kill() is True
+
+
 # --- typed errors --------------------------------------------------------------------------
 
 

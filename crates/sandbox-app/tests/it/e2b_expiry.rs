@@ -17,8 +17,15 @@
 //! Only generous bounds are asserted (60 s for a kill after its deadline or after the start);
 //! the lags are printed. A kill before the deadline fails (1 s slack for rounding).
 //!
+//! And pause on timeout, with the official Python SDK: a sandbox created with
+//! `lifecycle={"on_timeout": "pause"}` and a 4 s timeout is paused at its deadline (the engine
+//! reports its container paused, not gone, and the API `state: "paused"` with no deadline), and
+//! stays so; a connect resumes it (201), and the SDK finds the file and the background process
+//! it left.
+//!
 //! Needs the engine, the Debian image (`SANDBOX_TEST_DEBIAN_IMAGE`), the static agent
-//! (`SANDBOX_AGENT_BIN`) and `redis-server`: the e2b sdk stage of `cargo xtask test`.
+//! (`SANDBOX_AGENT_BIN`), `redis-server` and the SDK's venv (`SANDBOX_TEST_E2B_PYTHON`): the e2b
+//! sdk stage of `cargo xtask test`.
 
 #![cfg(all(feature = "docker", feature = "e2b-api"))]
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Test binary: a failed unwrap is a failed test.
@@ -319,4 +326,149 @@ async fn sandboxes_expire_and_deadlines_survive_a_restart_with_redis() {
         assert_eq!(redis.cli(&["ZREM", REDIS_DEADLINES, id]), "1");
     })
     .await;
+}
+
+/// The engine's state word of a container (`running`, `paused`...), asked of the engine.
+async fn engine_status(container: &str) -> String {
+    let out = tokio::process::Command::new("docker")
+        .args(["inspect", "-f", "{{.State.Status}}", container])
+        .env_remove("DOCKER_HOST")
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success(), "docker inspect: {out:?}");
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// Runs `code` with the SDK's venv against `serve` as tenant A; its stdout (the script ends on
+/// the `scenario: 1 passed, 0 failed` line `run_script` wants).
+fn sdk(serve: &E2bServe, code: &str) -> String {
+    let mut run = std::process::Command::new(sandbox_testkit::e2b_sdk::venv_python());
+    run.arg("-c")
+        .arg(code)
+        .env("E2B_API_KEY", &serve.key_a)
+        .env("E2B_API_URL", &serve.e2b)
+        .env("E2B_SANDBOX_URL", &serve.e2b)
+        .env_remove("E2B_DEBUG")
+        .env_remove("E2B_DOMAIN")
+        .env_remove("E2B_ACCESS_TOKEN")
+        .env("NO_PROXY", "127.0.0.1,localhost")
+        .env("no_proxy", "127.0.0.1,localhost");
+    let context = || serve.context();
+    tokio::task::block_in_place(|| {
+        sandbox_testkit::e2b_sdk::run_script(run, Duration::from_secs(180), &context)
+    })
+}
+
+#[expect(
+    clippy::print_stdout,
+    reason = "the measured figures go to the test's output"
+)]
+fn print_pause_lag(after_send: f64) {
+    println!(
+        "e2b pause on timeout: paused {after_send:.2} s after the create was sent (timeout 4 s)"
+    );
+}
+
+/// `key=value` of the line of `out` that starts with `key=`.
+fn said<'a>(out: &'a str, key: &str) -> &'a str {
+    out.lines()
+        .find_map(|l| l.strip_prefix(&format!("{key}=")))
+        .unwrap_or_else(|| panic!("the script did not say {key}:\n{out}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the Docker engine, the Debian image (SANDBOX_TEST_DEBIAN_IMAGE), the static agent (SANDBOX_AGENT_BIN) and the SDK venv (SANDBOX_TEST_E2B_PYTHON): the e2b sdk stage"]
+async fn a_sandbox_that_pauses_on_timeout_is_paused_not_killed_and_resumes_on_connect() {
+    let serve = E2bServe::start_with("te2bexpp", options()).await;
+    let sent = unix_now();
+    let out = sdk(
+        &serve,
+        r#"
+from e2b import Sandbox
+sbx = Sandbox.create(timeout=4, lifecycle={"on_timeout": "pause"}, metadata={"test": "pause-on-timeout"})
+sbx.files.write("/home/user/kept.txt", "kept through the timeout's pause")
+h = sbx.commands.run("sleep 600", background=True)
+assert sbx.get_info().lifecycle["on_timeout"] == "pause", sbx.get_info().lifecycle
+print(f"id={sbx.sandbox_id}")
+print(f"pid={h.pid}")
+print("scenario: 1 passed, 0 failed")
+"#,
+    );
+    let id = said(&out, "id").to_owned();
+    let pid = said(&out, "pid").to_owned();
+    let containers = serve.e2b_containers(&id).await;
+    assert_eq!(containers.len(), 1, "{id}: {containers:?}");
+    let container = containers[0].clone();
+
+    // Paused at the deadline, never killed.
+    let paused_at = loop {
+        let status = engine_status(&container).await;
+        if status == "paused" {
+            break unix_now();
+        }
+        assert_eq!(
+            status,
+            "running",
+            "{id} before its pause\n{}",
+            serve.context()
+        );
+        assert!(
+            unix_now() - (sent + 4.0) < KILL_BOUND.as_secs_f64(),
+            "{id} was not paused within {KILL_BOUND:?} of its deadline\n{}",
+            serve.context()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    print_pause_lag(paused_at - sent);
+    assert!(
+        paused_at > sent + 4.0 - EARLY_SLACK.as_secs_f64(),
+        "paused {:.2} s before its deadline",
+        sent + 4.0 - paused_at
+    );
+    let got = serve
+        .cp("GET", &format!("/sandboxes/{id}"), &serve.key_a, "")
+        .await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    let v = got.json();
+    assert_eq!(v["state"], json!("paused"), "{v}");
+    assert_eq!(v["lifecycle"]["onTimeout"], json!("pause"), "{v}");
+    // Several sweeps later it is still paused: a paused sandbox has no deadline to kill it by.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(engine_status(&container).await, "paused");
+
+    let connected = serve
+        .cp(
+            "POST",
+            &format!("/v2/sandboxes/{id}/connect"),
+            &serve.key_a,
+            r#"{"timeout": 600}"#,
+        )
+        .await;
+    assert_eq!(connected.status, 201, "resumed: {}", connected.text());
+    assert_eq!(engine_status(&container).await, "running");
+    let v = expect_alive(&serve, &id, "after the resume").await;
+    assert_eq!(v["state"], json!("running"), "{v}");
+    let end = end_at(&v);
+    assert!(
+        (end - (unix_now() + 600.0)).abs() < 30.0,
+        "the resumed sandbox's endAt is {:.0} s from now + 600 s: {v}",
+        end - (unix_now() + 600.0)
+    );
+    sdk(
+        &serve,
+        &format!(
+            r#"
+from e2b import Sandbox
+sbx = Sandbox.connect("{id}")
+assert sbx.files.read("/home/user/kept.txt") == "kept through the timeout's pause"
+pids = {{p.pid for p in sbx.commands.list()}}
+assert {pid} in pids, pids
+assert sbx.commands.run("echo resumed").stdout == "resumed\n"
+sbx.kill()
+print("scenario: 1 passed, 0 failed")
+"#
+        ),
+    );
+    serve.wait_no_containers().await;
 }

@@ -592,8 +592,24 @@ pub trait Watch: Send + Sync {
 #[async_trait]
 pub trait PauseResume: Send + Sync {
     /// Pauses a running sandbox.
+    /// - `[pause.keeps]` Once `pause` returns, [`SandboxProvider::get`] reports the sandbox
+    ///   paused; after [`resume`](PauseResume::resume) it reports it running, a file written
+    ///   before the pause holds the same bytes and a process started before it still runs.
+    /// - `[pause.refused]` While it is paused, a data-plane call on the sandbox (an exec, a
+    ///   file call) fails promptly with code `session_sandbox_paused`
+    ///   ([`ErrorCode::SandboxPaused`](crate::ErrorCode::SandboxPaused)); it never waits for a
+    ///   resume and never hangs.
+    /// - `[pause.twice]` Pausing a paused sandbox is `conflict` with code
+    ///   `session_sandbox_paused` and the message `sandbox '<id>' is already paused`; the
+    ///   sandbox stays paused.
+    /// - `[pause.absent]` Pausing or resuming a sandbox that does not exist (deleted, unknown)
+    ///   is `not_found`.
     async fn pause(&self, id: &SandboxId) -> Result<(), Error>;
-    /// Resumes a paused sandbox; resuming one that runs is `Ok` and changes nothing.
+    /// Resumes a paused sandbox.
+    /// - `[resume.running]` Resuming a sandbox that runs is `Ok` and changes nothing: its
+    ///   files and processes are as they were.
+    /// - `[pause.connect]` [`SandboxProvider::connect`] resumes a paused sandbox as `resume`
+    ///   does: afterwards it runs and its data-plane calls work again.
     async fn resume(&self, id: &SandboxId) -> Result<(), Error>;
 }
 

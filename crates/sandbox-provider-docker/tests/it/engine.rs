@@ -475,12 +475,6 @@ async fn bad_input_is_refused_with_clear_errors() {
         p.create(volumes).await.unwrap_err().kind(),
         ErrorKind::Unsupported
     );
-    let mut pause = request();
-    pause.timeout.on_timeout = TimeoutAction::Pause;
-    assert_eq!(
-        p.create(pause).await.unwrap_err().kind(),
-        ErrorKind::Unsupported
-    );
     let mut bad_meta = request();
     bad_meta.metadata.insert("a=b".into(), "x".into());
     assert_eq!(

@@ -40,9 +40,10 @@ use sandbox_core::{
 use sandbox_core::{
     Capabilities, Capability, Checked, Clock, Command, ConnectProbe, ConnectRequest, CreateRequest,
     DirEntry, Error, ErrorCode, ExecRequest, ExecResult, KeepAlive, ListFilter, Metadata,
-    NetworkFields, Operation, Provider, SandboxHandle, SandboxId, SandboxPath, SandboxProvider,
-    SandboxState, SandboxSummary, SandboxUser, Secret, SnapshotId, SnapshotRef, Snapshots,
-    StatEntry, SystemClock, Template, TemplateCatalog, TemplateId, TenantId, owner_metadata,
+    NetworkFields, Operation, PauseResume, Provider, SandboxHandle, SandboxId, SandboxPath,
+    SandboxProvider, SandboxState, SandboxSummary, SandboxUser, Secret, SnapshotId, SnapshotRef,
+    Snapshots, StatEntry, SystemClock, Template, TemplateCatalog, TemplateId, TenantId,
+    owner_metadata,
 };
 
 use self::exec::{Output, ProcessEnv};
@@ -112,6 +113,8 @@ pub enum FakeOp {
     WriteStream,
     RenamePath,
     WatchDir,
+    Pause,
+    Resume,
 }
 
 /// What a hook sees: the operation and, when it targets one, the sandbox.
@@ -352,7 +355,8 @@ impl FakeProvider {
 
     // ---- state control and inspection ---------------------------------------------------
 
-    /// Pauses a sandbox, as a provider idle timeout would.
+    /// Pauses a sandbox, as a provider idle timeout would: no fault injection, no checks (the
+    /// port's [`PauseResume::pause`] is the checked call).
     pub fn pause(&self, id: &SandboxId) -> bool {
         self.set_state(id, SandboxState::Paused)
     }
@@ -496,6 +500,11 @@ impl FakeProvider {
                 op,
                 format!("sandbox {id} is terminated"),
             ))),
+            // [pause.refused]: at once, with the code that says a resume would help.
+            SandboxState::Paused => Err(self.err(
+                Error::conflict(op, format!("sandbox {id} is paused, not running"))
+                    .with_code(ErrorCode::SandboxPaused),
+            )),
             other => Err(self.err(Error::conflict(
                 op,
                 format!("sandbox {id} is {other}, not running"),
@@ -836,6 +845,9 @@ impl SandboxProvider for FakeProvider {
     fn as_streamed_files(&self) -> Option<&dyn StreamedFiles> {
         Some(self)
     }
+    fn as_pause_resume(&self) -> Option<&dyn PauseResume> {
+        Some(self)
+    }
     fn as_watch(&self) -> Option<&dyn Watch> {
         Some(self)
     }
@@ -895,6 +907,57 @@ impl RunningGuard {
 impl Drop for RunningGuard {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+#[async_trait]
+impl PauseResume for FakeProvider {
+    async fn pause(&self, id: &SandboxId) -> Result<(), Error> {
+        let op = Operation::PAUSE;
+        self.enter(FakeOp::Pause, Some(id)).await?;
+        let mut st = lock(&self.inner.state);
+        let sbx = st
+            .sandboxes
+            .get_mut(id)
+            .ok_or_else(|| self.err(Error::not_found(op, format!("sandbox {id} not found"))))?;
+        match sbx.state {
+            SandboxState::Terminal => Err(self.err(Error::new(
+                sandbox_core::ErrorKind::Terminal,
+                op,
+                format!("sandbox {id} is terminated"),
+            ))),
+            SandboxState::Paused => Err(self.err(
+                Error::conflict(op, format!("sandbox '{id}' is already paused"))
+                    .with_code(ErrorCode::SandboxPaused),
+            )),
+            // Processes are frozen, not ended: their tasks and tables stay as they are.
+            SandboxState::Running | SandboxState::Transitioning | SandboxState::Unknown => {
+                sbx.state = SandboxState::Paused;
+                Ok(())
+            }
+        }
+    }
+
+    async fn resume(&self, id: &SandboxId) -> Result<(), Error> {
+        let op = Operation::RESUME;
+        self.enter(FakeOp::Resume, Some(id)).await?;
+        let mut st = lock(&self.inner.state);
+        let sbx = st
+            .sandboxes
+            .get_mut(id)
+            .ok_or_else(|| self.err(Error::not_found(op, format!("sandbox {id} not found"))))?;
+        match sbx.state {
+            SandboxState::Terminal => Err(self.err(Error::new(
+                sandbox_core::ErrorKind::Terminal,
+                op,
+                format!("sandbox {id} is terminated"),
+            ))),
+            SandboxState::Running => Ok(()),
+            SandboxState::Paused | SandboxState::Transitioning | SandboxState::Unknown => {
+                sbx.state = SandboxState::Running;
+                Ok(())
+            }
+        }
     }
 }
 

@@ -39,6 +39,11 @@ pub(super) async fn declared_capabilities_are_callable(ctx: &Ctx) -> CaseResult 
         ),
         ("watch", caps.watch, narrow::watch(p).is_some()),
         (
+            "pause_resume",
+            caps.pause_resume,
+            narrow::pause_resume(p).is_some(),
+        ),
+        (
             "terminal_reattach",
             caps.terminal_reattach,
             narrow::terminal_reattach(p).is_some(),

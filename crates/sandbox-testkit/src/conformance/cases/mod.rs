@@ -7,6 +7,7 @@ mod declared;
 mod exec;
 mod files;
 mod lifecycle;
+mod pause;
 mod processes;
 mod snapshots;
 mod streamed;
@@ -135,6 +136,42 @@ pub fn all_cases() -> Vec<Case> {
             [],
             [DefaultUser],
             ["create.user"]
+        ),
+        case!(
+            pause::pause_keeps_files_and_processes,
+            [PauseResume],
+            [],
+            ["pause.keeps"]
+        ),
+        case!(
+            pause::paused_sandbox_refuses_calls,
+            [PauseResume],
+            [],
+            ["pause.refused"]
+        ),
+        case!(
+            pause::pause_twice_is_conflict,
+            [PauseResume],
+            [],
+            ["pause.twice"]
+        ),
+        case!(
+            pause::pause_absent_is_not_found,
+            [PauseResume],
+            [],
+            ["pause.absent"]
+        ),
+        case!(
+            pause::resume_running_changes_nothing,
+            [PauseResume],
+            [],
+            ["resume.running"]
+        ),
+        case!(
+            pause::connect_resumes_a_paused_sandbox,
+            [PauseResume, Reconnect],
+            [],
+            ["pause.connect"]
         ),
         case!(exec::exec_argv_echo, [], [], ["exec.argv", "exec.io"]),
         case!(exec::exec_exit_codes, [], [], ["exec.io"]),
