@@ -46,3 +46,98 @@ pub struct SnapshotRef {
     #[serde(skip)]
     pub tenant: Option<TenantId>,
 }
+
+/// The longest template name, template ID, build ID or tag a [`TemplateBuildRequest`] carries.
+pub const MAX_TEMPLATE_WORD: usize = 64;
+
+/// Whether `word` may be a built template's name, ID or build ID: 1 to [`MAX_TEMPLATE_WORD`]
+/// lower-case letters, digits, `-` and `_` (what every backend can keep in an image label or
+/// tag).
+pub fn is_template_word(word: &str) -> bool {
+    !word.is_empty()
+        && word.len() <= MAX_TEMPLATE_WORD
+        && word
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+}
+
+/// Whether `tag` may name one build of a built template: as [`is_template_word`], plus `.`.
+pub fn is_template_tag(tag: &str) -> bool {
+    !tag.is_empty()
+        && tag.len() <= MAX_TEMPLATE_WORD
+        && tag.bytes().all(|b| {
+            b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_' || b == b'.'
+        })
+}
+
+/// A build of a tenant's template from an image already on the backend
+/// ([`crate::TemplateBuilds`]). Every word is checked with [`is_template_word`] (tags with
+/// [`is_template_tag`]) before it reaches a backend.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TemplateBuildRequest {
+    /// Whose template it is; only this tenant's creates boot it.
+    pub tenant: TenantId,
+    /// The caller's ID of the template (stable over its builds).
+    pub template_id: String,
+    /// The caller's ID of this build.
+    pub build_id: String,
+    /// The template's name (its alias), recorded with the build.
+    pub name: String,
+    /// The tags this build takes (moved from any other build of the template that held them);
+    /// at least one.
+    pub tags: Vec<String>,
+    /// The image the build is made from, as the backend names it; never fetched.
+    pub source_image: String,
+}
+
+impl TemplateBuildRequest {
+    /// Refuses a request whose words a backend could not keep, naming the field.
+    pub fn validate(&self) -> Result<(), crate::Error> {
+        let op = crate::Operation::BUILD_TEMPLATE;
+        for (field, word) in [
+            ("template_id", &self.template_id),
+            ("build_id", &self.build_id),
+            ("name", &self.name),
+        ] {
+            if !is_template_word(word) {
+                return Err(crate::Error::invalid_request(
+                    op,
+                    format!(
+                        "{field} must be 1 to {MAX_TEMPLATE_WORD} lower-case letters, digits, - and _"
+                    ),
+                ));
+            }
+        }
+        if self.tags.is_empty() || !self.tags.iter().all(|t| is_template_tag(t)) {
+            return Err(crate::Error::invalid_request(
+                op,
+                format!(
+                    "tags must be at least one, each 1 to {MAX_TEMPLATE_WORD} lower-case letters, digits, -, _ and ."
+                ),
+            ));
+        }
+        if self.source_image.is_empty() || self.source_image.len() > 255 {
+            return Err(crate::Error::invalid_request(
+                op,
+                "source_image must be 1 to 255 bytes",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// One finished build of a tenant's template, as the backend keeps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BuiltTemplate {
+    pub tenant: TenantId,
+    pub template_id: String,
+    pub build_id: String,
+    pub name: String,
+    /// The tags that name this build now (a build whose last tag moved away is gone).
+    pub tags: Vec<String>,
+    /// The image it was built from, as the build request named it.
+    pub source_image: String,
+    /// What a create request names to boot this build (for this tenant only).
+    pub template: crate::ids::TemplateId,
+    pub created_at: Option<OffsetDateTime>,
+}

@@ -39,6 +39,11 @@ pub(super) async fn declared_capabilities_are_callable(ctx: &Ctx) -> CaseResult 
         ),
         ("watch", caps.watch, narrow::watch(p).is_some()),
         (
+            "template_builds",
+            caps.template_builds,
+            narrow::template_builds(p).is_some(),
+        ),
+        (
             "terminal_reattach",
             caps.terminal_reattach,
             narrow::terminal_reattach(p).is_some(),
