@@ -34,7 +34,7 @@ use sandbox_core::{
     PauseResume, ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream, Processes, Signal,
     StreamedFiles, Tunnel, Tunnels, Watch, WatchStream,
 };
-use sandbox_core::{BuiltTemplate, TemplateBuildRequest, TemplateBuilds, TenantId};
+use sandbox_core::{BuiltTemplate, TemplateBuildRequest, TemplateBuilds};
 
 use crate::http::metrics::{Component, Metrics};
 

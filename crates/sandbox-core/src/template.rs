@@ -47,21 +47,34 @@ pub struct SnapshotRef {
     pub tenant: Option<TenantId>,
 }
 
-/// The longest template name, template ID, build ID or tag a [`TemplateBuildRequest`] carries.
-pub const MAX_TEMPLATE_WORD: usize = 64;
+/// The longest template ID, build ID or tag a [`TemplateBuildRequest`] carries (a backend
+/// may join a tenant, an ID and a tag into one 128-byte image tag).
+pub const MAX_TEMPLATE_WORD: usize = 40;
+/// The longest template name.
+pub const MAX_TEMPLATE_NAME: usize = 128;
 
-/// Whether `word` may be a built template's name, ID or build ID: 1 to [`MAX_TEMPLATE_WORD`]
-/// lower-case letters, digits, `-` and `_` (what every backend can keep in an image label or
-/// tag).
+/// Whether `word` may be a built template's ID or build ID: 1 to [`MAX_TEMPLATE_WORD`]
+/// lower-case letters, digits and `-` (no `_`, so a backend may use `_` to join words).
 pub fn is_template_word(word: &str) -> bool {
     !word.is_empty()
         && word.len() <= MAX_TEMPLATE_WORD
         && word
             .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
+
+/// Whether `name` may be a built template's name: 1 to [`MAX_TEMPLATE_NAME`] lower-case
+/// letters, digits, `-` and `_`.
+pub fn is_template_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_TEMPLATE_NAME
+        && name
+            .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
 }
 
-/// Whether `tag` may name one build of a built template: as [`is_template_word`], plus `.`.
+/// Whether `tag` may name one build of a built template: 1 to [`MAX_TEMPLATE_WORD`]
+/// lower-case letters, digits, `-`, `_` and `.`.
 pub fn is_template_tag(tag: &str) -> bool {
     !tag.is_empty()
         && tag.len() <= MAX_TEMPLATE_WORD
@@ -71,8 +84,8 @@ pub fn is_template_tag(tag: &str) -> bool {
 }
 
 /// A build of a tenant's template from an image already on the backend
-/// ([`crate::TemplateBuilds`]). Every word is checked with [`is_template_word`] (tags with
-/// [`is_template_tag`]) before it reaches a backend.
+/// ([`crate::TemplateBuilds`]). IDs are checked with [`is_template_word`], the name with
+/// [`is_template_name`] and tags with [`is_template_tag`] before they reach a backend.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TemplateBuildRequest {
     /// Whose template it is; only this tenant's creates boot it.
@@ -94,19 +107,19 @@ impl TemplateBuildRequest {
     /// Refuses a request whose words a backend could not keep, naming the field.
     pub fn validate(&self) -> Result<(), crate::Error> {
         let op = crate::Operation::BUILD_TEMPLATE;
-        for (field, word) in [
-            ("template_id", &self.template_id),
-            ("build_id", &self.build_id),
-            ("name", &self.name),
-        ] {
+        for (field, word) in [("template_id", &self.template_id), ("build_id", &self.build_id)] {
             if !is_template_word(word) {
                 return Err(crate::Error::invalid_request(
                     op,
-                    format!(
-                        "{field} must be 1 to {MAX_TEMPLATE_WORD} lower-case letters, digits, - and _"
-                    ),
+                    format!("{field} must be 1 to {MAX_TEMPLATE_WORD} lower-case letters, digits and -"),
                 ));
             }
+        }
+        if !is_template_name(&self.name) {
+            return Err(crate::Error::invalid_request(
+                op,
+                format!("name must be 1 to {MAX_TEMPLATE_NAME} lower-case letters, digits, - and _"),
+            ));
         }
         if self.tags.is_empty() || !self.tags.iter().all(|t| is_template_tag(t)) {
             return Err(crate::Error::invalid_request(
@@ -140,4 +153,35 @@ pub struct BuiltTemplate {
     /// What a create request names to boot this build (for this tenant only).
     pub template: crate::ids::TemplateId,
     pub created_at: Option<OffsetDateTime>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn template_words_names_and_tags_are_checked() {
+        assert!(is_template_word("abc-123"));
+        for bad in ["", "a_b", "A", "a.b", &"a".repeat(41)] {
+            assert!(!is_template_word(bad), "{bad}");
+        }
+        assert!(is_template_name("my_env-2"));
+        assert!(!is_template_name("My"));
+        assert!(is_template_tag("v1.2_x-y"));
+        assert!(!is_template_tag("v1:x"));
+        let mut request = TemplateBuildRequest {
+            tenant: TenantId::new(7).unwrap(),
+            template_id: "t1".to_owned(),
+            build_id: "b1".to_owned(),
+            name: "env".to_owned(),
+            tags: vec!["default".to_owned()],
+            source_image: "img:1".to_owned(),
+        };
+        assert!(request.validate().is_ok());
+        request.tags.clear();
+        assert!(request.validate().unwrap_err().message().contains("tags"));
+        request.tags.push("default".to_owned());
+        request.template_id = "t_1".to_owned();
+        assert!(request.validate().unwrap_err().message().contains("template_id"));
+    }
 }

@@ -36,6 +36,7 @@ pub mod labels;
 pub mod provider;
 pub mod snapshots;
 pub mod sweeper;
+pub mod template_builds;
 pub mod terminal;
 
 pub use config::{DataPlane, DockerConfig, NetworkMode, PullPolicy};

@@ -662,7 +662,7 @@ fn check_template_words(op: Operation, template_id: &str, tags: &[String]) -> Re
     if !is_template_word(template_id) {
         return Err(Error::invalid_request(
             op,
-            "the template ID must be lower-case letters, digits, - and _",
+            "the template ID must be lower-case letters, digits and -",
         ));
     }
     if !tags.iter().all(|t| is_template_tag(t)) {
