@@ -86,7 +86,8 @@ pub use sandbox::{
 };
 pub use secret::Secret;
 pub use template::{
-    BuiltTemplate, MAX_TEMPLATE_NAME, MAX_TEMPLATE_WORD, SnapshotRef, Template, TemplateBuildRequest,
+    BuiltTemplate, MAX_TEMPLATE_NAME, MAX_TEMPLATE_WORD, SnapshotRef, TEMPLATE_TENANT, Template,
+    TemplateBuildRequest,
     is_template_name, is_template_tag, is_template_word,
 };
 pub use terminal::{

@@ -83,6 +83,11 @@ pub fn is_template_tag(tag: &str) -> bool {
         })
 }
 
+/// The metadata key a create request names a built template's tenant under: the template
+/// boots only when it names the template's own tenant ([`crate::TemplateBuilds`]). Set by the
+/// service that resolved the template for its caller, never by a caller.
+pub const TEMPLATE_TENANT: &str = "sandbox.template_tenant";
+
 /// A build of a tenant's template from an image already on the backend
 /// ([`crate::TemplateBuilds`]). IDs are checked with [`is_template_word`], the name with
 /// [`is_template_name`] and tags with [`is_template_tag`] before they reach a backend.

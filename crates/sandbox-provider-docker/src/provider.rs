@@ -665,7 +665,7 @@ impl SandboxProvider for DockerProvider {
             // [template_builds.owner]: the tenant's own built template, by its checked ID.
             let tenant = request
                 .metadata
-                .get(owner_metadata::TENANT)
+                .get(sandbox_core::TEMPLATE_TENANT)
                 .map(String::as_str);
             self.bootable_template(request.template.as_str(), tenant)
                 .await?

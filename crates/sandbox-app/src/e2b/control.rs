@@ -149,6 +149,10 @@ async fn create(
         create
             .metadata
             .insert(super::templates::BUILT_TEMPLATE.to_owned(), template_id);
+        create.metadata.insert(
+            sandbox_core::TEMPLATE_TENANT.to_owned(),
+            tenant.get().to_string(),
+        );
     }
     create.env = new.env;
     // Their own timeout engine owns them: the backend's idle reclaim must never.

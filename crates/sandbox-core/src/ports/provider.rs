@@ -651,9 +651,9 @@ pub trait TemplateBuilds: Send + Sync {
     ///   is `invalid_request` with code `image_not_present`, naming the image, and builds
     ///   nothing.
     /// - `[template_builds.boot]` The returned [`BuiltTemplate::template`], as a create
-    ///   request's template with the tenant's ownership metadata, boots a sandbox of the
-    ///   source image, and the build is listed under each of its tags.
-    /// - `[template_builds.owner]` The same create for any other tenant, or without one, is
+    ///   request's template with metadata [`crate::TEMPLATE_TENANT`] naming the tenant, boots
+    ///   a sandbox of the source image, and the build is listed under each of its tags.
+    /// - `[template_builds.owner]` The same create naming any other tenant, or none, is
     ///   `not_found` with code `template_not_found` and creates nothing.
     async fn build_template(&self, request: &TemplateBuildRequest)
     -> Result<BuiltTemplate, Error>;

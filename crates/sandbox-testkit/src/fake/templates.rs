@@ -5,7 +5,7 @@
 use async_trait::async_trait;
 use sandbox_core::{
     BuiltTemplate, CreateRequest, Error, ErrorCode, Operation, SnapshotId, TemplateBuildRequest,
-    TemplateBuilds, TemplateId, TenantId, owner_metadata,
+    TEMPLATE_TENANT, TemplateBuilds, TemplateId, TenantId,
 };
 
 use super::{FakeOp, FakeProvider, State, lock};
@@ -22,10 +22,10 @@ fn template_not_found(op: Operation) -> Error {
     Error::not_found(op, "no such template").with_code(ErrorCode::TemplateNotFound)
 }
 
-/// `[template_builds.owner]`: `request` boots a built template only with its tenant's
-/// ownership metadata.
+/// `[template_builds.owner]`: `request` boots a built template only when its metadata names
+/// the template's tenant.
 pub(super) fn check_owner(st: &State, request: &CreateRequest) -> Result<(), Error> {
-    let tenant = request.metadata.get(owner_metadata::TENANT);
+    let tenant = request.metadata.get(TEMPLATE_TENANT);
     let owned = st
         .built
         .iter()

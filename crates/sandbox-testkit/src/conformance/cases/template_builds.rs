@@ -3,7 +3,7 @@
 
 use sandbox_core::{
     BuiltTemplate, CreateRequest, ErrorCode, ErrorKind, ListFilter, TemplateBuildRequest,
-    TemplateBuilds, TemplateId, TenantId, narrow, owner_metadata,
+    TEMPLATE_TENANT, TemplateBuilds, TemplateId, TenantId, narrow,
 };
 
 use super::super::{CaseResult, Ctx, Failure, ensure, ensure_eq};
@@ -34,7 +34,7 @@ fn as_tenant(ctx: &Ctx, tenant: Option<TenantId>, template: &TemplateId) -> Crea
     if let Some(t) = tenant {
         request
             .metadata
-            .insert(owner_metadata::TENANT.to_owned(), t.get().to_string());
+            .insert(TEMPLATE_TENANT.to_owned(), t.get().to_string());
     }
     request.template = template.clone();
     request
