@@ -45,6 +45,10 @@ impl EnvdPlane for NoEnvd {
 }
 
 fn app() -> axum::Router {
+    app_with_base(FakeProvider::template())
+}
+
+fn app_with_base(base: sandbox_core::TemplateId) -> axum::Router {
     let provider: Arc<dyn SandboxProvider> = Arc::new(FakeProvider::new());
     let auth = TenantAuth::new([
         (1, hex(&digest(KEY_A)).as_str()),
@@ -56,7 +60,7 @@ fn app() -> axum::Router {
         domain: "sbx.test".to_owned(),
         default_timeout: Duration::from_secs(300),
         max_timeout: Duration::from_secs(3600),
-        templates: HashMap::from([("base".to_owned(), FakeProvider::template())]),
+        templates: HashMap::from([("base".to_owned(), base)]),
         cpu_count: 2,
         memory_mb: 2048,
         disk_size_mb: 10240,
@@ -292,4 +296,13 @@ async fn tags_are_assigned_listed_and_removed() {
     assert_error(status, &answer, StatusCode::NOT_FOUND, "tagged:v2");
     let (status, answer) = call(&app, "POST", "/templates/tags", KEY_A, Some(json!({"target": "tagged:nope", "tags": ["x"]}))).await;
     assert_error(status, &answer, StatusCode::NOT_FOUND, "tagged:nope");
+}
+
+#[tokio::test]
+async fn an_absent_default_base_image_says_how_to_build_it() {
+    let base = sandbox_core::TemplateId::new(sandbox_app::config::DEFAULT_E2B_BASE_IMAGE).unwrap();
+    let app = app_with_base(base);
+    let (status, answer) = create(&app, KEY_A, "base").await;
+    assert_error(status, &answer, StatusCode::BAD_REQUEST, "cargo xtask debian-image");
+    assert!(answer["message"].as_str().unwrap().contains(sandbox_app::config::DEFAULT_E2B_BASE_IMAGE), "{answer}");
 }

@@ -97,3 +97,90 @@ async fn the_official_python_sdk_builds_boots_and_deletes_a_template_from_a_loca
         .unwrap();
     assert!(!inspect.status.success(), "{absent} appeared on the engine");
 }
+
+/// Polls a build's status until it leaves `building`/`waiting`; its last answer.
+async fn finished(serve: &E2bServe, key: &str, id: &str, build: &str) -> serde_json::Value {
+    for _ in 0..600 {
+        let a = serve
+            .cp("GET", &format!("/templates/{id}/builds/{build}/status"), key, "")
+            .await;
+        assert_eq!(a.status, 200, "status: {}", a.text());
+        let v = a.json();
+        if !matches!(v["status"].as_str(), Some("building" | "waiting")) {
+            return v;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("build {build} never finished\n{}", serve.context());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the Docker engine, the Debian image (SANDBOX_TEST_DEBIAN_IMAGE) and the static agent (SANDBOX_AGENT_BIN): the e2b sdk stage"]
+async fn a_ready_template_survives_a_restart_and_stays_its_tenants() {
+    let image = debian_image();
+    let mut serve = E2bServe::start("te2btplr").await;
+    let _cleanup = TemplateImages(serve.namespace.clone());
+    let (a, b) = (serve.key_a.clone(), serve.key_b.clone());
+    let name = format!("keep-{:08x}", fastrand::u32(..));
+    let requested = serve
+        .cp("POST", "/v3/templates", &a, &format!(r#"{{"name":"{name}:v1"}}"#))
+        .await;
+    assert_eq!(requested.status, 202, "{}", requested.text());
+    let v = requested.json();
+    let (id, build) = (
+        v["templateID"].as_str().unwrap().to_owned(),
+        v["buildID"].as_str().unwrap().to_owned(),
+    );
+    let started = serve
+        .cp(
+            "POST",
+            &format!("/v2/templates/{id}/builds/{build}"),
+            &a,
+            &serde_json::json!({"fromImage": image, "steps": []}).to_string(),
+        )
+        .await;
+    assert_eq!(started.status, 202, "{}", started.text());
+    assert_eq!(finished(&serve, &a, &id, &build).await["status"], "ready");
+    // The image is the adapter's own, in its repository, labelled with the tenant.
+    assert_eq!(template_images(&serve.namespace).len(), 1);
+
+    serve.stop().await;
+    serve.restart().await;
+
+    // The engine's image is the record: after the restart the build is ready, listed, and boots.
+    assert_eq!(finished(&serve, &a, &id, &build).await["status"], "ready");
+    let listed = serve.cp("GET", "/v2/templates", &a, "").await.json();
+    assert!(
+        listed
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["templateID"] == id.as_str() && t["buildStatus"] == "ready"),
+        "{listed}"
+    );
+    let created = serve
+        .create_body(&a, serde_json::json!({"templateID": format!("{name}:v1"), "timeout": 120}))
+        .await;
+    // Another tenant sees none of it, and cannot boot it by name or by ID.
+    for path in [format!("/templates/{id}"), format!("/templates/{id}/builds/{build}/status")] {
+        serve.cp("GET", &path, &b, "").await.error(&[404], &path);
+    }
+    for template in [format!("{name}:v1"), id.clone()] {
+        serve
+            .cp("POST", "/v2/sandboxes", &b, &serde_json::json!({"templateID": template}).to_string())
+            .await
+            .error(&[404], "another tenant's create");
+    }
+    serve
+        .cp("DELETE", &format!("/templates/{id}"), &a, "")
+        .await
+        .error(&[409], "a delete while the sandbox runs");
+    let killed = serve
+        .cp("DELETE", &format!("/sandboxes/{}", created.id), &a, "")
+        .await;
+    assert_eq!(killed.status, 204, "{}", killed.text());
+    let deleted = serve.cp("DELETE", &format!("/templates/{id}"), &a, "").await;
+    assert_eq!(deleted.status, 204, "{}", deleted.text());
+    serve.wait_no_containers().await;
+    assert_eq!(template_images(&serve.namespace), Vec::<String>::new());
+}
