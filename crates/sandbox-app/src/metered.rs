@@ -30,11 +30,11 @@ use sandbox_core::{
     Template, TemplateCatalog, TenantId, Terminal, TerminalOptions, TerminalReattach, TerminalSize,
     Terminals, TreeLimits, TreeListing, TurnLeases, TurnState,
 };
+use sandbox_core::{BuiltTemplate, TemplateBuildRequest, TemplateBuilds};
 use sandbox_core::{
     PauseResume, ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream, Processes, Signal,
     StreamedFiles, Tunnel, Tunnels, Watch, WatchStream,
 };
-use sandbox_core::{BuiltTemplate, TemplateBuildRequest, TemplateBuilds};
 
 use crate::http::metrics::{Component, Metrics};
 
@@ -572,10 +572,7 @@ impl Tunnels for MeteredProvider {
 #[async_trait]
 #[deny(clippy::missing_trait_methods)]
 impl TemplateBuilds for MeteredProvider {
-    async fn build_template(
-        &self,
-        request: &TemplateBuildRequest,
-    ) -> Result<BuiltTemplate, Error> {
+    async fn build_template(&self, request: &TemplateBuildRequest) -> Result<BuiltTemplate, Error> {
         let op = Operation::BUILD_TEMPLATE;
         let inner = self
             .inner

@@ -112,18 +112,25 @@ impl TemplateBuildRequest {
     /// Refuses a request whose words a backend could not keep, naming the field.
     pub fn validate(&self) -> Result<(), crate::Error> {
         let op = crate::Operation::BUILD_TEMPLATE;
-        for (field, word) in [("template_id", &self.template_id), ("build_id", &self.build_id)] {
+        for (field, word) in [
+            ("template_id", &self.template_id),
+            ("build_id", &self.build_id),
+        ] {
             if !is_template_word(word) {
                 return Err(crate::Error::invalid_request(
                     op,
-                    format!("{field} must be 1 to {MAX_TEMPLATE_WORD} lower-case letters, digits and -"),
+                    format!(
+                        "{field} must be 1 to {MAX_TEMPLATE_WORD} lower-case letters, digits and -"
+                    ),
                 ));
             }
         }
         if !is_template_name(&self.name) {
             return Err(crate::Error::invalid_request(
                 op,
-                format!("name must be 1 to {MAX_TEMPLATE_NAME} lower-case letters, digits, - and _"),
+                format!(
+                    "name must be 1 to {MAX_TEMPLATE_NAME} lower-case letters, digits, - and _"
+                ),
             ));
         }
         if self.tags.is_empty() || !self.tags.iter().all(|t| is_template_tag(t)) {
@@ -187,6 +194,12 @@ mod tests {
         assert!(request.validate().unwrap_err().message().contains("tags"));
         request.tags.push("default".to_owned());
         request.template_id = "t_1".to_owned();
-        assert!(request.validate().unwrap_err().message().contains("template_id"));
+        assert!(
+            request
+                .validate()
+                .unwrap_err()
+                .message()
+                .contains("template_id")
+        );
     }
 }

@@ -55,8 +55,11 @@ fn split_image_tag(image_tag: &str) -> Option<(u64, &str, &str)> {
     let (tenant, rest) = rest.split_once('_')?;
     let (template_id, tag) = rest.split_once('_')?;
     let tenant = tenant.parse().ok()?;
-    (sandbox_core::is_template_word(template_id) && sandbox_core::is_template_tag(tag))
-        .then_some((tenant, template_id, tag))
+    (sandbox_core::is_template_word(template_id) && sandbox_core::is_template_tag(tag)).then_some((
+        tenant,
+        template_id,
+        tag,
+    ))
 }
 
 /// Whether `image_labels` say: a template image of `namespace` belonging to `tenant`.
@@ -265,10 +268,17 @@ impl DockerProvider {
         };
         let created = self
             .docker()
-            .create_container(None::<bollard::query_parameters::CreateContainerOptions>, body)
+            .create_container(
+                None::<bollard::query_parameters::CreateContainerOptions>,
+                body,
+            )
             .await
             .map_err(|e| errors::map(op, e))?;
-        let first_tag = request.tags.first().map(String::as_str).unwrap_or("default");
+        let first_tag = request
+            .tags
+            .first()
+            .map(String::as_str)
+            .unwrap_or("default");
         let image_labels = HashMap::from([
             (labels::TEMPLATE.to_owned(), "true".to_owned()),
             // An image built from a snapshot must never pass for one.
@@ -292,11 +302,7 @@ impl DockerProvider {
         let options = CommitContainerOptions {
             container: Some(created.id.clone()),
             repo: Some(self.template_repo()),
-            tag: Some(image_tag(
-                request.tenant,
-                &request.template_id,
-                first_tag,
-            )),
+            tag: Some(image_tag(request.tenant, &request.template_id, first_tag)),
             pause: false,
             ..Default::default()
         };
@@ -321,10 +327,7 @@ impl DockerProvider {
 
 #[async_trait]
 impl TemplateBuilds for DockerProvider {
-    async fn build_template(
-        &self,
-        request: &TemplateBuildRequest,
-    ) -> Result<BuiltTemplate, Error> {
+    async fn build_template(&self, request: &TemplateBuildRequest) -> Result<BuiltTemplate, Error> {
         let op = Operation::BUILD_TEMPLATE;
         // [template_builds.local]: a local inspect, never a pull.
         let inspect = match self.docker().inspect_image(&request.source_image).await {
@@ -376,7 +379,11 @@ impl TemplateBuilds for DockerProvider {
         }
         self.prune_untagged(op, request.tenant, &request.template_id)
             .await;
-        let first = request.tags.first().map(String::as_str).unwrap_or("default");
+        let first = request
+            .tags
+            .first()
+            .map(String::as_str)
+            .unwrap_or("default");
         Ok(BuiltTemplate {
             tenant: request.tenant,
             template_id: request.template_id.clone(),
@@ -431,13 +438,15 @@ impl TemplateBuilds for DockerProvider {
     ) -> Result<(), Error> {
         let op = Operation::TAG_TEMPLATE;
         let images = self.template_images(op, tenant, Some(template_id)).await?;
-        let Some(image) = images.iter().find(|i| {
-            i.labels.get(labels::TEMPLATE_BUILD).map(String::as_str) == Some(build_id)
-        }) else {
+        let Some(image) = images
+            .iter()
+            .find(|i| i.labels.get(labels::TEMPLATE_BUILD).map(String::as_str) == Some(build_id))
+        else {
             return Err(template_not_found(op));
         };
         for tag in tags {
-            self.put_tag(op, &image.id, tenant, template_id, tag).await?;
+            self.put_tag(op, &image.id, tenant, template_id, tag)
+                .await?;
         }
         self.prune_untagged(op, tenant, template_id).await;
         Ok(())

@@ -24,11 +24,11 @@ use sandbox_core::{
     Snapshots, StatEntry, Template, TemplateCatalog, TenantId, Terminal, TerminalOptions,
     TerminalReattach, TerminalSize, Terminals, TreeLimits, TreeListing, TurnLeases, TurnState,
 };
+use sandbox_core::{BuiltTemplate, TemplateBuildRequest, TemplateBuilds};
 use sandbox_core::{
     PauseResume, ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream, Processes, Signal,
     StreamedFiles, Tunnel, Tunnels, Watch, WatchStream,
 };
-use sandbox_core::{BuiltTemplate, TemplateBuildRequest, TemplateBuilds};
 
 /// What a provider double changes. Each hook receives the wrapped provider (or its
 /// capability) as `next`; the defaults forward unchanged. There is a hook for each method a
@@ -573,10 +573,7 @@ impl<H: ProviderHooks> Tunnels for Forward<H> {
 #[async_trait]
 #[deny(clippy::missing_trait_methods)]
 impl<H: ProviderHooks> TemplateBuilds for Forward<H> {
-    async fn build_template(
-        &self,
-        request: &TemplateBuildRequest,
-    ) -> Result<BuiltTemplate, Error> {
+    async fn build_template(&self, request: &TemplateBuildRequest) -> Result<BuiltTemplate, Error> {
         let next = self.inner.as_template_builds();
         let next = next.ok_or_else(|| self.missing(Operation::BUILD_TEMPLATE))?;
         next.build_template(request).await

@@ -124,14 +124,16 @@ fn settings(config: &ServiceConfig) -> Result<Settings, String> {
         templates.insert(name.clone(), image);
     }
     if !templates.contains_key("base") {
-        let base = TemplateId::new(crate::config::DEFAULT_E2B_BASE_IMAGE).map_err(|e| e.to_string())?;
+        let base =
+            TemplateId::new(crate::config::DEFAULT_E2B_BASE_IMAGE).map_err(|e| e.to_string())?;
         templates.insert("base".to_owned(), base);
     }
     // Unset, builds may start from the images the operator already lets sandboxes boot.
     let build_images = match &e.build_images {
         Some(images) => images.clone(),
         None => {
-            let mut images: Vec<String> = templates.values().map(|t| t.as_str().to_owned()).collect();
+            let mut images: Vec<String> =
+                templates.values().map(|t| t.as_str().to_owned()).collect();
             images.sort();
             images.dedup();
             images

@@ -255,8 +255,12 @@ fn check_tag(tag: &str) -> Result<(), ApiError> {
 /// A random template ID: 20 lower-case letters and digits.
 fn new_template_id() -> Result<String, ApiError> {
     let mut raw = [0u8; 20];
-    getrandom::fill(&mut raw)
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("no randomness: {e}")))?;
+    getrandom::fill(&mut raw).map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("no randomness: {e}"),
+        )
+    })?;
     const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
     Ok(raw
         .iter()
@@ -267,8 +271,12 @@ fn new_template_id() -> Result<String, ApiError> {
 /// A random build ID, a UUID (version 4) as the SDKs parse build IDs.
 fn new_build_id() -> Result<String, ApiError> {
     let mut raw = [0u8; 16];
-    getrandom::fill(&mut raw)
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("no randomness: {e}")))?;
+    getrandom::fill(&mut raw).map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("no randomness: {e}"),
+        )
+    })?;
     raw[6] = (raw[6] & 0x0f) | 0x40;
     raw[8] = (raw[8] & 0x3f) | 0x80;
     let hex: String = raw.iter().map(|b| format!("{b:02x}")).collect();
@@ -357,7 +365,11 @@ async fn views(inner: &Inner, tenant: TenantId) -> Result<Vec<View>, ApiError> {
 }
 
 /// The tenant's template that `reference` (`id`, `name`, with or without `:tag`) names.
-async fn view_of(inner: &Inner, tenant: TenantId, reference: &str) -> Result<(View, Option<String>), ApiError> {
+async fn view_of(
+    inner: &Inner,
+    tenant: TenantId,
+    reference: &str,
+) -> Result<(View, Option<String>), ApiError> {
     let (base, tag) = split_reference(reference).map_err(|_| template_not_found(reference))?;
     views(inner, tenant)
         .await?
@@ -500,7 +512,10 @@ async fn start_build(
     let Some(wanted) = record.builds.iter().find(|b| b.build_id == build).cloned() else {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
-            format!("build '{}' of template '{id}' not found", build.chars().take(64).collect::<String>()),
+            format!(
+                "build '{}' of template '{id}' not found",
+                build.chars().take(64).collect::<String>()
+            ),
         ));
     };
     if wanted.status != Status::Waiting {
@@ -526,24 +541,31 @@ async fn start_build(
     tokio::spawn(async move {
         let inner = &api.inner;
         let result = match builds_port(inner) {
-            Ok(port) => port.build_template(&request).await.map_err(|e| e.message().to_owned()),
+            Ok(port) => port
+                .build_template(&request)
+                .await
+                .map_err(|e| e.message().to_owned()),
             Err(e) => Err(e.message),
         };
         match result {
             Ok(_) => {
                 tracing::info!(tenant = tenant.get(), template = %request.template_id, build = %request.build_id, "e2b api: template build ready");
-                inner.templates.update(tenant, &request.template_id, &request.build_id, |b| {
-                    b.status = Status::Ready;
-                    log(b, "info", "Build finished");
-                });
+                inner
+                    .templates
+                    .update(tenant, &request.template_id, &request.build_id, |b| {
+                        b.status = Status::Ready;
+                        log(b, "info", "Build finished");
+                    });
             }
             Err(reason) => {
                 tracing::info!(tenant = tenant.get(), template = %request.template_id, build = %request.build_id, reason = %reason, "e2b api: template build failed");
-                inner.templates.update(tenant, &request.template_id, &request.build_id, |b| {
-                    b.status = Status::Error;
-                    log(b, "error", reason.clone());
-                    b.reason = Some(reason);
-                });
+                inner
+                    .templates
+                    .update(tenant, &request.template_id, &request.build_id, |b| {
+                        b.status = Status::Error;
+                        log(b, "error", reason.clone());
+                        b.reason = Some(reason);
+                    });
             }
         }
     });
@@ -553,7 +575,9 @@ async fn start_build(
 /// The source image a build start names, or 400 naming what cannot be honoured.
 fn check_build_start(body: &Value, allowed: &[String]) -> Result<String, ApiError> {
     let Some(fields) = body.as_object() else {
-        return Err(ApiError::bad_request("the build start must be a JSON object"));
+        return Err(ApiError::bad_request(
+            "the build start must be a JSON object",
+        ));
     };
     for (key, value) in fields {
         let set = !value.is_null();
@@ -582,7 +606,11 @@ fn check_build_start(body: &Value, allowed: &[String]) -> Result<String, ApiErro
     let image = fields
         .get("fromImage")
         .and_then(Value::as_str)
-        .ok_or_else(|| ApiError::bad_request("fromImage: a build needs fromImage naming an image on the backend"))?;
+        .ok_or_else(|| {
+            ApiError::bad_request(
+                "fromImage: a build needs fromImage naming an image on the backend",
+            )
+        })?;
     if !build_image_allowed(allowed, image) {
         return Err(ApiError::bad_request(format!(
             "fromImage: {} is not an image this server builds from (e2b.build_images)",
@@ -617,7 +645,10 @@ async fn build_status(
         None => {
             return Err(ApiError::new(
                 StatusCode::NOT_FOUND,
-                format!("build '{}' of template '{id}' not found", build.chars().take(64).collect::<String>()),
+                format!(
+                    "build '{}' of template '{id}' not found",
+                    build.chars().take(64).collect::<String>()
+                ),
             ));
         }
     };
@@ -655,7 +686,11 @@ fn template_json(inner: &Inner, v: &View) -> Value {
         .chain(v.ready.iter().filter_map(|b| b.created_at))
         .max()
         .unwrap_or(now);
-    let build_count = v.ready.len() + v.records.iter().filter(|r| !v.ready.iter().any(|b| b.build_id == r.build_id)).count();
+    let build_count = v.ready.len()
+        + v.records
+            .iter()
+            .filter(|r| !v.ready.iter().any(|b| b.build_id == r.build_id))
+            .count();
     json!({
         "templateID": v.template_id,
         "buildID": v.latest_build_id(),
@@ -704,7 +739,11 @@ async fn get_one(
             "memoryMB": inner.settings.memory_mb,
         }));
     }
-    for r in view.records.iter().filter(|r| !view.ready.iter().any(|b| b.build_id == r.build_id)) {
+    for r in view
+        .records
+        .iter()
+        .filter(|r| !view.ready.iter().any(|b| b.build_id == r.build_id))
+    {
         builds.push(json!({
             "buildID": r.build_id, "status": r.status.word(),
             "createdAt": rfc3339(r.created_at), "updatedAt": rfc3339(r.updated_at),
@@ -840,19 +879,32 @@ async fn delete(
 }
 
 /// A running or paused sandbox of the tenant booted from the template, if any.
-async fn in_use_by(inner: &Inner, tenant: TenantId, template_id: &str) -> Result<Option<String>, ApiError> {
+async fn in_use_by(
+    inner: &Inner,
+    tenant: TenantId,
+    template_id: &str,
+) -> Result<Option<String>, ApiError> {
     let mut metadata = meta::api_filter();
     metadata.insert(meta::TENANT.to_owned(), tenant.get().to_string());
     metadata.insert(BUILT_TEMPLATE.to_owned(), template_id.to_owned());
     let filter = ListFilter {
         metadata,
-        states: vec![SandboxState::Running, SandboxState::Paused, SandboxState::Transitioning],
+        states: vec![
+            SandboxState::Running,
+            SandboxState::Paused,
+            SandboxState::Transitioning,
+        ],
     };
     let listed = inner.provider.list(&filter).await?;
     Ok(listed
         .into_iter()
         .find(|s| !matches!(s.state, SandboxState::Terminal))
-        .map(|s| s.metadata.get(meta::ID).cloned().unwrap_or_else(|| s.id.to_string())))
+        .map(|s| {
+            s.metadata
+                .get(meta::ID)
+                .cloned()
+                .unwrap_or_else(|| s.id.to_string())
+        }))
 }
 
 #[cfg(test)]
@@ -877,8 +929,14 @@ mod tests {
         for (body, needle) in [
             (json!({"fromImage": "img:2"}), "e2b.build_images"),
             (json!({"fromTemplate": "base"}), "fromTemplate"),
-            (json!({"fromImage": "img:1", "fromImageRegistry": {"type": "aws"}}), "fromImageRegistry"),
-            (json!({"fromImage": "img:1", "steps": [{"type": "RUN", "args": ["x"]}]}), "steps"),
+            (
+                json!({"fromImage": "img:1", "fromImageRegistry": {"type": "aws"}}),
+                "fromImageRegistry",
+            ),
+            (
+                json!({"fromImage": "img:1", "steps": [{"type": "RUN", "args": ["x"]}]}),
+                "steps",
+            ),
             (json!({"fromImage": "img:1", "startCmd": "x"}), "startCmd"),
             (json!({"fromImage": "img:1", "bogus": 1}), "bogus"),
             (json!({}), "fromImage"),
@@ -891,12 +949,18 @@ mod tests {
 
     #[test]
     fn references_split_and_ids_look_right() {
-        assert_eq!(split_reference("My-Env:V1").unwrap(), ("my-env".to_owned(), Some("v1".to_owned())));
+        assert_eq!(
+            split_reference("My-Env:V1").unwrap(),
+            ("my-env".to_owned(), Some("v1".to_owned()))
+        );
         assert_eq!(split_reference("env").unwrap(), ("env".to_owned(), None));
         assert!(split_reference("team/env").is_err());
         assert!(split_reference("env:bad tag").is_err());
         let id = new_template_id().unwrap();
-        assert!(sandbox_core::is_template_word(&id) && id.len() == 20, "{id}");
+        assert!(
+            sandbox_core::is_template_word(&id) && id.len() == 20,
+            "{id}"
+        );
         let build = new_build_id().unwrap();
         assert_eq!(build.len(), 36);
         assert!(sandbox_core::is_template_word(&build), "{build}");

@@ -26,10 +26,18 @@ const SCRIPT_DEADLINE: Duration = Duration::from_secs(600);
 /// The images of the namespace's template repository (`sandbox-template-<namespace>`).
 fn template_images(namespace: &str) -> Vec<String> {
     let out = Command::new("docker")
-        .args(["images", "--quiet", &format!("sandbox-template-{namespace}")])
+        .args([
+            "images",
+            "--quiet",
+            &format!("sandbox-template-{namespace}"),
+        ])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .map(str::to_owned)
@@ -102,7 +110,12 @@ async fn the_official_python_sdk_builds_boots_and_deletes_a_template_from_a_loca
 async fn finished(serve: &E2bServe, key: &str, id: &str, build: &str) -> serde_json::Value {
     for _ in 0..600 {
         let a = serve
-            .cp("GET", &format!("/templates/{id}/builds/{build}/status"), key, "")
+            .cp(
+                "GET",
+                &format!("/templates/{id}/builds/{build}/status"),
+                key,
+                "",
+            )
             .await;
         assert_eq!(a.status, 200, "status: {}", a.text());
         let v = a.json();
@@ -123,7 +136,12 @@ async fn a_ready_template_survives_a_restart_and_stays_its_tenants() {
     let (a, b) = (serve.key_a.clone(), serve.key_b.clone());
     let name = format!("keep-{:08x}", fastrand::u32(..));
     let requested = serve
-        .cp("POST", "/v3/templates", &a, &format!(r#"{{"name":"{name}:v1"}}"#))
+        .cp(
+            "POST",
+            "/v3/templates",
+            &a,
+            &format!(r#"{{"name":"{name}:v1"}}"#),
+        )
         .await;
     assert_eq!(requested.status, 202, "{}", requested.text());
     let v = requested.json();
@@ -159,15 +177,26 @@ async fn a_ready_template_survives_a_restart_and_stays_its_tenants() {
         "{listed}"
     );
     let created = serve
-        .create_body(&a, serde_json::json!({"templateID": format!("{name}:v1"), "timeout": 120}))
+        .create_body(
+            &a,
+            serde_json::json!({"templateID": format!("{name}:v1"), "timeout": 120}),
+        )
         .await;
     // Another tenant sees none of it, and cannot boot it by name or by ID.
-    for path in [format!("/templates/{id}"), format!("/templates/{id}/builds/{build}/status")] {
+    for path in [
+        format!("/templates/{id}"),
+        format!("/templates/{id}/builds/{build}/status"),
+    ] {
         serve.cp("GET", &path, &b, "").await.error(&[404], &path);
     }
     for template in [format!("{name}:v1"), id.clone()] {
         serve
-            .cp("POST", "/v2/sandboxes", &b, &serde_json::json!({"templateID": template}).to_string())
+            .cp(
+                "POST",
+                "/v2/sandboxes",
+                &b,
+                &serde_json::json!({"templateID": template}).to_string(),
+            )
             .await
             .error(&[404], "another tenant's create");
     }
@@ -179,7 +208,9 @@ async fn a_ready_template_survives_a_restart_and_stays_its_tenants() {
         .cp("DELETE", &format!("/sandboxes/{}", created.id), &a, "")
         .await;
     assert_eq!(killed.status, 204, "{}", killed.text());
-    let deleted = serve.cp("DELETE", &format!("/templates/{id}"), &a, "").await;
+    let deleted = serve
+        .cp("DELETE", &format!("/templates/{id}"), &a, "")
+        .await;
     assert_eq!(deleted.status, 204, "{}", deleted.text());
     serve.wait_no_containers().await;
     assert_eq!(template_images(&serve.namespace), Vec::<String>::new());

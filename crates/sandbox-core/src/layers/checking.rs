@@ -677,14 +677,10 @@ fn check_template_words(op: Operation, template_id: &str, tags: &[String]) -> Re
 #[async_trait]
 #[deny(clippy::missing_trait_methods)]
 impl<P: SandboxProvider> TemplateBuilds for Checked<P> {
-    async fn build_template(
-        &self,
-        request: &TemplateBuildRequest,
-    ) -> Result<BuiltTemplate, Error> {
+    async fn build_template(&self, request: &TemplateBuildRequest) -> Result<BuiltTemplate, Error> {
         let op = Operation::BUILD_TEMPLATE;
-        let inner = self.inner_capability(Capability::TemplateBuilds, op, |p| {
-            p.as_template_builds()
-        })?;
+        let inner =
+            self.inner_capability(Capability::TemplateBuilds, op, |p| p.as_template_builds())?;
         request.validate()?;
         inner.build_template(request).await
     }
@@ -704,9 +700,8 @@ impl<P: SandboxProvider> TemplateBuilds for Checked<P> {
         tags: &[String],
     ) -> Result<(), Error> {
         let op = Operation::TAG_TEMPLATE;
-        let inner = self.inner_capability(Capability::TemplateBuilds, op, |p| {
-            p.as_template_builds()
-        })?;
+        let inner =
+            self.inner_capability(Capability::TemplateBuilds, op, |p| p.as_template_builds())?;
         check_template_words(op, template_id, tags)?;
         check_template_words(op, build_id, &[])?;
         inner
@@ -721,9 +716,8 @@ impl<P: SandboxProvider> TemplateBuilds for Checked<P> {
         tags: &[String],
     ) -> Result<(), Error> {
         let op = Operation::UNTAG_TEMPLATE;
-        let inner = self.inner_capability(Capability::TemplateBuilds, op, |p| {
-            p.as_template_builds()
-        })?;
+        let inner =
+            self.inner_capability(Capability::TemplateBuilds, op, |p| p.as_template_builds())?;
         check_template_words(op, template_id, tags)?;
         inner.untag_built_template(tenant, template_id, tags).await
     }
@@ -734,9 +728,8 @@ impl<P: SandboxProvider> TemplateBuilds for Checked<P> {
         template_id: &str,
     ) -> Result<(), Error> {
         let op = Operation::DELETE_TEMPLATE;
-        let inner = self.inner_capability(Capability::TemplateBuilds, op, |p| {
-            p.as_template_builds()
-        })?;
+        let inner =
+            self.inner_capability(Capability::TemplateBuilds, op, |p| p.as_template_builds())?;
         check_template_words(op, template_id, &[])?;
         inner.delete_built_template(tenant, template_id).await
     }

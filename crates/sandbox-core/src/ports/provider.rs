@@ -13,6 +13,7 @@ use crate::capabilities::Capabilities;
 use crate::error::Error;
 use crate::exec::{ExecRequest, ExecResult};
 use crate::fs::{BufferedStream, DirEntry, ReadStream, StatEntry, TreeLimits, TreeListing};
+use crate::ids::TenantId;
 use crate::ids::{SandboxId, SnapshotId};
 use crate::path::SandboxPath;
 use crate::process::{ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream, Signal};
@@ -21,7 +22,6 @@ use crate::sandbox::{
     ConnectRequest, CreateRequest, ListFilter, ListPage, NetworkFields, SandboxHandle, SandboxPage,
     SandboxSummary,
 };
-use crate::ids::TenantId;
 use crate::template::{BuiltTemplate, SnapshotRef, Template, TemplateBuildRequest};
 use crate::terminal::{DesktopOptions, DesktopStream, Terminal, TerminalOptions, TerminalSize};
 use crate::watch::WatchStream;
@@ -655,8 +655,7 @@ pub trait TemplateBuilds: Send + Sync {
     ///   a sandbox of the source image, and the build is listed under each of its tags.
     /// - `[template_builds.owner]` The same create naming any other tenant, or none, is
     ///   `not_found` with code `template_not_found` and creates nothing.
-    async fn build_template(&self, request: &TemplateBuildRequest)
-    -> Result<BuiltTemplate, Error>;
+    async fn build_template(&self, request: &TemplateBuildRequest) -> Result<BuiltTemplate, Error>;
     /// The tenant's finished builds, one entry per build, each with the tags naming it now.
     async fn list_built_templates(&self, tenant: TenantId) -> Result<Vec<BuiltTemplate>, Error>;
     /// Gives build `build_id` of the tenant's template the `tags`, moving each from any other

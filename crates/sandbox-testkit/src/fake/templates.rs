@@ -4,8 +4,8 @@
 
 use async_trait::async_trait;
 use sandbox_core::{
-    BuiltTemplate, CreateRequest, Error, ErrorCode, Operation, SnapshotId, TemplateBuildRequest,
-    TEMPLATE_TENANT, TemplateBuilds, TemplateId, TenantId,
+    BuiltTemplate, CreateRequest, Error, ErrorCode, Operation, SnapshotId, TEMPLATE_TENANT,
+    TemplateBuildRequest, TemplateBuilds, TemplateId, TenantId,
 };
 
 use super::{FakeOp, FakeProvider, State, lock};
@@ -39,10 +39,7 @@ pub(super) fn check_owner(st: &State, request: &CreateRequest) -> Result<(), Err
 
 #[async_trait]
 impl TemplateBuilds for FakeProvider {
-    async fn build_template(
-        &self,
-        request: &TemplateBuildRequest,
-    ) -> Result<BuiltTemplate, Error> {
+    async fn build_template(&self, request: &TemplateBuildRequest) -> Result<BuiltTemplate, Error> {
         self.enter(FakeOp::BuildTemplate, None).await?;
         let op = Operation::BUILD_TEMPLATE;
         let now = self.now();

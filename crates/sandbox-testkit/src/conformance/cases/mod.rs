@@ -329,7 +329,11 @@ pub fn all_cases() -> Vec<Case> {
             template_builds::template_tags_move_and_deletes_are_idempotent,
             [TemplateBuilds],
             [],
-            ["template_builds.local", "template_builds.tags", "template_builds.delete_idempotent"]
+            [
+                "template_builds.local",
+                "template_builds.tags",
+                "template_builds.delete_idempotent"
+            ]
         ),
         case!(
             templates::template_catalog_has_standard,

@@ -2,8 +2,8 @@
 //! between builds, deletes are idempotent, and an absent image builds nothing.
 
 use sandbox_core::{
-    BuiltTemplate, CreateRequest, ErrorCode, ErrorKind, ListFilter, TemplateBuildRequest,
-    TEMPLATE_TENANT, TemplateBuilds, TemplateId, TenantId, narrow,
+    BuiltTemplate, CreateRequest, ErrorCode, ErrorKind, ListFilter, TEMPLATE_TENANT,
+    TemplateBuildRequest, TemplateBuilds, TemplateId, TenantId, narrow,
 };
 
 use super::super::{CaseResult, Ctx, Failure, ensure, ensure_eq};
@@ -18,7 +18,13 @@ fn tenant(raw: u32) -> Result<TenantId, Failure> {
 }
 
 /// A build of template `id` (the case's tokens are random per call, so the ID is passed).
-fn request(ctx: &Ctx, tenant: TenantId, id: &str, build: &str, tags: &[&str]) -> TemplateBuildRequest {
+fn request(
+    ctx: &Ctx,
+    tenant: TenantId,
+    id: &str,
+    build: &str,
+    tags: &[&str],
+) -> TemplateBuildRequest {
     TemplateBuildRequest {
         tenant,
         template_id: id.to_owned(),
@@ -64,10 +70,9 @@ pub(super) async fn template_build_boots_for_its_tenant_only(ctx: &Ctx) -> CaseR
             tags_of(&listed, &first.build_id),
             vec!["default".to_owned(), "v1".to_owned()],
         )?;
-        ensure(
-            builds.list_built_templates(other).await?.is_empty(),
-            || "another tenant's listing shows the build".to_owned(),
-        )?;
+        ensure(builds.list_built_templates(other).await?.is_empty(), || {
+            "another tenant's listing shows the build".to_owned()
+        })?;
         let h = ctx
             .create_with(as_tenant(ctx, Some(owner), &built.template))
             .await?;
@@ -91,7 +96,8 @@ pub(super) async fn template_build_boots_for_its_tenant_only(ctx: &Ctx) -> CaseR
                     return Err(Failure(format!("{what} booted the template")));
                 }
                 Err(e) => ensure(
-                    e.kind() == ErrorKind::NotFound && e.code() == Some(ErrorCode::TemplateNotFound),
+                    e.kind() == ErrorKind::NotFound
+                        && e.code() == Some(ErrorCode::TemplateNotFound),
                     || format!("{what}: expected template_not_found, got {e}"),
                 )?,
             }
@@ -107,7 +113,9 @@ pub(super) async fn template_build_boots_for_its_tenant_only(ctx: &Ctx) -> CaseR
         ensure_eq("sandboxes after the refused creates", after, before)
     }
     .await;
-    builds.delete_built_template(owner, &first.template_id).await?;
+    builds
+        .delete_built_template(owner, &first.template_id)
+        .await?;
     result
 }
 
@@ -122,7 +130,11 @@ pub(super) async fn template_tags_move_and_deletes_are_idempotent(ctx: &Ctx) -> 
         let second = request(ctx, owner, &id, "b2", &["default"]);
         builds.build_template(&second).await?;
         let listed = builds.list_built_templates(owner).await?;
-        ensure_eq("first build's tags", tags_of(&listed, &first.build_id), vec!["v1".to_owned()])?;
+        ensure_eq(
+            "first build's tags",
+            tags_of(&listed, &first.build_id),
+            vec!["v1".to_owned()],
+        )?;
         ensure_eq(
             "second build's tags",
             tags_of(&listed, &second.build_id),
@@ -130,7 +142,12 @@ pub(super) async fn template_tags_move_and_deletes_are_idempotent(ctx: &Ctx) -> 
         )?;
         // `v1` moves to the second build, which leaves the first without a tag: gone.
         builds
-            .tag_built_template(owner, &first.template_id, &second.build_id, &["v1".to_owned()])
+            .tag_built_template(
+                owner,
+                &first.template_id,
+                &second.build_id,
+                &["v1".to_owned()],
+            )
             .await?;
         let listed = builds.list_built_templates(owner).await?;
         ensure_eq(
@@ -142,7 +159,12 @@ pub(super) async fn template_tags_move_and_deletes_are_idempotent(ctx: &Ctx) -> 
             "the build that lost its last tag is still listed".to_owned()
         })?;
         let unknown = builds
-            .tag_built_template(owner, &first.template_id, "no-such-build", &["x".to_owned()])
+            .tag_built_template(
+                owner,
+                &first.template_id,
+                "no-such-build",
+                &["x".to_owned()],
+            )
             .await;
         ensure(
             unknown
@@ -151,7 +173,11 @@ pub(super) async fn template_tags_move_and_deletes_are_idempotent(ctx: &Ctx) -> 
             || format!("tagging an unknown build: {unknown:?}"),
         )?;
         builds
-            .untag_built_template(owner, &first.template_id, &["v1".to_owned(), "nope".to_owned()])
+            .untag_built_template(
+                owner,
+                &first.template_id,
+                &["v1".to_owned(), "nope".to_owned()],
+            )
             .await?;
         let listed = builds.list_built_templates(owner).await?;
         ensure_eq(
@@ -160,7 +186,13 @@ pub(super) async fn template_tags_move_and_deletes_are_idempotent(ctx: &Ctx) -> 
             vec!["default".to_owned()],
         )?;
         // [template_builds.local]: an absent image builds nothing.
-        let absent = request(ctx, owner, &format!("absent-{}", ctx.token()), "b3", &["default"]);
+        let absent = request(
+            ctx,
+            owner,
+            &format!("absent-{}", ctx.token()),
+            "b3",
+            &["default"],
+        );
         let mut absent = absent;
         absent.source_image = format!("sandbox-absent-{}:none", ctx.token());
         match builds.build_template(&absent).await {
@@ -185,23 +217,28 @@ pub(super) async fn template_tags_move_and_deletes_are_idempotent(ctx: &Ctx) -> 
         )?;
         // Another tenant's delete changes nothing.
         let other = tenant(ctx.int(1_000_001..=2_000_000))?;
-        builds.delete_built_template(other, &first.template_id).await?;
+        builds
+            .delete_built_template(other, &first.template_id)
+            .await?;
         ensure_eq(
             "builds after another tenant's delete",
             builds.list_built_templates(owner).await?.len(),
             1,
         )?;
-        builds.delete_built_template(owner, &first.template_id).await?;
-        ensure(
-            builds.list_built_templates(owner).await?.is_empty(),
-            || "the deleted template is listed".to_owned(),
-        )?;
+        builds
+            .delete_built_template(owner, &first.template_id)
+            .await?;
+        ensure(builds.list_built_templates(owner).await?.is_empty(), || {
+            "the deleted template is listed".to_owned()
+        })?;
         builds
             .delete_built_template(owner, &first.template_id)
             .await
             .map_err(|e| Failure(format!("a second delete must succeed: {e}")))
     }
     .await;
-    let _ = builds.delete_built_template(owner, &first.template_id).await;
+    let _ = builds
+        .delete_built_template(owner, &first.template_id)
+        .await;
     result
 }
