@@ -269,7 +269,16 @@ impl DockerProvider {
         let created = self
             .docker()
             .create_container(
-                None::<bollard::query_parameters::CreateContainerOptions>,
+                // Named, not labelled (the commit would copy a label into the image), so one a
+                // crash left between create and remove can be told apart by an operator.
+                Some(bollard::query_parameters::CreateContainerOptions {
+                    name: Some(format!(
+                        "sandbox-template-build-{}-{:012x}",
+                        self.namespace(),
+                        fastrand::u64(..) & 0xffff_ffff_ffff
+                    )),
+                    ..Default::default()
+                }),
                 body,
             )
             .await
