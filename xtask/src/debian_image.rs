@@ -523,6 +523,21 @@ enabled: No
     /// `recipe("http://deb.debian.org/debian", "bookworm").hash()`.
     const GOLDEN_HASH: &str = "2b89ca47ae36";
 
+    /// The service's default E2B `base` template is this recipe's tag from Debian's own
+    /// mirror: a recipe change that moves the tag must move the default with it.
+    #[test]
+    fn the_services_default_base_image_is_the_default_recipes_tag() {
+        let config = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../crates/sandbox-app/src/config.rs");
+        let text = std::fs::read_to_string(&config).expect("the service's config.rs");
+        let tag = recipe("http://deb.debian.org/debian", "bookworm").tag();
+        let line = format!("pub const DEFAULT_E2B_BASE_IMAGE: &str = \"{tag}\";");
+        assert!(
+            text.contains(&line),
+            "crates/sandbox-app/src/config.rs must say {line}"
+        );
+    }
+
     #[test]
     fn the_commands_follow_the_recipe() {
         let r = recipe("http://deb.debian.org/debian", "bookworm");

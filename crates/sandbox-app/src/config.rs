@@ -74,8 +74,12 @@ pub struct E2bSection {
     /// The longest timeout a create, connect or set-timeout may ask for.
     pub max_timeout_seconds: u64,
     /// Template names the API accepts, each the engine image it boots. `base` (the SDKs'
-    /// default) boots `docker.image` unless named here.
+    /// default) boots [`DEFAULT_E2B_BASE_IMAGE`] unless named here.
     pub templates: BTreeMap<String, String>,
+    /// The images tenants' template builds may start from (`fromImage`), each an image
+    /// reference or a prefix ending in `*`. Unset: every image of `templates`, `base`'s
+    /// included. Builds never pull: the image must also be on the engine.
+    pub build_images: Option<Vec<String>>,
 }
 
 #[cfg(feature = "e2b-api")]
@@ -89,9 +93,18 @@ impl Default for E2bSection {
             default_timeout_seconds: 300,
             max_timeout_seconds: 24 * 60 * 60,
             templates: BTreeMap::new(),
+            build_images: None,
         }
     }
 }
+
+/// The image the E2B template `base` boots unless `e2b.templates.base` names another: the
+/// Debian sandbox image `cargo xtask debian-image` builds, whose tag is a hash of its recipe.
+/// This is the tag of the recipe from Debian's own mirror (`deb.debian.org`, bookworm); a
+/// machine whose apt sources name another mirror builds another tag (the command prints it),
+/// which `e2b.templates.base` must then name. xtask's tests pin this to the recipe's hash.
+#[cfg(feature = "e2b-api")]
+pub const DEFAULT_E2B_BASE_IMAGE: &str = "sandbox-debian:2b89ca47ae36";
 
 /// The shortest secret `e2b.secret` may be: tokens derived from less are guessable.
 #[cfg(feature = "e2b-api")]
@@ -461,6 +474,20 @@ impl ServiceConfig {
             sandbox_core::TemplateId::new(image)
                 .map_err(|e| ConfigError(format!("e2b.templates.{name}: {}", e.message())))?;
         }
+        for image in e.build_images.iter().flatten() {
+            let reference = image.strip_suffix('*').unwrap_or(image);
+            let ok = !image.is_empty()
+                && image.len() <= 255
+                && reference
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"._/:@-".contains(&b));
+            if !ok {
+                return Err(ConfigError(format!(
+                    "e2b.build_images: {:?} is not an image reference or a prefix ending in * (letters, digits and ._/:@-)",
+                    image.chars().take(64).collect::<String>()
+                )));
+            }
+        }
         Ok(())
     }
 }
@@ -695,7 +722,14 @@ pub const ENV_VARS: &[EnvVar] = &[
         "e2b.templates.base",
         Text,
         "",
-        "the image the SDKs' default template `base` boots (unset: `docker.image`); it needs a `user` account and `/bin/bash`, as the Debian image has",
+        "the image the SDKs' default template `base` boots (unset: `sandbox-debian:2b89ca47ae36`, what `cargo xtask debian-image` builds from deb.debian.org bookworm); it needs a `user` account and `/bin/bash`, as the Debian image has",
+    ),
+    var(
+        "SANDBOX_E2B_BUILD_IMAGES",
+        "e2b.build_images",
+        List,
+        "",
+        "images E2B template builds may start from (`fromImage`), references or prefixes ending in `*` (unset: the images of `e2b.templates`); never pulled",
     ),
     var(
         "SANDBOX_E2B_DEFAULT_TIMEOUT_SECONDS",
@@ -1241,6 +1275,10 @@ mod tests {
             (
                 vec![("SANDBOX_E2B_BASE_TEMPLATE", "bad image name!")],
                 "e2b.templates.base",
+            ),
+            (
+                vec![("SANDBOX_E2B_BUILD_IMAGES", "ok:1,bad image*")],
+                "e2b.build_images",
             ),
         ] {
             let mut all = on.to_vec();

@@ -30,6 +30,7 @@ use sandbox_core::{
     Template, TemplateCatalog, TenantId, Terminal, TerminalOptions, TerminalReattach, TerminalSize,
     Terminals, TreeLimits, TreeListing, TurnLeases, TurnState,
 };
+use sandbox_core::{BuiltTemplate, TemplateBuildRequest, TemplateBuilds};
 use sandbox_core::{
     PauseResume, ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream, Processes, Signal,
     StreamedFiles, Tunnel, Tunnels, Watch, WatchStream,
@@ -241,6 +242,11 @@ impl SandboxProvider for MeteredProvider {
     }
     fn as_tunnels(&self) -> Option<&dyn Tunnels> {
         self.inner.as_tunnels().map(|_| self as &dyn Tunnels)
+    }
+    fn as_template_builds(&self) -> Option<&dyn TemplateBuilds> {
+        self.inner
+            .as_template_builds()
+            .map(|_| self as &dyn TemplateBuilds)
     }
 }
 
@@ -560,6 +566,72 @@ impl Tunnels for MeteredProvider {
             .as_tunnels()
             .ok_or_else(|| missing(self.provider(), op))?;
         self.observe(op, inner.open_tunnel(sandbox, port)).await
+    }
+}
+
+#[async_trait]
+#[deny(clippy::missing_trait_methods)]
+impl TemplateBuilds for MeteredProvider {
+    async fn build_template(&self, request: &TemplateBuildRequest) -> Result<BuiltTemplate, Error> {
+        let op = Operation::BUILD_TEMPLATE;
+        let inner = self
+            .inner
+            .as_template_builds()
+            .ok_or_else(|| missing(self.provider(), op))?;
+        self.observe(op, inner.build_template(request)).await
+    }
+    async fn list_built_templates(&self, tenant: TenantId) -> Result<Vec<BuiltTemplate>, Error> {
+        let op = Operation::LIST_BUILT_TEMPLATES;
+        let inner = self
+            .inner
+            .as_template_builds()
+            .ok_or_else(|| missing(self.provider(), op))?;
+        self.observe(op, inner.list_built_templates(tenant)).await
+    }
+    async fn tag_built_template(
+        &self,
+        tenant: TenantId,
+        template_id: &str,
+        build_id: &str,
+        tags: &[String],
+    ) -> Result<(), Error> {
+        let op = Operation::TAG_TEMPLATE;
+        let inner = self
+            .inner
+            .as_template_builds()
+            .ok_or_else(|| missing(self.provider(), op))?;
+        self.observe(
+            op,
+            inner.tag_built_template(tenant, template_id, build_id, tags),
+        )
+        .await
+    }
+    async fn untag_built_template(
+        &self,
+        tenant: TenantId,
+        template_id: &str,
+        tags: &[String],
+    ) -> Result<(), Error> {
+        let op = Operation::UNTAG_TEMPLATE;
+        let inner = self
+            .inner
+            .as_template_builds()
+            .ok_or_else(|| missing(self.provider(), op))?;
+        self.observe(op, inner.untag_built_template(tenant, template_id, tags))
+            .await
+    }
+    async fn delete_built_template(
+        &self,
+        tenant: TenantId,
+        template_id: &str,
+    ) -> Result<(), Error> {
+        let op = Operation::DELETE_TEMPLATE;
+        let inner = self
+            .inner
+            .as_template_builds()
+            .ok_or_else(|| missing(self.provider(), op))?;
+        self.observe(op, inner.delete_built_template(tenant, template_id))
+            .await
     }
 }
 

@@ -85,6 +85,7 @@ fn harness_with(max_sandboxes: Option<u32>) -> Harness {
             },
             tenants: HashMap::new(),
         },
+        build_images: vec![FakeProvider::template().as_str().to_owned()],
     };
     let api = E2bApi::new(
         Arc::clone(&provider),

@@ -57,11 +57,14 @@ pub enum Capability {
     /// Byte tunnels reach TCP ports inside a sandbox over the backend's own channel
     /// ([`crate::Tunnels`]).
     Tunnels,
+    /// Templates are built from images already on the backend, per tenant
+    /// ([`crate::TemplateBuilds`]).
+    TemplateBuilds,
 }
 
 impl Capability {
     /// Every capability, in declaration order.
-    pub const ALL: [Capability; 20] = [
+    pub const ALL: [Capability; 21] = [
         Capability::Reconnect,
         Capability::Metadata,
         Capability::List,
@@ -82,6 +85,7 @@ impl Capability {
         Capability::TerminalReattach,
         Capability::DefaultUser,
         Capability::Tunnels,
+        Capability::TemplateBuilds,
     ];
 
     /// The flag's name.
@@ -107,6 +111,7 @@ impl Capability {
             Capability::TerminalReattach => "terminal_reattach",
             Capability::DefaultUser => "default_user",
             Capability::Tunnels => "tunnels",
+            Capability::TemplateBuilds => "template_builds",
         }
     }
 }
@@ -141,6 +146,7 @@ pub struct Capabilities {
     pub terminal_reattach: bool,
     pub default_user: bool,
     pub tunnels: bool,
+    pub template_builds: bool,
 }
 
 impl Capabilities {
@@ -166,6 +172,7 @@ impl Capabilities {
         terminal_reattach: false,
         default_user: false,
         tunnels: false,
+        template_builds: false,
     };
 
     /// A set holding exactly `caps`.
@@ -197,6 +204,7 @@ impl Capabilities {
             Capability::TerminalReattach => self.terminal_reattach,
             Capability::DefaultUser => self.default_user,
             Capability::Tunnels => self.tunnels,
+            Capability::TemplateBuilds => self.template_builds,
         }
     }
 
@@ -224,6 +232,7 @@ impl Capabilities {
             Capability::TerminalReattach => &mut self.terminal_reattach,
             Capability::DefaultUser => &mut self.default_user,
             Capability::Tunnels => &mut self.tunnels,
+            Capability::TemplateBuilds => &mut self.template_builds,
         };
         *flag = on;
         self
@@ -279,7 +288,8 @@ mod tests {
                 "watch",
                 "terminal_reattach",
                 "default_user",
-                "tunnels"
+                "tunnels",
+                "template_builds"
             ]
         );
         // The serde name, the struct field name and as_str agree.

@@ -250,6 +250,9 @@ pub enum ErrorCode {
     /// A listing's paging cursor is not one the listing wrote (garbled, forged, or written
     /// for the other order).
     InvalidCursor,
+    /// The built template does not exist, or is not this tenant's (the two answer alike, so
+    /// the error reveals nothing about other tenants' templates).
+    TemplateNotFound,
 }
 
 impl ErrorCode {
@@ -296,6 +299,7 @@ impl ErrorCode {
             ErrorCode::InvalidDeadlineKey => "invalid_deadline_key",
             ErrorCode::DeadlineLimit => "deadline_limit",
             ErrorCode::InvalidCursor => "invalid_cursor",
+            ErrorCode::TemplateNotFound => "template_not_found",
         }
     }
 }
@@ -382,6 +386,11 @@ impl Operation {
     pub const PAUSE: Operation = Operation::new("pause");
     pub const RESUME: Operation = Operation::new("resume");
     pub const OPEN_TUNNEL: Operation = Operation::new("open_tunnel");
+    pub const BUILD_TEMPLATE: Operation = Operation::new("build_template");
+    pub const LIST_BUILT_TEMPLATES: Operation = Operation::new("list_built_templates");
+    pub const TAG_TEMPLATE: Operation = Operation::new("tag_template");
+    pub const UNTAG_TEMPLATE: Operation = Operation::new("untag_template");
+    pub const DELETE_TEMPLATE: Operation = Operation::new("delete_template");
     /// Parsing or validating input before it is used: a request's (origin [`Origin::Caller`]),
     /// or a configuration's or a stored value's (whose origin the reading layer says).
     pub const VALIDATE: Operation = Operation::new("validate");
@@ -611,6 +620,7 @@ impl Error {
                 ErrorCode::SessionDeleted
                 | ErrorCode::NoLiveSandbox
                 | ErrorCode::SnapshotNotFound
+                | ErrorCode::TemplateNotFound
                 | ErrorCode::SandboxGone
                 | ErrorCode::ProcessNotFound
                 | ErrorCode::TerminalNotFound => 404,
@@ -945,6 +955,11 @@ mod tests {
             Operation::PAUSE,
             Operation::RESUME,
             Operation::OPEN_TUNNEL,
+            Operation::BUILD_TEMPLATE,
+            Operation::LIST_BUILT_TEMPLATES,
+            Operation::TAG_TEMPLATE,
+            Operation::UNTAG_TEMPLATE,
+            Operation::DELETE_TEMPLATE,
             Operation::VALIDATE,
         ] {
             assert!(Operation::follows_scheme(op.as_str()), "{op}");

@@ -64,8 +64,8 @@ pub use ports::deadlines::{
 };
 pub use ports::provider::{
     ConnectProbe, Desktop, KeepAlive, PauseResume, Processes, SandboxProvider, Snapshots,
-    StreamedFiles, TemplateCatalog, TerminalReattach, Terminals, Tunnel, TunnelSink, TunnelSource,
-    Tunnels, Watch, narrow,
+    StreamedFiles, TemplateBuilds, TemplateCatalog, TerminalReattach, Terminals, Tunnel,
+    TunnelSink, TunnelSource, Tunnels, Watch, narrow,
 };
 pub use ports::session::{
     Bootstrapper, ConfigLoader, LoadedConfig, PermissiveSessionExistence, SessionExistence,
@@ -85,7 +85,10 @@ pub use sandbox::{
     SandboxSummary, SandboxUser, TimeoutAction, TimeoutPolicy, VolumeMount,
 };
 pub use secret::Secret;
-pub use template::{SnapshotRef, Template};
+pub use template::{
+    BuiltTemplate, MAX_TEMPLATE_NAME, MAX_TEMPLATE_WORD, SnapshotRef, TEMPLATE_TENANT, Template,
+    TemplateBuildRequest, is_template_name, is_template_tag, is_template_word,
+};
 pub use terminal::{
     DesktopOptions, DesktopStream, Terminal, TerminalEvent, TerminalInput, TerminalOptions,
     TerminalOutput, TerminalSize,

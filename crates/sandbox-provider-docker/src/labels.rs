@@ -30,6 +30,13 @@ pub const SNAPSHOT_SOURCE: &str = "sandbox.snapshot-source";
 /// named none. Written at every commit, so the value a restore is judged by never comes from a
 /// label the image inherited from its source container or its base image.
 pub const TENANT: &str = "sandbox.tenant";
+/// On template images (`template_builds`): `true`. Their tenant is [`TENANT`], set at build.
+pub const TEMPLATE: &str = "sandbox.template";
+/// On template images: the template's ID, its build's ID, its name and its source image.
+pub const TEMPLATE_ID: &str = "sandbox.template-id";
+pub const TEMPLATE_BUILD: &str = "sandbox.template-build";
+pub const TEMPLATE_NAME: &str = "sandbox.template-name";
+pub const TEMPLATE_SOURCE: &str = "sandbox.template-source";
 
 /// Label keys: 1–128 bytes, printable, no `=` (the filter syntax), no whitespace.
 pub fn validate_label_key(key: &str) -> Result<(), Error> {

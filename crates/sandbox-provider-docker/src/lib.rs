@@ -9,7 +9,8 @@
 //! `docker0`. Commands run through exec with the timeout enforced inside the container
 //! ([`exec`]); files go through exec as an explicit user ([`files`]); terminals are TTY execs
 //! whose whole session is hung up on close ([`terminal`]); snapshots are commits into the
-//! adapter's own image namespace ([`snapshots`]); an idle sweep reclaims abandoned containers of
+//! adapter's own image namespace ([`snapshots`]), and so are tenants' templates built from local
+//! images ([`template_builds`]); an idle sweep reclaims abandoned containers of
 //! the adapter's namespace only ([`sweeper`]).
 //!
 //! Map: `config.rs` (settings, opt-in gate), `engine.rs` (endpoint, `tcp://` over mutual TLS
@@ -37,6 +38,7 @@ pub mod pause;
 pub mod provider;
 pub mod snapshots;
 pub mod sweeper;
+pub mod template_builds;
 pub mod terminal;
 
 pub use config::{DataPlane, DockerConfig, NetworkMode, PullPolicy};

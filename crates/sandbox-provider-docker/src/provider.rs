@@ -34,7 +34,7 @@ use crate::engine::{self, Dialing, Endpoint, EngineVersion};
 use crate::errors::{self, no_such_sandbox, provider_error};
 use crate::exec::{self, ACTIVITY_MARKER};
 use crate::isolation::StorageState;
-use crate::{files, isolation, labels, snapshots};
+use crate::{files, isolation, labels, snapshots, template_builds};
 
 /// Capabilities linux containers on a Docker engine give: everything but `timeout_refresh` (the
 /// daemon has no TTL to refresh; idle reclamation is the adapter's own sweep), `volumes` (not
@@ -56,6 +56,7 @@ pub fn docker_capabilities() -> Capabilities {
         Capability::KeepAlive,
         Capability::Pty,
         Capability::PosixShell,
+        Capability::TemplateBuilds,
     ])
 }
 
@@ -658,7 +659,16 @@ impl SandboxProvider for DockerProvider {
         let restore =
             request.from_snapshot || snapshots::is_snapshot_ref(request.template.as_str());
         // With the image's `ENV`, which agent mode hands to the agent (`agent::sandbox_env`).
-        let (image, image_env) = if restore {
+        let template_build = template_builds::is_template_ref(request.template.as_str());
+        let (image, image_env) = if template_build && !request.from_snapshot {
+            // [template_builds.owner]: the tenant's own built template, by its checked ID.
+            let tenant = request
+                .metadata
+                .get(sandbox_core::TEMPLATE_TENANT)
+                .map(String::as_str);
+            self.bootable_template(request.template.as_str(), tenant)
+                .await?
+        } else if restore {
             let tenant = request
                 .metadata
                 .get(owner_metadata::TENANT)
@@ -670,6 +680,7 @@ impl SandboxProvider for DockerProvider {
             let inspect = self.ensure_image(op, image).await?;
             let config = inspect.config.unwrap_or_default();
             Self::refuse_snapshot_image(config.labels.as_ref())?;
+            Self::refuse_template_image(config.labels.as_ref())?;
             (image.to_owned(), config.env.unwrap_or_default())
         };
 
@@ -1023,6 +1034,9 @@ impl SandboxProvider for DockerProvider {
         files::stat(self.docker_ref(), sandbox.id().as_str(), path).await
     }
 
+    fn as_template_builds(&self) -> Option<&dyn sandbox_core::TemplateBuilds> {
+        Some(self)
+    }
     fn as_snapshots(&self) -> Option<&dyn Snapshots> {
         Some(self)
     }

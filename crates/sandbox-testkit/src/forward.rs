@@ -24,6 +24,7 @@ use sandbox_core::{
     Snapshots, StatEntry, Template, TemplateCatalog, TenantId, Terminal, TerminalOptions,
     TerminalReattach, TerminalSize, Terminals, TreeLimits, TreeListing, TurnLeases, TurnState,
 };
+use sandbox_core::{BuiltTemplate, TemplateBuildRequest, TemplateBuilds};
 use sandbox_core::{
     PauseResume, ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream, Processes, Signal,
     StreamedFiles, Tunnel, Tunnels, Watch, WatchStream,
@@ -323,6 +324,12 @@ impl<H: ProviderHooks> SandboxProvider for Forward<H> {
         self.shows(Capability::Tunnels, has)
             .then_some(self as &dyn Tunnels)
     }
+
+    fn as_template_builds(&self) -> Option<&dyn TemplateBuilds> {
+        let has = self.inner.as_template_builds().is_some();
+        self.shows(Capability::TemplateBuilds, has)
+            .then_some(self as &dyn TemplateBuilds)
+    }
 }
 
 #[async_trait]
@@ -560,6 +567,52 @@ impl<H: ProviderHooks> Tunnels for Forward<H> {
         let next = self.inner.as_tunnels();
         let next = next.ok_or_else(|| self.missing(Operation::OPEN_TUNNEL))?;
         next.open_tunnel(sandbox, port).await
+    }
+}
+
+#[async_trait]
+#[deny(clippy::missing_trait_methods)]
+impl<H: ProviderHooks> TemplateBuilds for Forward<H> {
+    async fn build_template(&self, request: &TemplateBuildRequest) -> Result<BuiltTemplate, Error> {
+        let next = self.inner.as_template_builds();
+        let next = next.ok_or_else(|| self.missing(Operation::BUILD_TEMPLATE))?;
+        next.build_template(request).await
+    }
+    async fn list_built_templates(&self, tenant: TenantId) -> Result<Vec<BuiltTemplate>, Error> {
+        let next = self.inner.as_template_builds();
+        let next = next.ok_or_else(|| self.missing(Operation::LIST_BUILT_TEMPLATES))?;
+        next.list_built_templates(tenant).await
+    }
+    async fn tag_built_template(
+        &self,
+        tenant: TenantId,
+        template_id: &str,
+        build_id: &str,
+        tags: &[String],
+    ) -> Result<(), Error> {
+        let next = self.inner.as_template_builds();
+        let next = next.ok_or_else(|| self.missing(Operation::TAG_TEMPLATE))?;
+        next.tag_built_template(tenant, template_id, build_id, tags)
+            .await
+    }
+    async fn untag_built_template(
+        &self,
+        tenant: TenantId,
+        template_id: &str,
+        tags: &[String],
+    ) -> Result<(), Error> {
+        let next = self.inner.as_template_builds();
+        let next = next.ok_or_else(|| self.missing(Operation::UNTAG_TEMPLATE))?;
+        next.untag_built_template(tenant, template_id, tags).await
+    }
+    async fn delete_built_template(
+        &self,
+        tenant: TenantId,
+        template_id: &str,
+    ) -> Result<(), Error> {
+        let next = self.inner.as_template_builds();
+        let next = next.ok_or_else(|| self.missing(Operation::DELETE_TEMPLATE))?;
+        next.delete_built_template(tenant, template_id).await
     }
 }
 

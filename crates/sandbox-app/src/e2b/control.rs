@@ -135,25 +135,7 @@ async fn create(
             "autoPause: this server's backend cannot pause sandboxes",
         ));
     }
-    let name = new.template.to_ascii_lowercase();
-    let image = inner
-        .settings
-        .templates
-        .get(&name)
-        .or_else(|| {
-            inner
-                .settings
-                .templates
-                .get(name.trim_end_matches(":default"))
-        })
-        .cloned()
-        .ok_or_else(|| {
-            let shown: String = new.template.chars().take(128).collect();
-            ApiError::new(
-                StatusCode::NOT_FOUND,
-                format!("template '{shown}' not found"),
-            )
-        })?;
+    let (image, built) = resolve_template(inner, tenant, &new.template).await?;
 
     let id = E2bId::generate().map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e))?;
     let _reserved = reserve(&api, tenant, &id).await?;
@@ -163,7 +145,7 @@ async fn create(
     // sandbox may or may not exist, which the timeout engine handles either way; a crash
     // after the create and before the write would leave a sandbox nothing ever kills.
     inner.deadlines.set_deadline(id.as_str(), deadline).await?;
-    let mut create = CreateRequest::new(image);
+    let mut create = CreateRequest::new(image.clone());
     create.metadata = meta::stamped(
         &new.metadata,
         &id,
@@ -175,6 +157,15 @@ async fn create(
         create.metadata.insert(
             meta::ON_TIMEOUT.to_owned(),
             meta::ON_TIMEOUT_PAUSE.to_owned(),
+        );
+    }
+    if let Some(template_id) = built {
+        create
+            .metadata
+            .insert(super::templates::BUILT_TEMPLATE.to_owned(), template_id);
+        create.metadata.insert(
+            sandbox_core::TEMPLATE_TENANT.to_owned(),
+            tenant.get().to_string(),
         );
     }
     create.env = new.env;
@@ -200,7 +191,7 @@ async fn create(
         Ok(handle) => handle,
         Err(e) => {
             let _ = inner.deadlines.remove_deadline(id.as_str()).await;
-            return Err(create_failed(e));
+            return Err(base_hint(inner, &image, create_failed(e)));
         }
     };
     let located = Located {
@@ -222,6 +213,56 @@ async fn create(
     tracing::info!(sandbox = %id, tenant = tenant.get(), template = %new.template, timeout_seconds = timeout.as_secs(), "e2b api: sandbox created");
     let answer = sandbox_answer(inner, tenant, &id, &new.template, envd_version);
     Ok((StatusCode::CREATED, Json(answer)).into_response())
+}
+
+/// The image a create's `templateID` boots: the operator's `[e2b.templates]` first (a name,
+/// with or without `:default`), then the tenant's own built templates (by name, `name:tag` or
+/// template ID), with the built template's ID. Anything else is 404.
+async fn resolve_template(
+    inner: &Inner,
+    tenant: sandbox_core::TenantId,
+    template: &str,
+) -> Result<(sandbox_core::TemplateId, Option<String>), ApiError> {
+    let name = template.to_ascii_lowercase();
+    let configured = inner
+        .settings
+        .templates
+        .get(&name)
+        .or_else(|| {
+            inner
+                .settings
+                .templates
+                .get(name.trim_end_matches(":default"))
+        })
+        .cloned();
+    if let Some(image) = configured {
+        return Ok((image, None));
+    }
+    if let Some((image, template_id)) = super::templates::resolve(inner, tenant, template).await? {
+        return Ok((image, Some(template_id)));
+    }
+    let shown: String = template.chars().take(128).collect();
+    Err(ApiError::new(
+        StatusCode::NOT_FOUND,
+        format!("template '{shown}' not found"),
+    ))
+}
+
+/// A failed create of the default Debian image says how to make that image.
+fn base_hint(inner: &Inner, image: &sandbox_core::TemplateId, error: ApiError) -> ApiError {
+    let is_default_base = image.as_str() == crate::config::DEFAULT_E2B_BASE_IMAGE
+        && inner.settings.templates.get("base") == Some(image);
+    if !is_default_base {
+        return error;
+    }
+    ApiError::new(
+        error.status,
+        format!(
+            "{} (template base boots the Debian sandbox image {}: build it with `cargo xtask debian-image`, or name another image in e2b.templates.base)",
+            error.message,
+            image.as_str()
+        ),
+    )
 }
 
 /// A tenant's create in flight, counted against its sandbox limit until it ends (dropped).

@@ -27,6 +27,7 @@ pub mod expiry;
 pub mod ids;
 pub mod meta;
 pub mod serve;
+pub mod templates;
 pub mod wire;
 
 use std::collections::HashMap;
@@ -74,6 +75,9 @@ pub struct Settings {
     /// What each tenant may hold; of these the E2B API counts `max_sandboxes` (its own
     /// sandboxes, apart from the tenant's session sandboxes).
     pub quotas: sandbox_session::quota::Quotas,
+    /// The images template builds may start from (`e2b.build_images`; a trailing `*`
+    /// matches a prefix).
+    pub build_images: Vec<String>,
 }
 
 impl Settings {
@@ -109,6 +113,8 @@ pub(crate) struct Inner {
     /// The envd version the agents last reported (one per service: see
     /// `control::envd_version_hint`).
     envd_version: Mutex<Option<String>>,
+    /// Template builds this process started (`templates`).
+    pub(crate) templates: templates::Records,
 }
 
 impl Inner {
@@ -150,6 +156,7 @@ impl E2bApi {
                 create_locks: Mutex::new(HashMap::new()),
                 pending_creates: Mutex::new(HashMap::new()),
                 envd_version: Mutex::new(None),
+                templates: templates::Records::default(),
             }),
         }
     }
@@ -344,6 +351,7 @@ pub const MAX_BODY_BYTES: usize = 256 * 1024;
 /// families with `api="e2b"`.
 pub fn router(api: E2bApi, metrics: Arc<Metrics>) -> Router {
     let control = control::routes()
+        .merge(templates::routes())
         .layer(middleware::from_fn_with_state(api.clone(), authenticate))
         .route("/health", axum::routing::get(health))
         .layer(middleware::from_fn(tag_route))

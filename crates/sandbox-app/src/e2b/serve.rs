@@ -123,10 +123,22 @@ fn settings(config: &ServiceConfig) -> Result<Settings, String> {
         let image = TemplateId::new(image).map_err(|e| e.to_string())?;
         templates.insert(name.clone(), image);
     }
-    #[cfg(feature = "docker")]
-    templates
-        .entry("base".to_owned())
-        .or_insert_with(|| config.docker.image.clone());
+    if !templates.contains_key("base") {
+        let base =
+            TemplateId::new(crate::config::DEFAULT_E2B_BASE_IMAGE).map_err(|e| e.to_string())?;
+        templates.insert("base".to_owned(), base);
+    }
+    // Unset, builds may start from the images the operator already lets sandboxes boot.
+    let build_images = match &e.build_images {
+        Some(images) => images.clone(),
+        None => {
+            let mut images: Vec<String> =
+                templates.values().map(|t| t.as_str().to_owned()).collect();
+            images.sort();
+            images.dedup();
+            images
+        }
+    };
     #[cfg(feature = "docker")]
     let (cpu_count, memory_mb, disk_size_mb) = {
         let d = &config.docker;
@@ -149,6 +161,7 @@ fn settings(config: &ServiceConfig) -> Result<Settings, String> {
         memory_mb: memory_mb.max(128),
         disk_size_mb,
         quotas: crate::serve::quotas(config)?,
+        build_images,
     })
 }
 

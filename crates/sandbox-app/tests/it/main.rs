@@ -12,6 +12,7 @@ mod doctor_docker;
 mod e2b_expiry;
 mod e2b_no_leaks;
 mod e2b_sdk;
+mod e2b_templates;
 mod engine_fault_docker;
 mod hardening_docker;
 mod http_docker;

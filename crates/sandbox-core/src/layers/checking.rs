@@ -28,11 +28,12 @@ use crate::capabilities::{Capabilities, Capability};
 use crate::error::{Error, ErrorCode, Operation};
 use crate::exec::{Command, ExecRequest, ExecResult};
 use crate::fs::{DirEntry, ReadStream, StatEntry, TreeLimits, TreeListing};
-use crate::ids::{SandboxId, SnapshotId};
+use crate::ids::{SandboxId, SnapshotId, TenantId};
 use crate::path::SandboxPath;
 use crate::ports::provider::{
     ConnectProbe, Desktop, KeepAlive, PauseResume, Processes, SandboxProvider, Snapshots,
-    StreamedFiles, TemplateCatalog, TerminalReattach, Terminals, Tunnel, Tunnels, Watch,
+    StreamedFiles, TemplateBuilds, TemplateCatalog, TerminalReattach, Terminals, Tunnel, Tunnels,
+    Watch,
 };
 use crate::process::{ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream, Signal};
 use crate::provider::Provider;
@@ -40,7 +41,9 @@ use crate::sandbox::{
     ConnectRequest, CreateRequest, ListFilter, ListPage, NetworkFields, SandboxHandle, SandboxPage,
     SandboxSummary,
 };
-use crate::template::{SnapshotRef, Template};
+use crate::template::{
+    BuiltTemplate, SnapshotRef, Template, TemplateBuildRequest, is_template_tag, is_template_word,
+};
 use crate::terminal::{DesktopOptions, DesktopStream, Terminal, TerminalOptions, TerminalSize};
 use crate::watch::WatchStream;
 
@@ -373,6 +376,12 @@ impl<P: SandboxProvider> SandboxProvider for Checked<P> {
     fn as_tunnels(&self) -> Option<&dyn Tunnels> {
         self.inner.as_tunnels().map(|_| self as &dyn Tunnels)
     }
+
+    fn as_template_builds(&self) -> Option<&dyn TemplateBuilds> {
+        self.inner
+            .as_template_builds()
+            .map(|_| self as &dyn TemplateBuilds)
+    }
 }
 
 #[async_trait]
@@ -645,5 +654,83 @@ impl<P: SandboxProvider> Tunnels for Checked<P> {
         self.inner_capability(Capability::Tunnels, op, |p| p.as_tunnels())?
             .open_tunnel(sandbox, port)
             .await
+    }
+}
+
+/// Refuses a template ID or tag list no backend could keep, before it reaches one.
+fn check_template_words(op: Operation, template_id: &str, tags: &[String]) -> Result<(), Error> {
+    if !is_template_word(template_id) {
+        return Err(Error::invalid_request(
+            op,
+            "the template ID must be lower-case letters, digits and -",
+        ));
+    }
+    if !tags.iter().all(|t| is_template_tag(t)) {
+        return Err(Error::invalid_request(
+            op,
+            "a tag must be lower-case letters, digits, -, _ and .",
+        ));
+    }
+    Ok(())
+}
+
+#[async_trait]
+#[deny(clippy::missing_trait_methods)]
+impl<P: SandboxProvider> TemplateBuilds for Checked<P> {
+    async fn build_template(&self, request: &TemplateBuildRequest) -> Result<BuiltTemplate, Error> {
+        let op = Operation::BUILD_TEMPLATE;
+        let inner =
+            self.inner_capability(Capability::TemplateBuilds, op, |p| p.as_template_builds())?;
+        request.validate()?;
+        inner.build_template(request).await
+    }
+
+    async fn list_built_templates(&self, tenant: TenantId) -> Result<Vec<BuiltTemplate>, Error> {
+        let op = Operation::LIST_BUILT_TEMPLATES;
+        self.inner_capability(Capability::TemplateBuilds, op, |p| p.as_template_builds())?
+            .list_built_templates(tenant)
+            .await
+    }
+
+    async fn tag_built_template(
+        &self,
+        tenant: TenantId,
+        template_id: &str,
+        build_id: &str,
+        tags: &[String],
+    ) -> Result<(), Error> {
+        let op = Operation::TAG_TEMPLATE;
+        let inner =
+            self.inner_capability(Capability::TemplateBuilds, op, |p| p.as_template_builds())?;
+        check_template_words(op, template_id, tags)?;
+        check_template_words(op, build_id, &[])?;
+        inner
+            .tag_built_template(tenant, template_id, build_id, tags)
+            .await
+    }
+
+    async fn untag_built_template(
+        &self,
+        tenant: TenantId,
+        template_id: &str,
+        tags: &[String],
+    ) -> Result<(), Error> {
+        let op = Operation::UNTAG_TEMPLATE;
+        let inner =
+            self.inner_capability(Capability::TemplateBuilds, op, |p| p.as_template_builds())?;
+        check_template_words(op, template_id, tags)?;
+        inner.untag_built_template(tenant, template_id, tags).await
+    }
+
+    async fn delete_built_template(
+        &self,
+        tenant: TenantId,
+        template_id: &str,
+    ) -> Result<(), Error> {
+        let op = Operation::DELETE_TEMPLATE;
+        let inner =
+            self.inner_capability(Capability::TemplateBuilds, op, |p| p.as_template_builds())?;
+        check_template_words(op, template_id, &[])?;
+        inner.delete_built_template(tenant, template_id).await
     }
 }

@@ -13,6 +13,7 @@ use crate::capabilities::Capabilities;
 use crate::error::Error;
 use crate::exec::{ExecRequest, ExecResult};
 use crate::fs::{BufferedStream, DirEntry, ReadStream, StatEntry, TreeLimits, TreeListing};
+use crate::ids::TenantId;
 use crate::ids::{SandboxId, SnapshotId};
 use crate::path::SandboxPath;
 use crate::process::{ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream, Signal};
@@ -21,7 +22,7 @@ use crate::sandbox::{
     ConnectRequest, CreateRequest, ListFilter, ListPage, NetworkFields, SandboxHandle, SandboxPage,
     SandboxSummary,
 };
-use crate::template::{SnapshotRef, Template};
+use crate::template::{BuiltTemplate, SnapshotRef, Template, TemplateBuildRequest};
 use crate::terminal::{DesktopOptions, DesktopStream, Terminal, TerminalOptions, TerminalSize};
 use crate::watch::WatchStream;
 
@@ -309,6 +310,11 @@ pub trait SandboxProvider: Send + Sync + std::fmt::Debug {
     /// Byte tunnels to ports inside a sandbox, when implemented. Use
     /// [`crate::narrow::tunnels`], which also checks the flag.
     fn as_tunnels(&self) -> Option<&dyn Tunnels> {
+        None
+    }
+    /// Building tenants' templates from images on the backend, when implemented. Use
+    /// [`crate::narrow::template_builds`], which also checks the flag.
+    fn as_template_builds(&self) -> Option<&dyn TemplateBuilds> {
         None
     }
 }
@@ -650,6 +656,51 @@ pub trait Tunnels: Send + Sync {
     async fn open_tunnel(&self, sandbox: &SandboxHandle, port: u16) -> Result<Tunnel, Error>;
 }
 
+/// Tenants' templates built from images already on the backend (capability
+/// `template_builds`). A built template is its tenant's alone: every method names the tenant,
+/// and what belongs to another tenant answers as if it did not exist.
+#[async_trait]
+pub trait TemplateBuilds: Send + Sync {
+    /// Builds a template from `request.source_image`, which must already be on the backend.
+    /// A request that fails [`TemplateBuildRequest::validate`] is `invalid_request`.
+    /// - `[template_builds.local]` Nothing is fetched: a source image the backend does not have
+    ///   is `invalid_request` with code `image_not_present`, naming the image, and builds
+    ///   nothing.
+    /// - `[template_builds.boot]` The returned [`BuiltTemplate::template`], as a create
+    ///   request's template with metadata [`crate::TEMPLATE_TENANT`] naming the tenant, boots
+    ///   a sandbox of the source image, and the build is listed under each of its tags.
+    /// - `[template_builds.owner]` The same create naming any other tenant, or none, is
+    ///   `not_found` with code `template_not_found` and creates nothing.
+    async fn build_template(&self, request: &TemplateBuildRequest) -> Result<BuiltTemplate, Error>;
+    /// The tenant's finished builds, one entry per build, each with the tags naming it now.
+    async fn list_built_templates(&self, tenant: TenantId) -> Result<Vec<BuiltTemplate>, Error>;
+    /// Gives build `build_id` of the tenant's template the `tags`, moving each from any other
+    /// build of the template that held it.
+    /// - `[template_builds.tags]` Afterwards the listing shows the tags on that build and on no
+    ///   other; an unknown template or build is `not_found` with code `template_not_found`.
+    async fn tag_built_template(
+        &self,
+        tenant: TenantId,
+        template_id: &str,
+        build_id: &str,
+        tags: &[String],
+    ) -> Result<(), Error>;
+    /// Takes `tags` off the tenant's template; a build left without a tag is removed. A tag
+    /// the template does not have is success.
+    async fn untag_built_template(
+        &self,
+        tenant: TenantId,
+        template_id: &str,
+        tags: &[String],
+    ) -> Result<(), Error>;
+    /// Removes every build of the tenant's template. Sandboxes already booted from it keep
+    /// running.
+    /// - `[template_builds.delete_idempotent]` Afterwards the listing has none of its builds;
+    ///   a template that does not exist (or is another tenant's) is success, and unchanged.
+    async fn delete_built_template(&self, tenant: TenantId, template_id: &str)
+    -> Result<(), Error>;
+}
+
 /// Narrowing a provider to an optional capability.
 ///
 /// Two signals must agree: the trait is implemented (the `as_*` method returns it) *and* the
@@ -729,5 +780,11 @@ pub mod narrow {
         provider
             .as_tunnels()
             .filter(|_| provider.capabilities().tunnels)
+    }
+    /// Template builds from images on the backend, if implemented and declared.
+    pub fn template_builds(provider: &dyn SandboxProvider) -> Option<&dyn TemplateBuilds> {
+        provider
+            .as_template_builds()
+            .filter(|_| provider.capabilities().template_builds)
     }
 }

@@ -21,6 +21,7 @@
 mod exec;
 mod fs;
 mod process;
+mod templates;
 
 pub use self::process::{PROCESS_CAP, REMEMBERED_EXITED, RING_BYTES};
 
@@ -77,6 +78,7 @@ pub fn fake_capabilities() -> Capabilities {
         Capability::StreamedFiles,
         Capability::Watch,
         Capability::DefaultUser,
+        Capability::TemplateBuilds,
     ])
 }
 
@@ -115,6 +117,11 @@ pub enum FakeOp {
     WatchDir,
     Pause,
     Resume,
+    BuildTemplate,
+    ListBuiltTemplates,
+    TagTemplate,
+    UntagTemplate,
+    DeleteTemplate,
 }
 
 /// What a hook sees: the operation and, when it targets one, the sandbox.
@@ -170,6 +177,8 @@ struct State {
     sandboxes: BTreeMap<SandboxId, FakeSandbox>,
     snapshots: BTreeMap<SnapshotId, Snapshot>,
     templates: BTreeMap<TemplateId, Template>,
+    /// Tenants' built templates, one per build (`template_builds`).
+    built: Vec<sandbox_core::BuiltTemplate>,
     next: u64,
 }
 
@@ -628,7 +637,10 @@ impl SandboxProvider for FakeProvider {
                 return Err(self.err(snapshot_not_found()));
             }
         }
-        if !st.templates.contains_key(&request.template) {
+        // [template_builds.owner]: a built template boots for its tenant only.
+        if templates::is_built_ref(&request.template) {
+            templates::check_owner(&st, &request).map_err(|e| self.err(e))?;
+        } else if !st.templates.contains_key(&request.template) {
             return Err(self.err(Error::invalid_request(
                 Operation::CREATE,
                 format!("unknown template {}", request.template),
@@ -849,6 +861,9 @@ impl SandboxProvider for FakeProvider {
         Some(self)
     }
     fn as_watch(&self) -> Option<&dyn Watch> {
+        Some(self)
+    }
+    fn as_template_builds(&self) -> Option<&dyn sandbox_core::TemplateBuilds> {
         Some(self)
     }
 }

@@ -44,6 +44,11 @@ pub(super) async fn declared_capabilities_are_callable(ctx: &Ctx) -> CaseResult 
             narrow::pause_resume(p).is_some(),
         ),
         (
+            "template_builds",
+            caps.template_builds,
+            narrow::template_builds(p).is_some(),
+        ),
+        (
             "terminal_reattach",
             caps.terminal_reattach,
             narrow::terminal_reattach(p).is_some(),

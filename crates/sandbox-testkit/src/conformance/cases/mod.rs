@@ -11,6 +11,7 @@ mod pause;
 mod processes;
 mod snapshots;
 mod streamed;
+mod template_builds;
 mod templates;
 mod terminal;
 mod user;
@@ -354,6 +355,22 @@ pub fn all_cases() -> Vec<Case> {
             [Snapshots, Metadata, List],
             [],
             ["create.snapshot_owner", "snapshot.tenant"]
+        ),
+        case!(
+            template_builds::template_build_boots_for_its_tenant_only,
+            [TemplateBuilds, Metadata, List],
+            [],
+            ["template_builds.boot", "template_builds.owner"]
+        ),
+        case!(
+            template_builds::template_tags_move_and_deletes_are_idempotent,
+            [TemplateBuilds],
+            [],
+            [
+                "template_builds.local",
+                "template_builds.tags",
+                "template_builds.delete_idempotent"
+            ]
         ),
         case!(
             templates::template_catalog_has_standard,
