@@ -250,6 +250,10 @@ pub enum ErrorCode {
     /// A listing's paging cursor is not one the listing wrote (garbled, forged, or written
     /// for the other order).
     InvalidCursor,
+    /// A tunnel named a port inside the sandbox that nothing listens on.
+    PortClosed,
+    /// The sandbox already has as many tunnels open as its bound allows; nothing was opened.
+    TunnelLimit,
 }
 
 impl ErrorCode {
@@ -296,6 +300,8 @@ impl ErrorCode {
             ErrorCode::InvalidDeadlineKey => "invalid_deadline_key",
             ErrorCode::DeadlineLimit => "deadline_limit",
             ErrorCode::InvalidCursor => "invalid_cursor",
+            ErrorCode::PortClosed => "port_closed",
+            ErrorCode::TunnelLimit => "tunnel_limit",
         }
     }
 }
@@ -617,7 +623,8 @@ impl Error {
                 ErrorCode::QuotaExceeded
                 | ErrorCode::WatchOverflow
                 | ErrorCode::ProcessLimit
-                | ErrorCode::DeadlineLimit => 429,
+                | ErrorCode::DeadlineLimit
+                | ErrorCode::TunnelLimit => 429,
                 ErrorCode::SandboxPaused
                 | ErrorCode::SessionRewindLocked
                 | ErrorCode::SessionTurnActive
@@ -633,6 +640,9 @@ impl Error {
                 | ErrorCode::LockOwnershipLost => 503,
                 // A binding the store cannot read is our fault, not the caller's.
                 ErrorCode::InvalidBinding => 500,
+                // The sandbox is up but its program is not listening: a gateway's failure to
+                // reach its upstream, not the service's.
+                ErrorCode::PortClosed => 502,
             };
             return (status, code.as_str());
         }
