@@ -76,6 +76,8 @@ pub struct E2bSection {
     /// Template names the API accepts, each the engine image it boots. `base` (the SDKs'
     /// default) boots `docker.image` unless named here.
     pub templates: BTreeMap<String, String>,
+    /// The most requests to one sandbox's preview ports in flight at once (429 beyond).
+    pub max_tunnels_per_sandbox: usize,
 }
 
 #[cfg(feature = "e2b-api")]
@@ -89,6 +91,7 @@ impl Default for E2bSection {
             default_timeout_seconds: 300,
             max_timeout_seconds: 24 * 60 * 60,
             templates: BTreeMap::new(),
+            max_tunnels_per_sandbox: 16,
         }
     }
 }
@@ -435,6 +438,11 @@ impl ServiceConfig {
                 "e2b.default_timeout_seconds must be from 1 to e2b.max_timeout_seconds".to_owned(),
             ));
         }
+        if e.max_tunnels_per_sandbox == 0 {
+            return Err(ConfigError(
+                "e2b.max_tunnels_per_sandbox must be at least 1".to_owned(),
+            ));
+        }
         for (name, image) in &e.templates {
             let name_ok = !name.is_empty()
                 && name.len() <= 128
@@ -710,6 +718,13 @@ pub const ENV_VARS: &[EnvVar] = &[
         Seconds,
         "86400",
         "the longest timeout an E2B create, connect or set-timeout may ask for",
+    ),
+    var(
+        "SANDBOX_E2B_MAX_TUNNELS_PER_SANDBOX",
+        "e2b.max_tunnels_per_sandbox",
+        Count,
+        "16",
+        "the most requests to one E2B sandbox's preview ports (`<port>-<id>` hosts) in flight at once (429 with `Retry-After: 1` beyond)",
     ),
     var(
         "SANDBOX_REDIS_URL",
@@ -1219,6 +1234,7 @@ mod tests {
         let on = [("SANDBOX_E2B_ENABLED", "true")];
         let c = load(&on).unwrap();
         assert_eq!(c.e2b.default_timeout_seconds, 300);
+        assert_eq!(c.e2b.max_tunnels_per_sandbox, 16);
         let secret = "0123456789abcdef0123456789abcdef";
         for (pairs, needle) in [
             (
@@ -1241,6 +1257,10 @@ mod tests {
             (
                 vec![("SANDBOX_E2B_BASE_TEMPLATE", "bad image name!")],
                 "e2b.templates.base",
+            ),
+            (
+                vec![("SANDBOX_E2B_MAX_TUNNELS_PER_SANDBOX", "0")],
+                "e2b.max_tunnels_per_sandbox",
             ),
         ] {
             let mut all = on.to_vec();

@@ -24,6 +24,9 @@ pub const DEADLINE: &str = "sandbox.e2b.deadline";
 pub const TEMPLATE: &str = "sandbox.e2b.template";
 /// `false` when the create denied internet access (absent: allowed).
 pub const INTERNET: &str = "sandbox.e2b.internet";
+/// `false` when the create closed public traffic (`network.allowPublicTraffic: false`), so
+/// its preview ports want the traffic token (absent: open).
+pub const PUBLIC: &str = "sandbox.e2b.public";
 
 /// The reserved prefix of keys, compared without case.
 const RESERVED_PREFIX: &str = "sandbox";
@@ -111,6 +114,11 @@ pub fn tenant_of(metadata: &Metadata) -> Option<TenantId> {
 /// Whether the sandbox may reach the internet, as its create asked.
 pub fn internet_of(metadata: &Metadata) -> bool {
     metadata.get(INTERNET).map(String::as_str) != Some("false")
+}
+
+/// Whether the sandbox's preview ports are open to any request (no traffic token needed).
+pub fn public_of(metadata: &Metadata) -> bool {
+    metadata.get(PUBLIC).map(String::as_str) != Some("false")
 }
 
 /// The create-time deadline a sandbox's metadata names.

@@ -149,6 +149,7 @@ fn settings(config: &ServiceConfig) -> Result<Settings, String> {
         memory_mb: memory_mb.max(128),
         disk_size_mb,
         quotas: crate::serve::quotas(config)?,
+        max_tunnels_per_sandbox: e.max_tunnels_per_sandbox,
     })
 }
 
