@@ -20,8 +20,10 @@
 //!   connection, closed once the answer's body is over: no connection is shared between
 //!   callers. Bodies stream both ways (hyper's client on the tunnel's halves); hop-by-hop
 //!   headers stay on their hop.
-//! - **Not relayed (yet):** `Upgrade` requests (WebSocket) and `CONNECT` are refused with 501
-//!   naming why, rather than half-served.
+//! - **Upgrades.** A request with `Upgrade` (WebSocket's, or any other protocol) is relayed
+//!   with `Connection: upgrade` and its `Upgrade` header; when the program answers `101`, the
+//!   caller's connection and the tunnel are joined byte for byte until either side ends.
+//!   `CONNECT` is refused with 501: it names a destination, and a preview port is one.
 //! - **Errors.** A sandbox that does not exist is 404 (as the envd router answers); nothing
 //!   listening on the port is 502 (`port_closed`); a program that answers no HTTP is 502.
 
@@ -169,10 +171,10 @@ pub(crate) async fn relay(
             Some(_) => {}
         }
     }
-    if request.method() == Method::CONNECT || request.headers().contains_key(header::UPGRADE) {
+    if request.method() == Method::CONNECT {
         return Err(ApiError::new(
             StatusCode::NOT_IMPLEMENTED,
-            "Upgrade (WebSocket) and CONNECT requests are not relayed to a sandbox's ports by this server yet",
+            "CONNECT is not relayed to a sandbox's port: the port is the destination",
         ));
     }
     let tunnels = narrow::tunnels(&*inner.provider).ok_or_else(|| {
@@ -198,7 +200,16 @@ pub(crate) async fn relay(
         .open_tunnel(&handle, port)
         .await
         .map_err(ApiError::from_core)?;
-    let outgoing = outgoing(request)?;
+    let mut request = request;
+    let upgrade = request.headers().get(header::UPGRADE).cloned();
+    // Taken before the request is handed on: the caller's side of a `101`.
+    let caller_upgrade = upgrade.is_some().then(|| hyper::upgrade::on(&mut request));
+    let mut outgoing = outgoing(request)?;
+    if let Some(protocol) = &upgrade {
+        let headers = outgoing.headers_mut();
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        headers.insert(header::UPGRADE, protocol.clone());
+    }
     let (ours, theirs) = tokio::io::duplex(PIPE_BYTES);
     tokio::spawn(pump(tunnel, theirs, hold));
     let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(ours))
@@ -209,13 +220,44 @@ pub(crate) async fn relay(
     // which closes hyper's end of the pipe, so the pump drops the tunnel and its place under
     // the bound even when the program never answers.
     let connection = AbortOnDrop(tokio::spawn(async move {
-        let _ = connection.await;
+        let _ = connection.with_upgrades().await;
     }));
-    let answer = sender.send_request(outgoing).await.map_err(|e| {
+    let mut answer = sender.send_request(outgoing).await.map_err(|e| {
         bad_gateway(format!(
             "port {port} of sandbox {id} did not answer an HTTP request: {e}"
         ))
     })?;
+    if answer.status() == StatusCode::SWITCHING_PROTOCOLS {
+        let Some(caller_upgrade) = caller_upgrade else {
+            return Err(bad_gateway(format!(
+                "port {port} of sandbox {id} switched protocols unasked"
+            )));
+        };
+        let port_upgrade = hyper::upgrade::on(&mut answer);
+        tokio::spawn(async move {
+            // The connection task hands over its end of the pipe, then ends; held until then.
+            let _connection = connection;
+            let (Ok(caller), Ok(program)) = tokio::join!(caller_upgrade, port_upgrade) else {
+                return;
+            };
+            let _ = tokio::io::copy_bidirectional(
+                &mut TokioIo::new(caller),
+                &mut TokioIo::new(program),
+            )
+            .await;
+        });
+        let (mut parts, _) = answer.into_parts();
+        let protocol = parts.headers.get(header::UPGRADE).cloned();
+        strip_hop_by_hop(&mut parts.headers);
+        parts
+            .headers
+            .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        if let Some(protocol) = protocol {
+            parts.headers.insert(header::UPGRADE, protocol);
+        }
+        parts.version = Version::HTTP_11;
+        return Ok(Response::from_parts(parts, Body::empty()));
+    }
     let (mut parts, body) = answer.into_parts();
     strip_hop_by_hop(&mut parts.headers);
     parts.version = Version::HTTP_11;

@@ -10,7 +10,8 @@ Run by the Rust driver (tests/it/e2b_preview.rs) with the venv made from the has
 A sandbox created with public traffic closed runs `python3 -m http.server 8000` (started with
 `commands.run(..., background=True)`, bound to the sandbox's loopback, in a sandbox with network
 `none`); its file is fetched through the router's `<port>-<id>` host (`get_host(8000)`) with the
-sandbox's traffic token, and refused without it or with a wrong one. A server that never answers
+sandbox's traffic token, and refused without it or with a wrong one. An `Upgrade` is switched
+and carries bytes both ways. A server that never answers
 holds requests open, so the per-sandbox bound answers 429 past it and frees a place when a caller
 gives up. The last line is "scenario: N passed, M failed".
 """
@@ -18,6 +19,7 @@ gives up. The last line is "scenario: N passed, M failed".
 import os
 import socket
 import sys
+import threading
 import time
 import traceback
 import uuid
@@ -40,6 +42,36 @@ SILENT_SERVER = (
     "s.bind(('127.0.0.1', 8001)); s.listen(64); held=[]\n"
     "while True: held.append(s.accept())\n"
 )
+
+# A server that switches to an echo protocol on `Upgrade: echo` (as a WebSocket server
+# switches protocols), then sends back every byte it reads.
+UPGRADE_SERVER = """
+import socket, threading
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", 8002)); s.listen(16)
+def serve(c):
+    head = b""
+    while b"\\r\\n\\r\\n" not in head:
+        d = c.recv(4096)
+        if not d:
+            return
+        head += d
+    head, rest = head.split(b"\\r\\n\\r\\n", 1)
+    if b"upgrade: echo" not in head.lower():
+        c.sendall(b"HTTP/1.1 400 Bad Request\\r\\ncontent-length: 0\\r\\n\\r\\n")
+        c.close()
+        return
+    c.sendall(b"HTTP/1.1 101 Switching Protocols\\r\\nconnection: upgrade\\r\\nupgrade: echo\\r\\n\\r\\n" + rest)
+    while True:
+        d = c.recv(65536)
+        if not d:
+            break
+        c.sendall(d)
+    c.close()
+while True:
+    c, _ = s.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+"""
 
 passed = 0
 failed = 0
@@ -153,10 +185,57 @@ try:
             assert time.monotonic() < deadline, "no place was freed"
             time.sleep(0.2)
 
+    def an_upgrade_is_relayed_both_ways():
+        sbx.files.write(f"{SERVE_DIR}/upgrade.py", UPGRADE_SERVER)
+        sbx.commands.run(f"python3 {SERVE_DIR}/upgrade.py", background=True)
+        host = sbx.get_host(8002)
+        port = int(API_URL.rsplit(":", 1)[1])
+        deadline = time.monotonic() + 30
+        while True:
+            conn = socket.create_connection(("127.0.0.1", port), timeout=30)
+            conn.sendall(
+                (
+                    f"GET /echo HTTP/1.1\r\nHost: {host}\r\n{TOKEN_HEADER}: {token}\r\n"
+                    "Connection: Upgrade\r\nUpgrade: echo\r\n\r\n"
+                ).encode()
+            )
+            head = b""
+            while b"\r\n\r\n" not in head:
+                chunk = conn.recv(4096)
+                if not chunk:
+                    break
+                head += chunk
+            status = head.split(b" ", 2)[1] if b" " in head else b""
+            if status != b"502" or time.monotonic() > deadline:
+                break
+            conn.close()
+            time.sleep(0.2)
+        assert status == b"101", head.decode(errors="replace")
+        assert b"upgrade: echo" in head.lower(), head
+        head, early = head.split(b"\r\n\r\n", 1)
+        payload = os.urandom(256 * 1024 + 3)
+        received = bytearray(early)
+
+        def read_back():
+            while len(received) < len(payload):
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                received.extend(chunk)
+
+        reader = threading.Thread(target=read_back)
+        reader.start()
+        for at in range(0, len(payload), 10_000):
+            conn.sendall(payload[at : at + 10_000])
+        reader.join(60)
+        conn.close()
+        assert bytes(received) == payload, f"{len(received)} bytes back, want {len(payload)}"
+
     step("created_closed", created_closed)
     step("serves_a_file_through_the_tunnel", serves_a_file_through_the_tunnel)
     step("refused_without_the_token", refused_without_the_token)
     step("refused_with_a_wrong_token", refused_with_a_wrong_token)
+    step("an_upgrade_is_relayed_both_ways", an_upgrade_is_relayed_both_ways)
     step("the_bound_answers_429_and_frees_a_place", the_bound_answers_429_and_frees_a_place)
 finally:
     sbx.kill()

@@ -5,7 +5,8 @@
 //! to its loopback, in network `none`: the only way in is the agent's tunnel extension on the
 //! sandbox's channel. The script fetches a file of random bytes through the router's
 //! `<port>-<id>` host with the traffic token, is refused without it or with a wrong one (403),
-//! and fills the per-sandbox bound (set to [`BOUND`] here) with requests a silent server never
+//! has an `Upgrade` switched by a server inside and carries 256 KiB through it both ways, and
+//! fills the per-sandbox bound (set to [`BOUND`] here) with requests a silent server never
 //! answers: one more is 429 with `Retry-After: 1`, and a place is free again once a caller
 //! hangs up.
 //!
@@ -56,10 +57,13 @@ async fn a_python_http_server_answers_through_its_preview_host_with_the_traffic_
     let context = || serve.context();
     let stdout = tokio::task::block_in_place(|| run_script(run, SCRIPT_DEADLINE, &context));
     println!("{stdout}");
-    assert!(
-        stdout.contains("ok   serves_a_file_through_the_tunnel"),
-        "{stdout}"
-    );
+    for step in [
+        "serves_a_file_through_the_tunnel",
+        "an_upgrade_is_relayed_both_ways",
+        "the_bound_answers_429_and_frees_a_place",
+    ] {
+        assert!(stdout.contains(&format!("ok   {step}")), "{step}: {stdout}");
+    }
     // The script killed its sandbox: the engine holds none.
     serve.wait_no_containers().await;
 }
