@@ -80,6 +80,8 @@ pub struct E2bSection {
     /// reference or a prefix ending in `*`. Unset: every image of `templates`, `base`'s
     /// included. Builds never pull: the image must also be on the engine.
     pub build_images: Option<Vec<String>>,
+    /// The most requests to one sandbox's preview ports in flight at once (429 beyond).
+    pub max_tunnels_per_sandbox: usize,
 }
 
 #[cfg(feature = "e2b-api")]
@@ -94,6 +96,7 @@ impl Default for E2bSection {
             max_timeout_seconds: 24 * 60 * 60,
             templates: BTreeMap::new(),
             build_images: None,
+            max_tunnels_per_sandbox: 16,
         }
     }
 }
@@ -448,6 +451,11 @@ impl ServiceConfig {
                 "e2b.default_timeout_seconds must be from 1 to e2b.max_timeout_seconds".to_owned(),
             ));
         }
+        if e.max_tunnels_per_sandbox == 0 {
+            return Err(ConfigError(
+                "e2b.max_tunnels_per_sandbox must be at least 1".to_owned(),
+            ));
+        }
         for (name, image) in &e.templates {
             let name_ok = !name.is_empty()
                 && name.len() <= 128
@@ -744,6 +752,13 @@ pub const ENV_VARS: &[EnvVar] = &[
         Seconds,
         "86400",
         "the longest timeout an E2B create, connect or set-timeout may ask for",
+    ),
+    var(
+        "SANDBOX_E2B_MAX_TUNNELS_PER_SANDBOX",
+        "e2b.max_tunnels_per_sandbox",
+        Count,
+        "16",
+        "the most requests to one E2B sandbox's preview ports (`<port>-<id>` hosts) in flight at once (429 with `Retry-After: 1` beyond)",
     ),
     var(
         "SANDBOX_REDIS_URL",
@@ -1253,6 +1268,7 @@ mod tests {
         let on = [("SANDBOX_E2B_ENABLED", "true")];
         let c = load(&on).unwrap();
         assert_eq!(c.e2b.default_timeout_seconds, 300);
+        assert_eq!(c.e2b.max_tunnels_per_sandbox, 16);
         let secret = "0123456789abcdef0123456789abcdef";
         for (pairs, needle) in [
             (
@@ -1279,6 +1295,10 @@ mod tests {
             (
                 vec![("SANDBOX_E2B_BUILD_IMAGES", "ok:1,bad image*")],
                 "e2b.build_images",
+            ),
+            (
+                vec![("SANDBOX_E2B_MAX_TUNNELS_PER_SANDBOX", "0")],
+                "e2b.max_tunnels_per_sandbox",
             ),
         ] {
             let mut all = on.to_vec();

@@ -62,7 +62,10 @@ struct Harness {
 }
 
 fn harness_with(max_sandboxes: Option<u32>) -> Harness {
-    let provider: Arc<dyn SandboxProvider> = Arc::new(FakeProvider::new());
+    harness_on(Arc::new(FakeProvider::new()), max_sandboxes)
+}
+
+fn harness_on(provider: Arc<dyn SandboxProvider>, max_sandboxes: Option<u32>) -> Harness {
     let envd = Arc::new(Recording::default());
     let deadlines = Arc::new(MemoryDeadlines::new());
     let auth = TenantAuth::new([
@@ -86,6 +89,7 @@ fn harness_with(max_sandboxes: Option<u32>) -> Harness {
             tenants: HashMap::new(),
         },
         build_images: vec![FakeProvider::template().as_str().to_owned()],
+        max_tunnels_per_sandbox: 2,
     };
     let api = E2bApi::new(
         Arc::clone(&provider),
@@ -786,7 +790,8 @@ async fn the_router_relays_authorised_requests_without_credentials() {
     )
     .await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
-    // Another port is not served yet; an absent sandbox is 404 (502 for /health).
+    // Another port is a preview port: nothing listens on 8080 (502); an absent sandbox is
+    // 404 (502 for /health).
     let (status, _) = call_with(
         &h,
         "GET",
@@ -1372,4 +1377,258 @@ async fn api_keys_and_tokens_never_reach_the_logs() {
     // The token's MAC is what makes it secret: not even that part appears.
     let mac = token.rsplit('.').next().unwrap();
     assert!(mac.len() >= 16 && !text.contains(mac), "{text}");
+}
+
+/// Ports of every sandbox that read what they are sent and never answer (port 9000 only;
+/// every other port is the fake's own), counting the tunnels open to them.
+#[derive(Debug, Default)]
+struct SilentPorts {
+    live: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+#[derive(Debug)]
+struct Swallow;
+
+#[async_trait::async_trait]
+impl sandbox_core::TunnelSink for Swallow {
+    async fn send(&mut self, _data: Vec<u8>) -> Result<(), Error> {
+        Ok(())
+    }
+    async fn finish(&mut self) -> Result<(), Error> {
+        Ok(())
+    }
+}
+
+#[derive(Debug)]
+struct Silent(Arc<std::sync::atomic::AtomicUsize>);
+
+#[async_trait::async_trait]
+impl sandbox_core::TunnelSource for Silent {
+    async fn recv(&mut self) -> Option<Result<Vec<u8>, Error>> {
+        std::future::pending().await
+    }
+}
+
+impl Drop for Silent {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[async_trait::async_trait]
+impl sandbox_testkit::forward::ProviderHooks for SilentPorts {
+    async fn open_tunnel(
+        &self,
+        next: &dyn sandbox_core::Tunnels,
+        sandbox: &sandbox_core::SandboxHandle,
+        port: u16,
+    ) -> Result<sandbox_core::Tunnel, Error> {
+        if port != 9000 {
+            return next.open_tunnel(sandbox, port).await;
+        }
+        self.live.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(sandbox_core::Tunnel {
+            sink: Box::new(Swallow),
+            source: Box::new(Silent(Arc::clone(&self.live))),
+        })
+    }
+}
+
+fn preview_harness() -> (Harness, Arc<std::sync::atomic::AtomicUsize>) {
+    let hooks = SilentPorts::default();
+    let live = Arc::clone(&hooks.live);
+    let fake: Arc<dyn SandboxProvider> = Arc::new(FakeProvider::new());
+    let provider = sandbox_testkit::forward::Forward::new(fake, hooks);
+    (harness_on(Arc::new(provider), None), live)
+}
+
+fn preview_request(id: &str, port: u16, token: Option<&str>) -> Request<Body> {
+    let mut request = Request::builder()
+        .method("GET")
+        .uri("/index.html")
+        .header("host", format!("{port}-{id}.sbx.test"));
+    if let Some(token) = token {
+        request = request.header("e2b-traffic-access-token", token);
+    }
+    request.body(Body::empty()).unwrap()
+}
+
+async fn preview(
+    h: &Harness,
+    id: &str,
+    port: u16,
+    token: Option<&str>,
+) -> (StatusCode, HeaderMap, Value) {
+    let response = h
+        .app
+        .clone()
+        .oneshot(preview_request(id, port, token))
+        .await
+        .unwrap();
+    let status = response.status();
+    let headers = response.headers().clone();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    let value = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+    (status, headers, value)
+}
+
+/// The backend's handle of E2B sandbox `id`.
+async fn backend_handle(h: &Harness, id: &str) -> sandbox_core::SandboxHandle {
+    let listed = h
+        .provider
+        .list(&sandbox_core::ListFilter::default())
+        .await
+        .unwrap();
+    let summary = listed
+        .into_iter()
+        .find(|s| s.metadata.get("sandbox.e2b.id").map(String::as_str) == Some(id))
+        .expect("the sandbox is listed");
+    sandbox_core::SandboxHandle::new(summary.id, h.provider.provider())
+}
+
+async fn wait_until(what: &str, condition: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !condition() {
+        assert!(std::time::Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn preview_ports_want_the_traffic_token_when_public_traffic_is_closed() {
+    let (h, _) = preview_harness();
+    let closed = create(
+        &h,
+        KEY_A,
+        json!({"templateID": "base", "network": {"allowPublicTraffic": false}}),
+    )
+    .await;
+    let open = create(&h, KEY_A, json!({"templateID": "base"})).await;
+    let id = closed["sandboxID"].as_str().unwrap().to_owned();
+    let open_id = open["sandboxID"].as_str().unwrap().to_owned();
+    let token = closed["trafficAccessToken"]
+        .as_str()
+        .expect("a traffic token")
+        .to_owned();
+    assert!(token.starts_with("et1.1."), "{token}");
+    assert_ne!(closed["envdAccessToken"].as_str(), Some(token.as_str()));
+    assert_eq!(open["trafficAccessToken"], Value::Null, "{open}");
+    // The echo server busybox runs as `nc -ll -p 8000 -e cat`, on the closed sandbox.
+    let handle = backend_handle(&h, &id).await;
+    sandbox_core::narrow::processes(&*h.provider)
+        .unwrap()
+        .start_process(
+            &handle,
+            sandbox_core::ProcessSpec::argv(
+                "nc",
+                ["-ll", "-p", "8000", "-e", "cat"].map(str::to_owned),
+            ),
+        )
+        .await
+        .unwrap();
+
+    // Closed: no token, the envd token, another sandbox's traffic token, junk: all 403.
+    let other = create(
+        &h,
+        KEY_A,
+        json!({"templateID": "base", "network": {"allowPublicTraffic": false}}),
+    )
+    .await;
+    let envd_token = closed["envdAccessToken"].as_str().unwrap().to_owned();
+    let other_token = other["trafficAccessToken"].as_str().unwrap().to_owned();
+    for wrong in [
+        None,
+        Some(envd_token.as_str()),
+        Some(other_token.as_str()),
+        Some("et1.1.x.y"),
+    ] {
+        let (status, _, body) = preview(&h, &id, 8000, wrong).await;
+        assert_error(status, &body, StatusCode::FORBIDDEN);
+    }
+    // With its token the request is relayed: nothing listens on 8001 (502, said so), and the
+    // echo on 8000 is reached but answers no HTTP (its answer is the request itself).
+    let (status, _, body) = preview(&h, &id, 8001, Some(&token)).await;
+    assert_error(status, &body, StatusCode::BAD_GATEWAY);
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("nothing listens on port 8001"),
+        "{body}"
+    );
+    // The server listens once its task first runs.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let (status, body) = loop {
+        let (status, _, body) = preview(&h, &id, 8000, Some(&token)).await;
+        let closed = body["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("nothing listens");
+        if !closed || std::time::Instant::now() > deadline {
+            break (status, body);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert_error(status, &body, StatusCode::BAD_GATEWAY);
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("did not answer an HTTP request"),
+        "{body}"
+    );
+    // An open sandbox wants no token; an absent one is 404.
+    let (status, _, body) = preview(&h, &open_id, 8001, None).await;
+    assert_error(status, &body, StatusCode::BAD_GATEWAY);
+    let (status, _, body) = preview(&h, "i0000000000000000000", 8000, Some(&token)).await;
+    assert_error(status, &body, StatusCode::NOT_FOUND);
+    // The envd port keeps its own rules: the traffic token is not an access token.
+    let (status, _, _) = preview(&h, &id, 49983, Some(&token)).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    // Nothing of this reached the envd plane.
+    assert!(h.envd.seen.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn preview_requests_past_the_bound_are_429_and_a_gone_caller_frees_its_place() {
+    let (h, live) = preview_harness();
+    let open = create(&h, KEY_A, json!({"templateID": "base"})).await;
+    let id = open["sandboxID"].as_str().unwrap().to_owned();
+    // The harness bounds a sandbox to 2: two requests whose program never answers hold them.
+    let hang = |h: &Harness| {
+        let app = h.app.clone();
+        let request = preview_request(&id, 9000, None);
+        tokio::spawn(async move { app.oneshot(request).await })
+    };
+    let first = hang(&h);
+    let second = hang(&h);
+    wait_until("two tunnels open", || {
+        live.load(std::sync::atomic::Ordering::SeqCst) == 2
+    })
+    .await;
+    let (status, headers, body) = preview(&h, &id, 9000, None).await;
+    assert_error(status, &body, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(headers.get("retry-after").unwrap(), "1");
+    // The bound is per sandbox: another sandbox is not held back.
+    let other = create(&h, KEY_A, json!({"templateID": "base"})).await;
+    let (status, _, _) = preview(&h, other["sandboxID"].as_str().unwrap(), 8001, None).await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY);
+    // Callers that go away close their tunnels and free their places.
+    first.abort();
+    second.abort();
+    wait_until("the tunnels closed", || {
+        live.load(std::sync::atomic::Ordering::SeqCst) == 0
+    })
+    .await;
+    let third = hang(&h);
+    wait_until("a tunnel open again", || {
+        live.load(std::sync::atomic::Ordering::SeqCst) == 1
+    })
+    .await;
+    third.abort();
+    wait_until("closed again", || {
+        live.load(std::sync::atomic::Ordering::SeqCst) == 0
+    })
+    .await;
 }

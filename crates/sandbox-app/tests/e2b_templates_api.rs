@@ -66,6 +66,7 @@ fn app_with_base(base: sandbox_core::TemplateId) -> axum::Router {
         disk_size_mb: 10240,
         quotas: Quotas::default(),
         build_images: vec![source, ABSENT_IMAGE.to_owned()],
+        max_tunnels_per_sandbox: 16,
     };
     let api = E2bApi::new(
         provider,

@@ -253,6 +253,10 @@ pub enum ErrorCode {
     /// The built template does not exist, or is not this tenant's (the two answer alike, so
     /// the error reveals nothing about other tenants' templates).
     TemplateNotFound,
+    /// A tunnel named a port inside the sandbox that nothing listens on.
+    PortClosed,
+    /// The sandbox already has as many tunnels open as its bound allows; nothing was opened.
+    TunnelLimit,
 }
 
 impl ErrorCode {
@@ -300,6 +304,8 @@ impl ErrorCode {
             ErrorCode::DeadlineLimit => "deadline_limit",
             ErrorCode::InvalidCursor => "invalid_cursor",
             ErrorCode::TemplateNotFound => "template_not_found",
+            ErrorCode::PortClosed => "port_closed",
+            ErrorCode::TunnelLimit => "tunnel_limit",
         }
     }
 }
@@ -627,7 +633,8 @@ impl Error {
                 ErrorCode::QuotaExceeded
                 | ErrorCode::WatchOverflow
                 | ErrorCode::ProcessLimit
-                | ErrorCode::DeadlineLimit => 429,
+                | ErrorCode::DeadlineLimit
+                | ErrorCode::TunnelLimit => 429,
                 ErrorCode::SandboxPaused
                 | ErrorCode::SessionRewindLocked
                 | ErrorCode::SessionTurnActive
@@ -643,6 +650,9 @@ impl Error {
                 | ErrorCode::LockOwnershipLost => 503,
                 // A binding the store cannot read is our fault, not the caller's.
                 ErrorCode::InvalidBinding => 500,
+                // The sandbox is up but its program is not listening: a gateway's failure to
+                // reach its upstream, not the service's.
+                ErrorCode::PortClosed => 502,
             };
             return (status, code.as_str());
         }

@@ -65,7 +65,7 @@ pub use ports::deadlines::{
 pub use ports::provider::{
     ConnectProbe, Desktop, KeepAlive, PauseResume, Processes, SandboxProvider, Snapshots,
     StreamedFiles, TemplateBuilds, TemplateCatalog, TerminalReattach, Terminals, Tunnel,
-    TunnelSink, TunnelSource, Tunnels, Watch, narrow,
+    TunnelSink, TunnelSource, Tunnels, Watch, narrow, tunnel_errors,
 };
 pub use ports::session::{
     Bootstrapper, ConfigLoader, LoadedConfig, PermissiveSessionExistence, SessionExistence,

@@ -22,8 +22,8 @@ use sandbox_core::{
     NetworkField, NetworkFields, Operation, ProcessInfo, ProcessSelector, ProcessSpec,
     ProcessStream, Processes, Provider, ReadStream, SandboxHandle, SandboxId, SandboxPath,
     SandboxProvider, SandboxState, SandboxSummary, Signal, Snapshots, StatEntry, StreamedFiles,
-    TemplateCatalog, TemplateId, Terminals, TimeoutAction, TreeLimits, TreeListing, Watch,
-    WatchStream, owner_metadata,
+    TemplateCatalog, TemplateId, Terminals, TimeoutAction, TreeLimits, TreeListing, Tunnel,
+    Tunnels, Watch, WatchStream, owner_metadata,
 };
 
 use crate::agent::{self, AgentBinary};
@@ -78,7 +78,8 @@ pub fn docker_capabilities_for(plane: DataPlane) -> Capabilities {
             .with(Capability::StreamedFiles, true)
             .with(Capability::Watch, true)
             .with(Capability::TerminalReattach, true)
-            .with(Capability::DefaultUser, true),
+            .with(Capability::DefaultUser, true)
+            .with(Capability::Tunnels, true),
     }
 }
 
@@ -1068,6 +1069,27 @@ impl SandboxProvider for DockerProvider {
     fn as_processes(&self) -> Option<&dyn Processes> {
         (self.data_plane() == DataPlane::Agent).then_some(self as &dyn Processes)
     }
+    fn as_tunnels(&self) -> Option<&dyn Tunnels> {
+        (self.data_plane() == DataPlane::Agent).then_some(self as &dyn Tunnels)
+    }
+}
+
+/// Tunnels to ports inside the container over the agent's channel (agent plane only;
+/// `channel::tunnel`).
+#[async_trait]
+impl Tunnels for DockerProvider {
+    async fn open_tunnel(&self, sandbox: &SandboxHandle, port: u16) -> Result<Tunnel, Error> {
+        let op = Operation::OPEN_TUNNEL;
+        let channel = self.agent_channel(sandbox, op)?;
+        let lease = agent::exec::lease(self, op, &channel).await?;
+        match crate::channel::tunnel::open(lease, port).await {
+            Ok(tunnel) => Ok(tunnel),
+            // A refusal by the agent is its answer; a channel failure may be a container
+            // that was paused or removed meanwhile, which is said as such.
+            Err(e) if e.code().is_some() => Err(e),
+            Err(e) => Err(agent::exec::explain(&self.inner.docker, channel.container(), e).await),
+        }
+    }
 }
 
 /// Background processes through the agent (agent plane only; `agent::process`).
@@ -1260,6 +1282,7 @@ mod tests {
                         | Capability::Watch
                         | Capability::TerminalReattach
                         | Capability::DefaultUser
+                        | Capability::Tunnels
                 )
             })
             .fold(Capabilities::NONE, |set, c| set.with(c, true));
@@ -1275,6 +1298,7 @@ mod tests {
                 .with(Capability::Watch, true)
                 .with(Capability::TerminalReattach, true)
                 .with(Capability::DefaultUser, true)
+                .with(Capability::Tunnels, true)
         );
     }
 

@@ -53,7 +53,8 @@ fn data_plane() -> Result<(DataPlane, Option<std::path::PathBuf>), String> {
 /// there is nothing to reattach to. Nor `default_user`: its execs each name an engine user,
 /// root unless the call names one. The agent plane serves all five: its agent keeps background
 /// processes and their output, the PTYs it runs outlive their stream, and it is told the
-/// sandbox's default user.
+/// sandbox's default user. Only the agent plane serves `tunnels` too: the agent's tunnel
+/// extension reaches a port with no network at all, which a `docker exec` cannot.
 fn required(plane: DataPlane) -> Capabilities {
     let base = Capability::ALL
         .into_iter()
@@ -68,6 +69,7 @@ fn required(plane: DataPlane) -> Capabilities {
                     | Capability::Watch
                     | Capability::TerminalReattach
                     | Capability::DefaultUser
+                    | Capability::Tunnels
             )
         })
         .fold(Capabilities::NONE, |set, c| set.with(c, true));
@@ -78,7 +80,8 @@ fn required(plane: DataPlane) -> Capabilities {
             .with(Capability::StreamedFiles, true)
             .with(Capability::Watch, true)
             .with(Capability::TerminalReattach, true)
-            .with(Capability::DefaultUser, true),
+            .with(Capability::DefaultUser, true)
+            .with(Capability::Tunnels, true),
     }
 }
 

@@ -144,6 +144,14 @@ pub trait ProviderHooks: Send + Sync + fmt::Debug {
     ) -> Result<WatchStream, Error> {
         next.watch_dir(sandbox, dir, recursive).await
     }
+    async fn open_tunnel(
+        &self,
+        next: &dyn Tunnels,
+        sandbox: &SandboxHandle,
+        port: u16,
+    ) -> Result<Tunnel, Error> {
+        next.open_tunnel(sandbox, port).await
+    }
 }
 
 /// A provider double: `inner` with `hooks` applied.
@@ -566,7 +574,7 @@ impl<H: ProviderHooks> Tunnels for Forward<H> {
     async fn open_tunnel(&self, sandbox: &SandboxHandle, port: u16) -> Result<Tunnel, Error> {
         let next = self.inner.as_tunnels();
         let next = next.ok_or_else(|| self.missing(Operation::OPEN_TUNNEL))?;
-        next.open_tunnel(sandbox, port).await
+        self.hooks.open_tunnel(next, sandbox, port).await
     }
 }
 

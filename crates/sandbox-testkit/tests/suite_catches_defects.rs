@@ -43,6 +43,27 @@ enum Defect {
     CapRefusalUncoded,
     CreateDropsUser,
     PageDropsNext,
+    TunnelCorruptsAnswer,
+    ClosedPortUncoded,
+    TunnelLimitUncoded,
+}
+
+/// A tunnel's answer with the first byte of every chunk flipped.
+#[derive(Debug)]
+struct Flipping(Box<dyn sandbox_core::TunnelSource>);
+
+#[async_trait]
+impl sandbox_core::TunnelSource for Flipping {
+    async fn recv(&mut self) -> Option<Result<Vec<u8>, Error>> {
+        self.0.recv().await.map(|chunk| {
+            chunk.map(|mut bytes| {
+                if let Some(first) = bytes.first_mut() {
+                    *first ^= 0xff;
+                }
+                bytes
+            })
+        })
+    }
 }
 
 /// The defect, planted through the test kit's forwarding helper: only the methods a defect
@@ -202,6 +223,34 @@ impl ProviderHooks for Broken {
             other => other,
         }
     }
+    async fn open_tunnel(
+        &self,
+        next: &dyn sandbox_core::Tunnels,
+        sandbox: &SandboxHandle,
+        port: u16,
+    ) -> Result<sandbox_core::Tunnel, Error> {
+        let uncoded =
+            |e: Error| Error::new(e.kind(), Operation::OPEN_TUNNEL, e.message().to_owned());
+        match next.open_tunnel(sandbox, port).await {
+            Ok(tunnel) if self.defect == Defect::TunnelCorruptsAnswer => Ok(sandbox_core::Tunnel {
+                sink: tunnel.sink,
+                source: Box::new(Flipping(tunnel.source)),
+            }),
+            Err(e)
+                if self.defect == Defect::ClosedPortUncoded
+                    && e.code() == Some(ErrorCode::PortClosed) =>
+            {
+                Err(uncoded(e))
+            }
+            Err(e)
+                if self.defect == Defect::TunnelLimitUncoded
+                    && e.code() == Some(ErrorCode::TunnelLimit) =>
+            {
+                Err(uncoded(e))
+            }
+            other => other,
+        }
+    }
     async fn attach_process(
         &self,
         next: &dyn Processes,
@@ -315,6 +364,15 @@ async fn every_planted_defect_is_caught_by_its_case() {
         (Defect::CapRefusalUncoded, "process_cap_is_enforced"),
         (Defect::CreateDropsUser, "create_user_runs_what_names_none"),
         (Defect::PageDropsNext, "list_pages_through_a_filter"),
+        (
+            Defect::TunnelCorruptsAnswer,
+            "tunnel_carries_bytes_both_ways",
+        ),
+        (
+            Defect::ClosedPortUncoded,
+            "tunnel_to_a_closed_port_is_refused",
+        ),
+        (Defect::TunnelLimitUncoded, "tunnel_cap_is_enforced"),
     ];
     for (defect, case) in table {
         let healthy = outcome(case, Arc::new(FakeProvider::new())).await;

@@ -176,6 +176,11 @@ async fn create(
         on_timeout: TimeoutAction::Kill,
         auto_resume: false,
     };
+    if new.traffic_closed {
+        create
+            .metadata
+            .insert(meta::PUBLIC.to_owned(), "false".to_owned());
+    }
     if new.deny_internet {
         create.network.allow_internet_access = Some(false);
         create
@@ -211,7 +216,14 @@ async fn create(
         }
     };
     tracing::info!(sandbox = %id, tenant = tenant.get(), template = %new.template, timeout_seconds = timeout.as_secs(), "e2b api: sandbox created");
-    let answer = sandbox_answer(inner, tenant, &id, &new.template, envd_version);
+    let answer = sandbox_answer(
+        inner,
+        tenant,
+        &id,
+        &new.template,
+        envd_version,
+        !new.traffic_closed,
+    );
     Ok((StatusCode::CREATED, Json(answer)).into_response())
 }
 
@@ -366,6 +378,7 @@ fn sandbox_answer(
     id: &E2bId,
     template: &str,
     envd_version: String,
+    public: bool,
 ) -> SandboxAnswer {
     SandboxAnswer {
         template_id: template.to_owned(),
@@ -373,7 +386,7 @@ fn sandbox_answer(
         client_id: CLIENT_ID.to_owned(),
         envd_version,
         envd_access_token: inner.keys.access_token(tenant, id),
-        traffic_access_token: inner.keys.traffic_token(tenant, id),
+        traffic_access_token: (!public).then(|| inner.keys.traffic_token(tenant, id)),
         domain: inner.settings.domain.clone(),
     }
 }
@@ -765,7 +778,8 @@ async fn answer_for(
         .get(meta::TEMPLATE)
         .cloned()
         .unwrap_or_default();
-    let answer = sandbox_answer(inner, tenant, e2b_id, &template, envd_version);
+    let public = meta::public_of(&summary.metadata);
+    let answer = sandbox_answer(inner, tenant, e2b_id, &template, envd_version, public);
     Ok((status, Json(answer)).into_response())
 }
 

@@ -9,8 +9,9 @@
 //!   A token of another tenant's sandbox gets 404, as every control-plane route answers for
 //!   a sandbox that is not the caller's; a wrong token for the addressed sandbox gets 401.
 //! - **What is relayed.** The request without the routing and credential headers and without
-//!   the signature parameters, to port 49983 only (other ports come with preview ports), over
-//!   the [`EnvdPlane`](super::EnvdPlane), bodies streamed both ways. A client that goes away
+//!   the signature parameters, to port 49983, over the [`EnvdPlane`](super::EnvdPlane),
+//!   bodies streamed both ways. Any other port is a preview port (`super::preview`), with
+//!   its own authorisation. A client that goes away
 //!   mid-stream drops the relayed stream, which the agent takes as a disconnect, never as a
 //!   kill (envd's semantics).
 
@@ -121,6 +122,10 @@ fn absent(id: &str, health: bool) -> ApiError {
 async fn relay(inner: &Inner, id: &str, port: u16, request: Request) -> Result<Response, ApiError> {
     let health = request.method() == Method::GET && request.uri().path() == "/health";
     let e2b_id = E2bId::parse(id).ok_or_else(|| absent(id, health))?;
+    if port != ENVD_PORT {
+        // Preview ports have their own authorisation (the traffic token), not envd's.
+        return super::preview::relay(inner, &e2b_id, port, request).await;
+    }
     let asked = Asked {
         method: request.method().clone(),
         uri: request.uri().clone(),
@@ -130,14 +135,6 @@ async fn relay(inner: &Inner, id: &str, port: u16, request: Request) -> Result<R
             .map(|t| t.to_str().unwrap_or("").trim().to_owned()),
     };
     let located = authorise(inner, &e2b_id, &asked, health).await?;
-    if port != ENVD_PORT {
-        return Err(ApiError::new(
-            StatusCode::BAD_GATEWAY,
-            format!(
-                "port {port} of sandbox {e2b_id} is not served: only envd's port {ENVD_PORT} is"
-            ),
-        ));
-    }
     let request = strip(request)?;
     Ok(inner.envd.forward(&located.sandbox, request).await)
 }

@@ -8,6 +8,9 @@
 //!   which tenant's sandbox it was issued for, so the router tells "not your sandbox" (404,
 //!   as the control plane answers) from "a wrong token for this sandbox" (401), and every
 //!   replica holding the secret accepts the tokens of every other.
+//! - **Traffic tokens** (`et1.<tenant>.<id>.<mac>`, the MAC under its own purpose string, so
+//!   neither token can stand for the other) open the preview ports of a sandbox created with
+//!   public traffic closed (`e2b::preview`).
 //! - **Signed URLs** (`download_url`/`upload_url`) use envd's formula: `v1_` and the unpadded
 //!   standard base64 of the SHA-256 of `<path>:<read|write>:<user>:<access token>`, with
 //!   `:<expiration>` when one is given. The agent checks the same formula for its own token;
@@ -89,7 +92,7 @@ impl std::fmt::Debug for Keys {
 }
 
 const ACCESS_PREFIX: &str = "ea1";
-const TRAFFIC_PREFIX: &str = "tt1";
+const TRAFFIC_PREFIX: &str = "et1";
 
 impl Keys {
     pub fn new(secret: Secret) -> Self {
@@ -121,6 +124,14 @@ impl Keys {
     /// The token for the sandbox's other ports when public traffic is closed.
     pub fn traffic_token(&self, tenant: TenantId, id: &E2bId) -> String {
         self.token(TRAFFIC_PREFIX, tenant, id)
+    }
+
+    /// Whether `presented` is sandbox `id`'s traffic token (compared in constant time).
+    pub fn verify_traffic(&self, tenant: TenantId, id: &E2bId, presented: &str) -> bool {
+        constant_time_eq(
+            self.traffic_token(tenant, id).as_bytes(),
+            presented.as_bytes(),
+        )
     }
 
     /// What a presented access token was issued for, when this secret issued it.
@@ -280,8 +291,16 @@ mod tests {
         let forged = token.replace(id.as_str(), id2.as_str());
         assert!(k.verify_access(&forged).is_none());
         assert_ne!(k.access_token(other, &id), token);
-        // A traffic token is not an access token.
-        assert!(k.verify_access(&k.traffic_token(tenant, &id)).is_none());
+        // A traffic token is not an access token, nor the reverse: separate HMAC domains.
+        let traffic = k.traffic_token(tenant, &id);
+        assert!(traffic.starts_with("et1.7."), "{traffic}");
+        assert!(k.verify_access(&traffic).is_none());
+        assert!(k.verify_traffic(tenant, &id, &traffic));
+        assert!(!k.verify_traffic(tenant, &id, &token));
+        assert!(!k.verify_traffic(other, &id, &traffic));
+        assert!(!k.verify_traffic(tenant, &id2, &traffic));
+        assert!(!k.verify_traffic(tenant, &id, ""));
+        assert_ne!(traffic.rsplit('.').next(), token.rsplit('.').next());
         for junk in [
             "",
             "ea1",

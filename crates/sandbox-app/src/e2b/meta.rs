@@ -24,6 +24,9 @@ pub const DEADLINE: &str = "sandbox.e2b.deadline";
 pub const TEMPLATE: &str = "sandbox.e2b.template";
 /// `false` when the create denied internet access (absent: allowed).
 pub const INTERNET: &str = "sandbox.e2b.internet";
+/// `false` when the create closed public traffic (`network.allowPublicTraffic: false`), so
+/// its preview ports want the traffic token (absent: open).
+pub const PUBLIC: &str = "sandbox.e2b.public";
 
 /// What the timeout engine does at the deadline: [`ON_TIMEOUT_PAUSE`] (the create's
 /// `autoPause: true`) or `kill` (absent: kill).
@@ -122,6 +125,11 @@ pub fn internet_of(metadata: &Metadata) -> bool {
 /// Whether the sandbox is paused, not killed, at its timeout.
 pub fn pauses_on_timeout(metadata: &Metadata) -> bool {
     metadata.get(ON_TIMEOUT).map(String::as_str) == Some(ON_TIMEOUT_PAUSE)
+}
+
+/// Whether the sandbox's preview ports are open to any request (no traffic token needed).
+pub fn public_of(metadata: &Metadata) -> bool {
+    metadata.get(PUBLIC).map(String::as_str) != Some("false")
 }
 
 /// The create-time deadline a sandbox's metadata names.

@@ -26,6 +26,7 @@ pub mod envd;
 pub mod expiry;
 pub mod ids;
 pub mod meta;
+pub mod preview;
 pub mod serve;
 pub mod templates;
 pub mod wire;
@@ -78,6 +79,8 @@ pub struct Settings {
     /// The images template builds may start from (`e2b.build_images`; a trailing `*`
     /// matches a prefix).
     pub build_images: Vec<String>,
+    /// The most preview-port requests of one sandbox in flight at once (`preview`).
+    pub max_tunnels_per_sandbox: usize,
 }
 
 impl Settings {
@@ -110,6 +113,8 @@ pub(crate) struct Inner {
     pub(crate) create_locks: Mutex<HashMap<TenantId, Arc<tokio::sync::Mutex<()>>>>,
     /// Each tenant's creates in flight in this process, counted against its limit.
     pub(crate) pending_creates: Mutex<HashMap<TenantId, std::collections::HashSet<E2bId>>>,
+    /// The preview ports' tunnels in flight, by sandbox (`preview`).
+    pub(crate) tunnels: Arc<preview::TunnelCounts>,
     /// The envd version the agents last reported (one per service: see
     /// `control::envd_version_hint`).
     envd_version: Mutex<Option<String>>,
@@ -155,6 +160,7 @@ impl E2bApi {
                 index: SandboxIndex::default(),
                 create_locks: Mutex::new(HashMap::new()),
                 pending_creates: Mutex::new(HashMap::new()),
+                tunnels: Arc::default(),
                 envd_version: Mutex::new(None),
                 templates: templates::Records::default(),
             }),

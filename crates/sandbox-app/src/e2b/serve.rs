@@ -162,6 +162,7 @@ fn settings(config: &ServiceConfig) -> Result<Settings, String> {
         disk_size_mb,
         quotas: crate::serve::quotas(config)?,
         build_images,
+        max_tunnels_per_sandbox: e.max_tunnels_per_sandbox,
     })
 }
 

@@ -24,6 +24,9 @@ pub struct NewSandbox {
     pub deny_internet: bool,
     /// `autoPause: true`: paused, not killed, at the timeout.
     pub auto_pause: bool,
+    /// `network.allowPublicTraffic: false`: the sandbox's preview ports want its traffic
+    /// token.
+    pub traffic_closed: bool,
 }
 
 /// Why a create body was refused: the message names the field.
@@ -167,9 +170,11 @@ fn parse_network(value: &Value, out: &mut NewSandbox) -> Result<(), Refused> {
     for (key, value) in object {
         let field = format!("network.{key}");
         match key.as_str() {
-            // Public traffic to the sandbox's ports is not served at all yet, so either value
-            // is honoured; a closed sandbox still gets its traffic token.
-            "allowPublicTraffic" if matches!(value, Value::Null | Value::Bool(_)) => {}
+            // Closed: the preview ports (`e2b::preview`) answer only requests that carry the
+            // sandbox's traffic token.
+            "allowPublicTraffic" if matches!(value, Value::Null | Value::Bool(_)) => {
+                out.traffic_closed = matches!(value, Value::Bool(false));
+            }
             "allowOut" if is_empty(value) => {}
             "allowOut" => {
                 let has_domain = value.as_array().is_some_and(|a| {
@@ -295,7 +300,8 @@ pub struct SandboxAnswer {
     pub client_id: String,
     pub envd_version: String,
     pub envd_access_token: String,
-    pub traffic_access_token: String,
+    /// The preview ports' token when public traffic is closed, else `null`.
+    pub traffic_access_token: Option<String>,
     pub domain: String,
 }
 
@@ -450,7 +456,7 @@ mod tests {
             client_id: CLIENT_ID.into(),
             envd_version: "0.6.4".into(),
             envd_access_token: "t".into(),
-            traffic_access_token: "u".into(),
+            traffic_access_token: Some("u".into()),
             domain: "localhost".into(),
         };
         let json = serde_json::to_value(&answer).unwrap();

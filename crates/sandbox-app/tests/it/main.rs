@@ -11,6 +11,7 @@ mod cli_docker;
 mod doctor_docker;
 mod e2b_expiry;
 mod e2b_no_leaks;
+mod e2b_preview;
 mod e2b_sdk;
 mod e2b_templates;
 mod engine_fault_docker;

@@ -651,9 +651,12 @@ impl<P: SandboxProvider> PauseResume for Checked<P> {
 impl<P: SandboxProvider> Tunnels for Checked<P> {
     async fn open_tunnel(&self, sandbox: &SandboxHandle, port: u16) -> Result<Tunnel, Error> {
         let op = Operation::OPEN_TUNNEL;
-        self.inner_capability(Capability::Tunnels, op, |p| p.as_tunnels())?
-            .open_tunnel(sandbox, port)
-            .await
+        let inner = self.inner_capability(Capability::Tunnels, op, |p| p.as_tunnels())?;
+        // [tunnel.port]: refused before the sandbox is asked, for every adapter alike.
+        if port == 0 {
+            return Err(crate::tunnel_errors::invalid_port(port).with_origin(crate::Origin::Caller));
+        }
+        inner.open_tunnel(sandbox, port).await
     }
 }
 

@@ -650,6 +650,18 @@ pub struct Tunnel {
 /// Byte tunnels to TCP ports inside a sandbox (capability `tunnels`), for preview ports: they
 /// reach a server listening on the sandbox's loopback whatever the sandbox's network policy,
 /// since the tunnel runs over the backend's own channel to the sandbox, never the network.
+///
+/// Contract:
+/// - `[tunnel.bytes]` Bytes sent reach the program listening on the port, and what it answers
+///   comes back, each direction in order and unchanged. [`TunnelSink::finish`] is seen by that
+///   program as end of file while the other direction goes on; once it closes its side,
+///   [`TunnelSource::recv`] gives `None`.
+/// - `[tunnel.closed]` A port nothing listens on is refused at open, promptly (no stream that
+///   ends at once), with `unavailable` and code `port_closed` ([`tunnel_errors::port_closed`]).
+/// - `[tunnel.port]` Port 0 is refused with `invalid_request` before the sandbox is asked.
+/// - `[tunnel.cap]` A sandbox has at most the adapter's bound of tunnels open at once; an open
+///   past it is refused with `capacity` and code `tunnel_limit` ([`tunnel_errors::limit`]),
+///   opening nothing; once one is closed (both halves dropped), an open succeeds again.
 #[async_trait]
 pub trait Tunnels: Send + Sync {
     /// Opens a connection to `127.0.0.1:<port>` inside the sandbox.
@@ -699,6 +711,38 @@ pub trait TemplateBuilds: Send + Sync {
     ///   a template that does not exist (or is another tenant's) is success, and unchanged.
     async fn delete_built_template(&self, tenant: TenantId, template_id: &str)
     -> Result<(), Error>;
+}
+
+/// The errors every [`Tunnels`] adapter words and codes alike.
+pub mod tunnel_errors {
+    use crate::{Error, ErrorCode, ErrorKind, Operation};
+
+    /// `[tunnel.port]`: port 0 names no program.
+    pub fn invalid_port(port: u16) -> Error {
+        Error::invalid_request(
+            Operation::OPEN_TUNNEL,
+            format!("tunnel port {port}: expected a port from 1 to 65535"),
+        )
+    }
+
+    /// `[tunnel.closed]`: nothing accepts connections on `port` inside the sandbox.
+    pub fn port_closed(port: u16, detail: &str) -> Error {
+        Error::unavailable(
+            Operation::OPEN_TUNNEL,
+            format!("nothing listens on port {port} inside the sandbox: {detail}"),
+        )
+        .with_code(ErrorCode::PortClosed)
+    }
+
+    /// `[tunnel.cap]`: the sandbox already has `cap` tunnels open.
+    pub fn limit(cap: usize) -> Error {
+        Error::new(
+            ErrorKind::Capacity,
+            Operation::OPEN_TUNNEL,
+            format!("the sandbox already has {cap} tunnels open, its bound; close one first"),
+        )
+        .with_code(ErrorCode::TunnelLimit)
+    }
 }
 
 /// Narrowing a provider to an optional capability.

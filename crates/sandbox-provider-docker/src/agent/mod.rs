@@ -60,6 +60,10 @@ pub const AGENT_FLAGS: &[&str] = &[
     // adapter reports it (`process::RING_BYTES`).
     "--output-ring-bytes",
     "1048576",
+    // The tunnels it keeps open at once, named because the adapter reports the bound
+    // (`channel::tunnel::TUNNELS_PER_SANDBOX`).
+    "--max-tunnels",
+    "32",
 ];
 
 /// The flag that caps the processes the agent runs at once (`docker.processes_per_sandbox`).

@@ -30,6 +30,8 @@
 //! - **Forwarding.** [`Channel::forward`] relays a caller's own HTTP request (an envd SDK's,
 //!   through a router) to the agent on the kept channel, streamed both ways: the router in
 //!   front of Docker sandboxes needs nothing else.
+//! - **Tunnels.** `tunnel.rs`: byte tunnels to ports inside the container over the agent's
+//!   tunnel extension on the same channel (the port's `Tunnels`).
 //! - **Bounded memory.** [`Channels`] keeps at most [`ChannelConfig::max_channels`] channels,
 //!   one per container, evicting the least recently used.
 //! - **Observed.** A [`ChannelObserver`] in the config hears every open (with why it opened and
@@ -38,6 +40,7 @@
 
 mod map;
 mod stream;
+pub mod tunnel;
 
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};

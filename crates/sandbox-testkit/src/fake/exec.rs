@@ -1,6 +1,7 @@
 //! The fake's portable argv vocabulary, run natively (no shell is interpreted):
 //! `echo [-n] ARGS`, `cat [FILE...]`, `pwd`, `env`, `id -un`, `whoami`, `sleep SECONDS`,
-//! `exit N`, `head -c N [FILE]`, `true`, `false`. Anything else exits 127 with "command not found", as a
+//! `exit N`, `head -c N [FILE]`, `true`, `false`, and busybox's echo server
+//! `nc -l[l] -p PORT -e cat` (`fake::tunnel`). Anything else exits 127 with "command not found", as a
 //! shell would. Real backends run the same argv as real programs (`exit N` is the exception:
 //! it is a shell builtin, so the conformance suite sends `sh -c 'exit N'` where a POSIX shell
 //! exists).
@@ -12,6 +13,7 @@ use std::time::Duration;
 use sandbox_core::{OutputHook, OutputStream, SandboxPath};
 
 use super::fs::MemFs;
+use super::tunnel::{self, Ports};
 
 /// Collects a process's output and forwards each chunk to the caller's hook as it is produced.
 #[derive(Debug, Default)]
@@ -55,6 +57,8 @@ pub(crate) struct ProcessEnv {
     pub(crate) user: String,
     /// The sandbox's filesystem, read at the moment a command opens a file.
     pub(crate) fs: Arc<Mutex<MemFs>>,
+    /// The sandbox's ports, which `nc -l` listens on.
+    pub(crate) ports: Arc<Ports>,
 }
 
 /// Runs one process to completion, writing into `output` (shared so that a timeout keeps what
@@ -188,6 +192,45 @@ pub(crate) async fn run(process: ProcessEnv, output: Arc<Mutex<Output>>) -> i32 
                 2
             }
         },
+        "nc" => {
+            let (port, persistent) = match tunnel::parse_nc(args) {
+                Ok(parsed) => parsed,
+                Err(message) => {
+                    emit_err(format!("nc: {message}\n").as_bytes());
+                    return 1;
+                }
+            };
+            let mut listening = match process.ports.listen(port) {
+                Ok(listening) => listening,
+                Err(message) => {
+                    emit_err(format!("nc: {message}\n").as_bytes());
+                    return 1;
+                }
+            };
+            if !persistent {
+                // busybox's `nc -l` stops listening once it accepted its one connection.
+                let Some(connection) = listening.accept.recv().await else {
+                    return 1;
+                };
+                drop(listening);
+                tunnel::echo(connection).await;
+                return 0;
+            }
+            // Served connections are tasks of this set, so killing the process (aborting
+            // this future) ends them with it.
+            let mut serving = tokio::task::JoinSet::new();
+            loop {
+                tokio::select! {
+                    connection = listening.accept.recv() => match connection {
+                        Some(connection) => {
+                            serving.spawn(tunnel::echo(connection));
+                        }
+                        None => return 0,
+                    },
+                    Some(_) = serving.join_next(), if !serving.is_empty() => {}
+                }
+            }
+        }
         other => {
             emit_err(format!("{other}: command not found\n").as_bytes());
             127

@@ -8,7 +8,8 @@
 //! What it deliberately does not model: real processes and signals (a timed-out command is a
 //! cancelled future, not a killed PID), accounts and permissions (a process reports the user
 //! it runs as, the call's or the sandbox's default user, and nothing checks it), symlinks, networking and network
-//! policy, resource limits, provider idle timeouts (nothing pauses on its own; tests call
+//! policy (its one network is a sandbox's own ports, which `nc -l` listens on and tunnels
+//! reach, `fake::tunnel`), resource limits, provider idle timeouts (nothing pauses on its own; tests call
 //! [`FakeProvider::pause`]), and durable storage (everything lives in this process).
 //!
 //! Like every adapter, it is handed out wrapped in the checking layer
@@ -22,8 +23,10 @@ mod exec;
 mod fs;
 mod process;
 mod templates;
+mod tunnel;
 
 pub use self::process::{PROCESS_CAP, REMEMBERED_EXITED, RING_BYTES};
+pub use self::tunnel::TUNNEL_CAP;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
@@ -36,7 +39,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use sandbox_core::{
     ByteStream, ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream, Processes, ReadStream,
-    Signal, StreamedFiles, Watch, WatchEvent, WatchEvents, WatchStream,
+    Signal, StreamedFiles, Tunnel, Tunnels, Watch, WatchEvent, WatchEvents, WatchStream,
 };
 use sandbox_core::{
     Capabilities, Capability, Checked, Clock, Command, ConnectProbe, ConnectRequest, CreateRequest,
@@ -50,6 +53,7 @@ use sandbox_core::{
 use self::exec::{Output, ProcessEnv};
 use self::fs::{MemFs, Watcher};
 use self::process::{Attach, ProcTable};
+use self::tunnel::Ports;
 
 /// The template every fake starts with (and its standard template).
 pub const FAKE_TEMPLATE: &str = "fake-base";
@@ -79,6 +83,7 @@ pub fn fake_capabilities() -> Capabilities {
         Capability::Watch,
         Capability::DefaultUser,
         Capability::TemplateBuilds,
+        Capability::Tunnels,
     ])
 }
 
@@ -122,6 +127,7 @@ pub enum FakeOp {
     TagTemplate,
     UntagTemplate,
     DeleteTemplate,
+    OpenTunnel,
 }
 
 /// What a hook sees: the operation and, when it targets one, the sandbox.
@@ -161,6 +167,8 @@ struct FakeSandbox {
     keep_alives: usize,
     /// Background processes; they die with the sandbox (the table kills them when dropped).
     procs: Arc<Mutex<ProcTable>>,
+    /// Its listening ports and open tunnels (`fake::tunnel`).
+    ports: Arc<Ports>,
 }
 
 struct Snapshot {
@@ -195,6 +203,8 @@ struct Inner {
     reissued: Mutex<HashMap<SandboxId, Secret>>,
     /// The most background processes a sandbox runs at once.
     process_cap: usize,
+    /// The most tunnels a sandbox has open at once.
+    tunnel_cap: usize,
 }
 
 /// The fake provider. Cheap to clone; clones share state.
@@ -212,6 +222,7 @@ pub struct FakeProviderBuilder {
     clock: Option<Arc<dyn Clock>>,
     issue_tokens: bool,
     process_cap: usize,
+    tunnel_cap: usize,
 }
 
 impl FakeProviderBuilder {
@@ -250,6 +261,12 @@ impl FakeProviderBuilder {
         self.process_cap = cap;
         self
     }
+    /// Bounds the tunnels a sandbox has open at once (default [`TUNNEL_CAP`]).
+    #[must_use]
+    pub fn tunnel_cap(mut self, cap: usize) -> Self {
+        self.tunnel_cap = cap;
+        self
+    }
     /// Uses `clock` for creation times.
     #[must_use]
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
@@ -280,6 +297,7 @@ impl FakeProviderBuilder {
                 issue_tokens: self.issue_tokens,
                 reissued: Mutex::new(HashMap::new()),
                 process_cap: self.process_cap,
+                tunnel_cap: self.tunnel_cap,
             }),
         }
     }
@@ -316,6 +334,7 @@ impl FakeProvider {
             issue_tokens: true,
             clock: None,
             process_cap: PROCESS_CAP,
+            tunnel_cap: TUNNEL_CAP,
         }
     }
 
@@ -503,6 +522,7 @@ impl FakeProvider {
                 running: sbx.running.clone(),
                 env: sbx.env.clone(),
                 procs: sbx.procs.clone(),
+                ports: sbx.ports.clone(),
             }),
             SandboxState::Terminal => Err(self.err(Error::new(
                 sandbox_core::ErrorKind::Terminal,
@@ -574,6 +594,7 @@ impl FakeProvider {
             cwd,
             user,
             fs: parts.fs.clone(),
+            ports: parts.ports.clone(),
         })
     }
 
@@ -678,6 +699,7 @@ impl SandboxProvider for FakeProvider {
             running: Arc::new(AtomicUsize::new(0)),
             keep_alives: 0,
             procs: Arc::new(Mutex::new(ProcTable::default())),
+            ports: Arc::new(Ports::new(self.inner.tunnel_cap)),
         };
         let handle = self.handle(&id, &sbx, token);
         st.sandboxes.insert(id, sbx);
@@ -860,6 +882,9 @@ impl SandboxProvider for FakeProvider {
     fn as_pause_resume(&self) -> Option<&dyn PauseResume> {
         Some(self)
     }
+    fn as_tunnels(&self) -> Option<&dyn Tunnels> {
+        Some(self)
+    }
     fn as_watch(&self) -> Option<&dyn Watch> {
         Some(self)
     }
@@ -908,6 +933,7 @@ struct RunningParts {
     running: Arc<AtomicUsize>,
     env: BTreeMap<String, String>,
     procs: Arc<Mutex<ProcTable>>,
+    ports: Arc<Ports>,
 }
 
 struct RunningGuard(Arc<AtomicUsize>);
@@ -1385,5 +1411,19 @@ impl Watch for FakeProvider {
             done: false,
             provider: self.inner.provider,
         }))
+    }
+}
+
+#[async_trait]
+impl Tunnels for FakeProvider {
+    async fn open_tunnel(&self, sandbox: &SandboxHandle, port: u16) -> Result<Tunnel, Error> {
+        let op = Operation::OPEN_TUNNEL;
+        self.enter(FakeOp::OpenTunnel, Some(sandbox.id())).await?;
+        let ports = self.running_parts(sandbox.id(), op)?.ports;
+        let halves = ports.connect(port).map_err(|e| self.err(e))?;
+        Ok(Tunnel {
+            sink: Box::new(halves.sink),
+            source: Box::new(halves.source),
+        })
     }
 }

@@ -27,6 +27,8 @@
 //!   HTTP/1.1 connection is closed (never returned to the pool half-read).
 //! - **Forwarding.** [`EnvdClient::forward`] relays a caller's own HTTP request (an SDK's, through
 //!   a router) to envd, streamed both ways (`forward.rs`).
+//! - **Tunnels.** [`EnvdClient::open_tunnel`] opens the sandbox agent's tunnel extension, a
+//!   full-duplex byte stream to a port inside the sandbox (`tunnel.rs`).
 //! - **Authentication.** The access token goes in `X-Access-Token` on every request; the Unix
 //!   user in `Authorization: Basic base64("<user>:")` on RPCs and in `username` on `/files`.
 
@@ -37,6 +39,7 @@ mod forward;
 mod get;
 mod services;
 mod stream;
+mod tunnel;
 
 pub use call::{CallOptions, ClientStream, EnvdClient};
 pub use config::{ENVD_PORT, EnvdConfig, HttpVersion};
@@ -47,6 +50,7 @@ pub use forward::{
 };
 pub use services::{InputStream, REPLAY_OFFSET_HEADER};
 pub use stream::ServerStream;
+pub use tunnel::{TunnelDownstream, TunnelUpstream};
 
 use sandbox_core::{Error, Origin, Provider};
 

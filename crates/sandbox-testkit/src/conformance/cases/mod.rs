@@ -14,6 +14,7 @@ mod streamed;
 mod template_builds;
 mod templates;
 mod terminal;
+mod tunnels;
 mod user;
 mod watch;
 
@@ -439,5 +440,29 @@ pub fn all_cases() -> Vec<Case> {
             ["watch.recursive"]
         ),
         case!(watch::watch_needs_a_directory, [Watch], [], ["watch.dir"]),
+        case!(
+            tunnels::tunnel_carries_bytes_both_ways,
+            [Tunnels, Processes],
+            [],
+            ["tunnel.bytes"]
+        ),
+        case!(
+            tunnels::tunnel_to_a_closed_port_is_refused,
+            [Tunnels],
+            [],
+            ["tunnel.closed"]
+        ),
+        case!(
+            tunnels::tunnel_to_port_zero_is_invalid,
+            [Tunnels],
+            [],
+            ["tunnel.port"]
+        ),
+        case!(
+            tunnels::tunnel_cap_is_enforced,
+            [Tunnels, Processes],
+            [],
+            ["tunnel.cap"]
+        ),
     ]
 }
