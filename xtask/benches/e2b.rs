@@ -32,8 +32,8 @@ use std::io::{BufRead, BufReader, Read as _};
 use std::net::{Ipv4Addr, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::process::ExitCode;
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -216,8 +216,12 @@ fn engine_json(method: &str, path: &str, body: Option<&Value>, want: u16) -> Res
 fn remove_labelled(label: &str) -> usize {
     let filters = json!({"label": [label]}).to_string();
     let query: String = url_encode(&filters);
-    let Ok(listed) = engine_json("GET", &format!("/containers/json?all=1&filters={query}"), None, 200)
-    else {
+    let Ok(listed) = engine_json(
+        "GET",
+        &format!("/containers/json?all=1&filters={query}"),
+        None,
+        200,
+    ) else {
         return 0;
     };
     let ids: Vec<String> = listed
@@ -317,7 +321,8 @@ fn raw_sample(image: &str, agent: &Path, label: &(String, String)) -> Res<(f64, 
             }
         }
         let first_answer = ms(start.elapsed());
-        let json = json!({"process": {"cmd": "/bin/bash", "args": ["-l", "-c", "true"]}}).to_string();
+        let json =
+            json!({"process": {"cmd": "/bin/bash", "args": ["-l", "-c", "true"]}}).to_string();
         let mut body = vec![0u8];
         body.extend_from_slice(&(json.len() as u32).to_be_bytes());
         body.extend_from_slice(json.as_bytes());
@@ -453,7 +458,10 @@ quotas = {{ max_sandboxes = 64 }}
         let start = Instant::now();
         loop {
             if let Ok(Some(status)) = serve.child.try_wait() {
-                return Err(format!("sandbox serve exited with {status}; its log:\n{}", serve.log()));
+                return Err(format!(
+                    "sandbox serve exited with {status}; its log:\n{}",
+                    serve.log()
+                ));
             }
             let up = |port: u16, path: &str| {
                 #[expect(
@@ -470,7 +478,10 @@ quotas = {{ max_sandboxes = 64 }}
                 return Ok(serve);
             }
             if start.elapsed() > READY_DEADLINE {
-                return Err(format!("sandbox serve did not answer; its log:\n{}", serve.log()));
+                return Err(format!(
+                    "sandbox serve did not answer; its log:\n{}",
+                    serve.log()
+                ));
             }
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -587,7 +598,10 @@ fn run(smoke: bool) -> Res<()> {
     let started = Instant::now();
     let result = (|| {
         let serve = Serve::start(&bin, &agent, &image, &run_id)?;
-        println!("sandbox serve: E2B listener {}, namespace {}", serve.e2b, serve.namespace);
+        println!(
+            "sandbox serve: E2B listener {}, namespace {}",
+            serve.e2b, serve.namespace
+        );
         // One of each first, untimed: the image's first container and the SDK's first process.
         raw_sample(&image, &agent, &label)?;
         serve.sdk(&python, "sequential", 1)?;
@@ -609,7 +623,14 @@ fn run(smoke: bool) -> Res<()> {
             &mut serve.sdk(&python, "concurrent", concurrent)?,
             "concurrent_create",
         )?;
-        Ok::<_, String>((first_cmd, create, raw_answer, raw_cmd, warm_true, concurrent_create))
+        Ok::<_, String>((
+            first_cmd,
+            create,
+            raw_answer,
+            raw_cmd,
+            warm_true,
+            concurrent_create,
+        ))
     })();
     let removed = remove_labelled(&format!("{}={}", label.0, label.1));
     println!("cleanup: {removed} baseline container(s) left to remove");

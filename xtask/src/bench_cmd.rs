@@ -133,7 +133,14 @@ const SERVICE_BUILD_DEADLINE: Duration = Duration::from_secs(3600);
 /// The service's `sandbox` binary, built in release (the profile the numbers are for): its
 /// path.
 fn build_service(ctx: &Ctx) -> Result<std::path::PathBuf, String> {
-    let args = ["build", "--release", "-p", "sandbox-app", "--bin", "sandbox"];
+    let args = [
+        "build",
+        "--release",
+        "-p",
+        "sandbox-app",
+        "--bin",
+        "sandbox",
+    ];
     println!("==> cargo {}", args.join(" "));
     let mut cmd = ctx.cargo_cmd(args);
     let mut echo = |_: Stream, line: &str| eprintln!("{line}");

@@ -192,9 +192,21 @@ mod tests {
         assert_eq!(check_node_version("v20.20.2\n"), Ok((20, 20, 2)));
         assert_eq!(check_node_version("v20.18.1"), Ok((20, 18, 1)));
         assert_eq!(check_node_version("v22.1.0"), Ok((22, 1, 0)));
-        assert!(check_node_version("v20.18.0").unwrap_err().contains("too old"));
-        assert!(check_node_version("v21.7.0").unwrap_err().contains("too old"));
-        assert!(check_node_version("v18.20.4").unwrap_err().contains("too old"));
+        assert!(
+            check_node_version("v20.18.0")
+                .unwrap_err()
+                .contains("too old")
+        );
+        assert!(
+            check_node_version("v21.7.0")
+                .unwrap_err()
+                .contains("too old")
+        );
+        assert!(
+            check_node_version("v18.20.4")
+                .unwrap_err()
+                .contains("too old")
+        );
         assert!(check_node_version("20.20.2").is_err());
         assert!(check_node_version("vx").is_err());
     }

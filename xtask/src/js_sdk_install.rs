@@ -61,10 +61,7 @@ pub(crate) fn ensure(root: &Path, target: &Path) -> Result<PathBuf, String> {
     }
     std::fs::create_dir_all(&install)
         .map_err(|e| format!("cannot make {}: {e}", install.display()))?;
-    for (name, bytes) in [
-        (js_sdk::PACKAGE_FILE, &package),
-        (js_sdk::LOCK_FILE, &lock),
-    ] {
+    for (name, bytes) in [(js_sdk::PACKAGE_FILE, &package), (js_sdk::LOCK_FILE, &lock)] {
         let path = install.join(name);
         std::fs::write(&path, bytes)
             .map_err(|e| format!("cannot write {}: {e}", path.display()))?;

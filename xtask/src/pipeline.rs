@@ -981,7 +981,11 @@ mod tests {
                 "e2b_no_leaks",
             ),
             (SDK_FILTER, "crates/sandbox-app/tests/it", "e2b_js"),
-            (DOCKER_ENGINE_FILTER, "crates/sandbox-app/tests/it", "e2b_js"),
+            (
+                DOCKER_ENGINE_FILTER,
+                "crates/sandbox-app/tests/it",
+                "e2b_js",
+            ),
             (SDK_FILTER, "crates/sandbox-app/tests/it", "e2b_older"),
             (
                 DOCKER_ENGINE_FILTER,
