@@ -18,7 +18,8 @@
 //!   `/bin/bash -l -c true` read to its end. The container is removed after, untimed.
 //! - `ratio_*`: the SDK's figure over the baseline's, at p50 and p90.
 //! - `concurrent_create`: 20 `Sandbox.create()` released together from 20 threads of one
-//!   process: each create's own latency.
+//!   process: each create's own latency. `raw_concurrent_first_cmd`: 20 baseline samples
+//!   released together from 20 threads, which tells the engine's share of that figure.
 //!
 //! The sequential SDK runs and the baseline alternate in blocks of 10, so a change in the
 //! (shared) machine's load affects both alike. Every container is removed at the end: the
@@ -347,6 +348,29 @@ fn raw_sample(image: &str, agent: &Path, label: &(String, String)) -> Res<(f64, 
     timed
 }
 
+/// `n` baseline samples released together from `n` threads: each one's first command, in ms.
+fn raw_concurrent(image: &str, agent: &Path, label: &(String, String), n: usize) -> Res<Vec<f64>> {
+    let barrier = std::sync::Barrier::new(n);
+    let results: Vec<Res<(f64, f64)>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..n)
+            .map(|_| {
+                scope.spawn(|| {
+                    barrier.wait();
+                    raw_sample(image, agent, label)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("a baseline thread panicked".to_owned()))
+            })
+            .collect()
+    });
+    results.into_iter().map(|r| r.map(|(_, cmd)| cmd)).collect()
+}
+
 /// `sandbox serve` with `[e2b]` on, as a child; stopped and its namespace emptied on drop.
 struct Serve {
     child: Child,
@@ -623,6 +647,7 @@ fn run(smoke: bool) -> Res<()> {
             &mut serve.sdk(&python, "concurrent", concurrent)?,
             "concurrent_create",
         )?;
+        let raw_concurrent = raw_concurrent(&image, &agent, &label, concurrent)?;
         Ok::<_, String>((
             first_cmd,
             create,
@@ -630,11 +655,13 @@ fn run(smoke: bool) -> Res<()> {
             raw_cmd,
             warm_true,
             concurrent_create,
+            raw_concurrent,
         ))
     })();
     let removed = remove_labelled(&format!("{}={}", label.0, label.1));
     println!("cleanup: {removed} baseline container(s) left to remove");
-    let (first_cmd, create, raw_answer, raw_cmd, warm_true, concurrent_create) = result?;
+    let (first_cmd, create, raw_answer, raw_cmd, warm_true, concurrent_create, raw_concurrent) =
+        result?;
     println!("run took {:.0} s", started.elapsed().as_secs_f64());
 
     println!("all figures in ms; p50/p90 nearest rank");
@@ -644,6 +671,7 @@ fn run(smoke: bool) -> Res<()> {
     show("raw_first_cmd", &raw_cmd);
     show("warm_run_true", &warm_true);
     show("concurrent_create", &concurrent_create);
+    show("raw_concurrent_first_cmd", &raw_concurrent);
     let p = |s: &[f64], q| percentile(s, q);
     let lines = [
         format!("create_first_cmd_p50_ms={:.1}", p(&first_cmd, 0.5)),
@@ -667,6 +695,14 @@ fn run(smoke: bool) -> Res<()> {
         format!("concurrent_creates={}", concurrent_create.len()),
         format!("concurrent_create_p50_ms={:.1}", p(&concurrent_create, 0.5)),
         format!("concurrent_create_p90_ms={:.1}", p(&concurrent_create, 0.9)),
+        format!(
+            "raw_concurrent_first_cmd_p50_ms={:.1}",
+            p(&raw_concurrent, 0.5)
+        ),
+        format!(
+            "raw_concurrent_first_cmd_p90_ms={:.1}",
+            p(&raw_concurrent, 0.9)
+        ),
     ];
     for line in lines {
         println!("BENCH e2b {line}");
