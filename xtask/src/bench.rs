@@ -102,6 +102,16 @@ pub const SUITES: &[Suite] = &[
         bench: "agent",
         also: &[],
     },
+    // Time to first command through `sandbox serve`'s E2B API with the official Python SDK
+    // (sequential creates, warm runs, 20 concurrent creates) against a raw Engine API baseline
+    // in the same run. `cargo xtask bench e2b` first builds the service in release, the agent,
+    // the image and the SDK venv and names them (`bench_cmd.rs`); the engine must be running.
+    Suite {
+        name: "e2b",
+        package: "xtask",
+        bench: "e2b",
+        also: &[],
+    },
 ];
 
 pub fn find(name: &str) -> Option<&'static Suite> {

@@ -98,7 +98,8 @@ pub(crate) fn run(ctx: &Ctx, suite: &Suite, smoke_flag: bool) -> ExitCode {
 /// What a suite's bench binary needs made first, named in its environment. The docker and api
 /// suites measure agent mode next to exec mode: they get the static agent, built as the
 /// pipeline builds it (reused when up to date). The agent suite runs that agent in the Debian
-/// image and drives it with the SDK: the same build, image and venv the pipeline makes.
+/// image and drives it with the SDK: the same build, image and venv the pipeline makes. The e2b
+/// suite drives `sandbox serve` with the SDK: those three, and the service built in release.
 fn suite_env(ctx: &Ctx, suite: &Suite) -> Result<Vec<(&'static str, String)>, String> {
     if !needs_agent(suite) {
         return Ok(Vec::new());
@@ -112,18 +113,50 @@ fn suite_env(ctx: &Ctx, suite: &Suite) -> Result<Vec<(&'static str, String)>, St
         xtask::agent_build::ENV_AGENT_BIN,
         built.path.display().to_string(),
     )];
-    if suite.name == "agent" {
+    if matches!(suite.name, "agent" | "e2b") {
         let image = crate::debian::ensure(&ctx.target.join("xtask"))?;
         let python = crate::sdk_venv::ensure(&ctx.root, &ctx.target)?;
         env.push((xtask::debian_image::ENV_IMAGE, image));
         env.push((xtask::e2b_sdk::ENV_PYTHON, python.display().to_string()));
     }
+    if suite.name == "e2b" {
+        env.push((ENV_SANDBOX_BIN, build_service(ctx)?.display().to_string()));
+    }
     Ok(env)
+}
+
+/// Names the `sandbox` binary to the e2b suite.
+const ENV_SANDBOX_BIN: &str = "SANDBOX_BENCH_SANDBOX_BIN";
+/// A release build of the service, from cold, on a busy 2-core machine.
+const SERVICE_BUILD_DEADLINE: Duration = Duration::from_secs(3600);
+
+/// The service's `sandbox` binary, built in release (the profile the numbers are for): its
+/// path.
+fn build_service(ctx: &Ctx) -> Result<std::path::PathBuf, String> {
+    let args = [
+        "build",
+        "--release",
+        "-p",
+        "sandbox-app",
+        "--bin",
+        "sandbox",
+    ];
+    println!("==> cargo {}", args.join(" "));
+    let mut cmd = ctx.cargo_cmd(args);
+    let mut echo = |_: Stream, line: &str| eprintln!("{line}");
+    process::run_with_deadline(&mut cmd, SERVICE_BUILD_DEADLINE, Output::Stream(&mut echo))?
+        .check()?;
+    let bin = ctx.target.join("release").join("sandbox");
+    if bin.is_file() {
+        Ok(bin)
+    } else {
+        Err(format!("cargo built no {}", bin.display()))
+    }
 }
 
 /// The suites whose bench binary runs the static agent (`SANDBOX_AGENT_BIN`).
 fn needs_agent(suite: &Suite) -> bool {
-    matches!(suite.name, "agent" | "docker" | "api")
+    matches!(suite.name, "agent" | "docker" | "api" | "e2b")
 }
 
 /// A clear error when the suite's package or bench target does not exist (yet).
@@ -169,7 +202,7 @@ mod tests {
 
     #[test]
     fn the_suites_that_measure_agent_mode_get_the_agent() {
-        for name in ["agent", "docker", "api"] {
+        for name in ["agent", "docker", "api", "e2b"] {
             let suite = xtask::bench::find(name).unwrap();
             assert!(needs_agent(suite), "{name}");
         }

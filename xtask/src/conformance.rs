@@ -42,6 +42,10 @@ pub enum Service {
     DebianImage,
     /// The venv holding the official E2B Python SDK from its hashed lock (see `e2b_sdk`).
     SdkVenv,
+    /// The venv of the older E2B Python SDK (2.45.1) from its own hashed lock.
+    SdkVenvOlder,
+    /// The E2B JS SDK installed by `npm ci` from its committed lock (see `js_sdk`).
+    JsSdk,
     /// The static `sandbox-agent` (`agent_build`), built and checked; Docker's agent-mode run
     /// installs it in every container.
     Agent,
@@ -56,6 +60,8 @@ impl Service {
             Self::RedisCluster => "Redis Cluster",
             Self::DebianImage => "Debian sandbox image",
             Self::SdkVenv => "E2B Python SDK venv",
+            Self::SdkVenvOlder => "older E2B Python SDK venv",
+            Self::JsSdk => "E2B JS SDK install",
             Self::Agent => "static sandbox-agent",
         }
     }
@@ -72,6 +78,8 @@ impl Service {
             // The tag is a hash of the recipe, the venv's place the target directory's.
             Self::DebianImage => Some(crate::debian_image::ENV_IMAGE),
             Self::SdkVenv => Some(crate::e2b_sdk::ENV_PYTHON),
+            Self::SdkVenvOlder => Some(crate::e2b_sdk::OLDER.env_python),
+            Self::JsSdk => Some(crate::js_sdk::ENV_JS_DIR),
             Self::Agent => Some(crate::agent_build::ENV_AGENT_BIN),
         }
     }
@@ -79,9 +87,13 @@ impl Service {
     /// Services that must be up before this one.
     pub fn depends_on(self) -> &'static [Service] {
         match self {
-            Self::DockerEngine | Self::Redis | Self::RedisCluster | Self::SdkVenv | Self::Agent => {
-                &[]
-            }
+            Self::DockerEngine
+            | Self::Redis
+            | Self::RedisCluster
+            | Self::SdkVenv
+            | Self::SdkVenvOlder
+            | Self::JsSdk
+            | Self::Agent => &[],
             Self::TestImage | Self::DebianImage => &[Service::DockerEngine],
         }
     }
@@ -93,7 +105,8 @@ impl Service {
             Self::TestImage => &[Tool::Docker, Tool::Busybox],
             Self::Redis | Self::RedisCluster => &[Tool::Redis],
             Self::DebianImage => &[Tool::Docker, Tool::Debootstrap],
-            Self::SdkVenv => &[Tool::Python],
+            Self::SdkVenv | Self::SdkVenvOlder => &[Tool::Python],
+            Self::JsSdk => &[Tool::Node],
             Self::Agent => &[Tool::StaticLibc],
         }
     }

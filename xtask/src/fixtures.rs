@@ -47,6 +47,11 @@ pub(crate) struct Fixtures {
     debian: Option<Result<String, String>>,
     /// The SDK venv's python (kept in the target directory, reused while the lock matches).
     sdk_venv: Option<Result<PathBuf, String>>,
+    /// The older SDK venv's python (the same, from its own lock).
+    sdk_venv_older: Option<Result<PathBuf, String>>,
+    /// The JS SDK's install directory (kept in the target directory, reused while its
+    /// `package.json` and lock match).
+    js_sdk: Option<Result<PathBuf, String>>,
     /// The static agent's path (built in the target directory; cargo rebuilds only what
     /// changed, so after the pipeline's agent stage this is a check).
     agent: Option<Result<PathBuf, String>>,
@@ -82,6 +87,8 @@ impl Fixtures {
             logs_dir: target.join("xtask").join("logs"),
             debian: None,
             sdk_venv: None,
+            sdk_venv_older: None,
+            js_sdk: None,
             agent: None,
             root: root.to_path_buf(),
             work_dir: target.join("xtask"),
@@ -161,6 +168,25 @@ impl Fixtures {
                     _ => Ok(()),
                 }
             }
+            Service::SdkVenvOlder => {
+                if self.sdk_venv_older.is_none() {
+                    self.sdk_venv_older =
+                        Some(crate::sdk_venv::ensure_older(&self.root, &self.target));
+                }
+                match &self.sdk_venv_older {
+                    Some(Err(e)) => Err(e.clone()),
+                    _ => Ok(()),
+                }
+            }
+            Service::JsSdk => {
+                if self.js_sdk.is_none() {
+                    self.js_sdk = Some(crate::js_sdk_install::ensure(&self.root, &self.target));
+                }
+                match &self.js_sdk {
+                    Some(Err(e)) => Err(e.clone()),
+                    _ => Ok(()),
+                }
+            }
             Service::Agent => {
                 if self.agent.is_none() {
                     self.agent = Some(build_agent(&self.root, &self.target));
@@ -187,6 +213,8 @@ impl Fixtures {
             || matches!(self.redis_cluster, Some(Err(_)))
             || matches!(self.debian, Some(Err(_)))
             || matches!(self.sdk_venv, Some(Err(_)))
+            || matches!(self.sdk_venv_older, Some(Err(_)))
+            || matches!(self.js_sdk, Some(Err(_)))
             || matches!(self.agent, Some(Err(_)))
     }
 
@@ -214,6 +242,16 @@ impl Fixtures {
                 Service::DebianImage => self.debian_image().map(str::to_owned),
                 Service::SdkVenv => self
                     .sdk_venv
+                    .as_ref()
+                    .and_then(|r| r.as_ref().ok())
+                    .map(|p| p.display().to_string()),
+                Service::SdkVenvOlder => self
+                    .sdk_venv_older
+                    .as_ref()
+                    .and_then(|r| r.as_ref().ok())
+                    .map(|p| p.display().to_string()),
+                Service::JsSdk => self
+                    .js_sdk
                     .as_ref()
                     .and_then(|r| r.as_ref().ok())
                     .map(|p| p.display().to_string()),

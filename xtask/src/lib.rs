@@ -7,6 +7,7 @@ pub mod bench;
 pub mod conformance;
 pub mod debian_image;
 pub mod e2b_sdk;
+pub mod js_sdk;
 /// The ELF linking reader, shared with the Docker adapter (crate `sandbox-elf`).
 pub use sandbox_elf as elf;
 pub mod junit;

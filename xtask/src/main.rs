@@ -9,6 +9,7 @@ mod api_golden;
 mod bench_cmd;
 mod debian;
 mod fixtures;
+mod js_sdk_install;
 mod pipeline;
 mod prereq_stage;
 mod sdk_venv;
@@ -40,8 +41,10 @@ commands:
                            check it is static and under 5 MB, print its size and build time
   debian-image             build the Debian sandbox image (debootstrap from this machine's apt
                            mirror, then docker import) unless its recipe's tag exists; print it
-  sdk-venv                 make the E2B Python SDK's venv from its hashed lock unless it matches;
-                           print its python
+  sdk-venv                 make the E2B Python SDKs' venvs (2.63.0 and the older 2.45.1), each
+                           from its hashed lock unless it matches; print their pythons
+  js-sdk                   install the E2B JS SDK with npm ci from its committed lock into the
+                           target directory unless it matches; print the directory
   tidy                     check the architecture's dependency lines on this workspace
   bench <suite> [--smoke]  run a benchmark suite and write its Markdown report
   api-golden [--bless]     replay the HTTP API's golden corpus (crates/sandbox-app/tests/golden/
@@ -125,6 +128,7 @@ fn main() -> ExitCode {
         ["agent"] => agent::run(&Ctx::new()),
         ["debian-image"] => debian::run(&Ctx::new()),
         ["sdk-venv"] => sdk_venv::run(&Ctx::new()),
+        ["js-sdk"] => js_sdk_install::run(&Ctx::new()),
         ["bench", rest @ ..] => {
             let smoke = rest.contains(&"--smoke");
             let names: Vec<&&str> = rest.iter().filter(|a| **a != "--smoke").collect();

@@ -34,7 +34,7 @@ const HERMETIC_FILTER: &str = "not binary(conformance) and not (package(sandbox-
 /// The tests that need the Docker engine beyond conformance, run by the docker stage: the
 /// adapter's engine, registry and `tcp://` TLS modules (egress runs in a stage of its own), the
 /// session manager over the real adapter and the service's engine tests.
-const DOCKER_ENGINE_FILTER: &str = "(package(sandbox-provider-docker) and binary(it) and not test(/^egress::/) and not test(/^tcp_guard::/) and not test(/^sdk_channel::/)) | (package(sandbox-session) and binary(it)) | (package(sandbox-app) and binary(it) and not test(/^e2b_sdk::/) and not test(/^e2b_expiry::/) and not test(/^e2b_no_leaks::/) and not test(/^e2b_templates::/) and not test(/^e2b_preview::/)) | (package(sandbox-agent) and binary(it) and test(/^pid1_docker::/))";
+const DOCKER_ENGINE_FILTER: &str = "(package(sandbox-provider-docker) and binary(it) and not test(/^egress::/) and not test(/^tcp_guard::/) and not test(/^sdk_channel::/)) | (package(sandbox-session) and binary(it)) | (package(sandbox-app) and binary(it) and not test(/^e2b_sdk::/) and not test(/^e2b_expiry::/) and not test(/^e2b_no_leaks::/) and not test(/^e2b_templates::/) and not test(/^e2b_preview::/) and not test(/^e2b_js::/) and not test(/^e2b_older::/)) | (package(sandbox-agent) and binary(it) and test(/^pid1_docker::/))";
 
 /// The tests that need the Redis fixtures beyond conformance, run by the redis stage: the Redis
 /// store's `it` binary and xtask's own check of the fixtures.
@@ -50,7 +50,7 @@ const SERVE_FILTER: &str = "package(xtask) and binary(it) and test(/^serve_docke
 /// container of the Debian image, and through the Docker adapter's agent channel (a Debian
 /// sandbox in agent mode behind a loopback router), and the service's E2B API in normal mode
 /// (`sandbox serve` with `[e2b]` on, Debian sandboxes), run by the e2b sdk stage.
-const SDK_FILTER: &str = "(package(sandbox-agent) and binary(it) and (test(/^sdk::/) | test(/^sdk_debian::/))) | (package(sandbox-provider-docker) and binary(it) and test(/^sdk_channel::/)) | (package(sandbox-app) and binary(it) and (test(/^e2b_sdk::/) | test(/^e2b_expiry::/) | test(/^e2b_no_leaks::/) | test(/^e2b_templates::/) | test(/^e2b_preview::/)))";
+const SDK_FILTER: &str = "(package(sandbox-agent) and binary(it) and (test(/^sdk::/) | test(/^sdk_debian::/))) | (package(sandbox-provider-docker) and binary(it) and test(/^sdk_channel::/)) | (package(sandbox-app) and binary(it) and (test(/^e2b_sdk::/) | test(/^e2b_expiry::/) | test(/^e2b_no_leaks::/) | test(/^e2b_templates::/) | test(/^e2b_preview::/) | test(/^e2b_js::/) | test(/^e2b_older::/)))";
 
 /// The agent's `/files` on real filesystems it mounts in a namespace of its own (root only),
 /// run by the agent filesystems stage.
@@ -81,6 +81,7 @@ const ALL_TOOLS: &[Tool] = &[
     Tool::StaticLibc,
     Tool::Debootstrap,
     Tool::Python,
+    Tool::Node,
 ];
 
 pub(crate) fn test(ctx: &Ctx) -> ExitCode {
@@ -603,7 +604,8 @@ fn docker_engine_stage(
 /// mode against `sandbox serve`'s E2B API (Debian sandboxes, the static agent), with that API's
 /// tenant isolation and error bodies checked over raw HTTP, its timeout engine on both deadline
 /// stores across restarts (`e2b_expiry`, which starts its own redis-server), and the idle
-/// sweeper and session recovery leaving its sandboxes alone (`e2b_no_leaks`).
+/// sweeper and session recovery leaving its sandboxes alone (`e2b_no_leaks`). The JS SDK
+/// (`npm ci` from its lock, `e2b_js`) and the older Python SDK (its own venv, `e2b_older`) too.
 fn sdk_stage(
     ctx: &Ctx,
     fixtures: &mut Fixtures,
@@ -614,6 +616,7 @@ fn sdk_stage(
     if let Some(why) = avail.lacking(&[
         Tool::Nextest,
         Tool::Python,
+        Tool::Node,
         Tool::Docker,
         Tool::Debootstrap,
         Tool::Redis,
@@ -625,6 +628,8 @@ fn sdk_stage(
     };
     for service in [
         conformance::Service::SdkVenv,
+        conformance::Service::SdkVenvOlder,
+        conformance::Service::JsSdk,
         conformance::Service::DebianImage,
     ] {
         if let Err(e) = fixtures.ensure(service) {
@@ -633,6 +638,8 @@ fn sdk_stage(
     }
     let mut env = fixtures.test_env(&[
         conformance::Service::SdkVenv,
+        conformance::Service::SdkVenvOlder,
+        conformance::Service::JsSdk,
         conformance::Service::DebianImage,
     ]);
     env.push((
@@ -984,6 +991,18 @@ mod tests {
                 DOCKER_ENGINE_FILTER,
                 "crates/sandbox-app/tests/it",
                 "e2b_preview",
+            ),
+            (SDK_FILTER, "crates/sandbox-app/tests/it", "e2b_js"),
+            (
+                DOCKER_ENGINE_FILTER,
+                "crates/sandbox-app/tests/it",
+                "e2b_js",
+            ),
+            (SDK_FILTER, "crates/sandbox-app/tests/it", "e2b_older"),
+            (
+                DOCKER_ENGINE_FILTER,
+                "crates/sandbox-app/tests/it",
+                "e2b_older",
             ),
             (AGENT_FS_FILTER, "crates/sandbox-agent/tests/it", "fs_edges"),
             (

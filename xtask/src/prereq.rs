@@ -30,6 +30,8 @@ pub enum Tool {
     Debootstrap,
     /// `python3` with its `venv` module: the venv of the official E2B Python SDK.
     Python,
+    /// `node` and `npm`: the official E2B JS SDK, installed with `npm ci`.
+    Node,
 }
 
 /// How to tell a prerequisite is present.
@@ -178,6 +180,22 @@ pub const PREREQUISITES: &[Prerequisite] = &[
         install: Install::Apt("python3-venv"),
         reason: "the venv that holds the official E2B Python SDK from its hashed lock",
     },
+    Prerequisite {
+        tool: Tool::Node,
+        what: "node",
+        probe: Probe::Executable("node"),
+        // NodeSource's nodejs (20.18.1+; it carries npm): Debian 12's own is 18, which the
+        // SDK's engines refuse (`cargo xtask js-sdk` checks the version and says so).
+        install: Install::Apt("nodejs"),
+        reason: "the official E2B JS SDK's scenario (Node 20.18.1+ or 22+)",
+    },
+    Prerequisite {
+        tool: Tool::Node,
+        what: "npm",
+        probe: Probe::Executable("npm"),
+        install: Install::Apt("nodejs"),
+        reason: "npm ci of the official E2B JS SDK from its committed lock",
+    },
 ];
 
 /// The prerequisites for `tools`.
@@ -249,6 +267,7 @@ mod tests {
             Tool::StaticLibc,
             Tool::Debootstrap,
             Tool::Python,
+            Tool::Node,
         ] {
             assert!(!for_tools(&[tool]).is_empty(), "{tool:?}");
         }

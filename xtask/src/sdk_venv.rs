@@ -1,12 +1,13 @@
-//! The venv of the official E2B Python SDK (`xtask::e2b_sdk`): made in the target directory
-//! from the hashed lock with `pip install --require-hashes`, and reused while the lock is
-//! unchanged. `cargo xtask sdk-venv` makes it and prints its python.
+//! The venvs of the official E2B Python SDKs (`xtask::e2b_sdk`: the current release and the
+//! older one, each with its own lock): made in the target directory from the hashed lock with
+//! `pip install --require-hashes`, and reused while the lock is unchanged. `cargo xtask
+//! sdk-venv` makes both and prints their pythons.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use xtask::e2b_sdk::{self, SDK_VERSION};
+use xtask::e2b_sdk::{self, PySdk};
 use xtask::process::{self, Output, Stream};
 
 use crate::Ctx;
@@ -15,14 +16,26 @@ use crate::ui::secs;
 const VENV_DEADLINE: Duration = Duration::from_secs(120);
 const INSTALL_DEADLINE: Duration = Duration::from_secs(900);
 
-/// The venv's python, made first when the venv is missing or was made from another lock.
+/// The current SDK's venv python (see [`ensure_sdk`]).
 pub(crate) fn ensure(root: &Path, target: &Path) -> Result<PathBuf, String> {
-    let lock = e2b_sdk::lock_path(root);
+    ensure_sdk(root, target, e2b_sdk::CURRENT)
+}
+
+/// The older SDK's venv python (see [`ensure_sdk`]).
+pub(crate) fn ensure_older(root: &Path, target: &Path) -> Result<PathBuf, String> {
+    ensure_sdk(root, target, e2b_sdk::OLDER)
+}
+
+/// `sdk`'s venv python, made first when the venv is missing or was made from another lock.
+pub(crate) fn ensure_sdk(root: &Path, target: &Path, sdk: PySdk) -> Result<PathBuf, String> {
+    let version = sdk.version;
+    let lock = sdk.lock_path(root);
     let bytes = std::fs::read(&lock).map_err(|e| format!("cannot read {}: {e}", lock.display()))?;
     let text = String::from_utf8_lossy(&bytes);
-    e2b_sdk::check_lock(&text).map_err(|e| format!("{}: {e}", lock.display()))?;
+    sdk.check_lock(&text)
+        .map_err(|e| format!("{}: {e}", lock.display()))?;
     let digest = e2b_sdk::lock_digest(&bytes);
-    let venv = e2b_sdk::venv_dir(target);
+    let venv = sdk.venv_dir(target);
     let python = e2b_sdk::python(&venv);
     if e2b_sdk::venv_matches(&venv, &digest) {
         println!(
@@ -82,33 +95,40 @@ pub(crate) fn ensure(root: &Path, target: &Path) -> Result<PathBuf, String> {
     );
     let out = process::run_with_deadline(&mut probe, VENV_DEADLINE, Output::Capture)?;
     out.check()?;
-    if out.stdout.trim() != SDK_VERSION {
+    if out.stdout.trim() != version {
         return Err(format!(
-            "the venv has e2b {:?}, not {SDK_VERSION}",
+            "the venv has e2b {:?}, not {version}",
             out.stdout.trim()
         ));
     }
     std::fs::write(venv.join(e2b_sdk::STAMP_FILE), format!("{digest}\n"))
         .map_err(|e| format!("cannot write the venv's stamp: {e}"))?;
     println!(
-        "    e2b {SDK_VERSION} installed in {} in {}",
+        "    e2b {version} installed in {} in {}",
         venv.display(),
         secs(start.elapsed())
     );
     Ok(python)
 }
 
-/// `cargo xtask sdk-venv`.
+/// `cargo xtask sdk-venv`: every SDK release's venv, each from its own hashed lock.
 pub(crate) fn run(ctx: &Ctx) -> ExitCode {
-    println!("xtask sdk-venv: the official E2B Python SDK {SDK_VERSION} from its hashed lock");
-    match ensure(&ctx.root, &ctx.target) {
-        Ok(python) => {
-            println!("{}={}", e2b_sdk::ENV_PYTHON, python.display());
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("xtask sdk-venv: {e}");
-            ExitCode::FAILURE
+    let mut lines = Vec::new();
+    for sdk in e2b_sdk::ALL {
+        println!(
+            "xtask sdk-venv: the official E2B Python SDK {} from its hashed lock",
+            sdk.version
+        );
+        match ensure_sdk(&ctx.root, &ctx.target, sdk) {
+            Ok(python) => lines.push(format!("{}={}", sdk.env_python, python.display())),
+            Err(e) => {
+                eprintln!("xtask sdk-venv: {e}");
+                return ExitCode::FAILURE;
+            }
         }
     }
+    for line in lines {
+        println!("{line}");
+    }
+    ExitCode::SUCCESS
 }
