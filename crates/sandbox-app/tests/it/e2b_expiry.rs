@@ -343,17 +343,8 @@ async fn engine_status(container: &str) -> String {
 /// Runs `code` with the SDK's venv against `serve` as tenant A; its stdout (the script ends on
 /// the `scenario: 1 passed, 0 failed` line `run_script` wants).
 fn sdk(serve: &E2bServe, code: &str) -> String {
-    let mut run = std::process::Command::new(sandbox_testkit::e2b_sdk::venv_python());
-    run.arg("-c")
-        .arg(code)
-        .env("E2B_API_KEY", &serve.key_a)
-        .env("E2B_API_URL", &serve.e2b)
-        .env("E2B_SANDBOX_URL", &serve.e2b)
-        .env_remove("E2B_DEBUG")
-        .env_remove("E2B_DOMAIN")
-        .env_remove("E2B_ACCESS_TOKEN")
-        .env("NO_PROXY", "127.0.0.1,localhost")
-        .env("no_proxy", "127.0.0.1,localhost");
+    let mut run = serve.sdk_command(sandbox_testkit::e2b_sdk::venv_python());
+    run.arg("-c").arg(code);
     let context = || serve.context();
     tokio::task::block_in_place(|| {
         sandbox_testkit::e2b_sdk::run_script(run, Duration::from_secs(180), &context)

@@ -17,7 +17,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Test binary: a failed unwrap is a failed test.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 use sandbox_testkit::e2b_sdk::run_script;
@@ -51,18 +50,8 @@ async fn the_official_js_sdk_passes_its_scenario_against_the_e2b_api() {
     let dir = js_dir();
     let serve = E2bServe::start("te2bjs").await;
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2b/js/scenario.mjs");
-    let mut run = Command::new("node");
-    run.arg(&script)
-        .env("SANDBOX_E2B_JS_DIR", &dir)
-        .env("E2B_API_KEY", &serve.key_a)
-        .env("E2B_API_URL", &serve.e2b)
-        .env("E2B_SANDBOX_URL", &serve.e2b)
-        .env_remove("E2B_DEBUG")
-        .env_remove("E2B_DOMAIN")
-        .env_remove("E2B_ACCESS_TOKEN")
-        // Loopback only, whatever proxy the machine's environment names.
-        .env("NO_PROXY", "127.0.0.1,localhost")
-        .env("no_proxy", "127.0.0.1,localhost");
+    let mut run = serve.sdk_command("node");
+    run.arg(&script).env("SANDBOX_E2B_JS_DIR", &dir);
     let context = || serve.context();
     // The scenario blocks; the service is another process, so nothing here needs the runtime.
     let stdout = tokio::task::block_in_place(|| run_script(run, SCENARIO_DEADLINE, &context));

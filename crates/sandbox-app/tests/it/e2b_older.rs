@@ -17,7 +17,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Test binary: a failed unwrap is a failed test.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 use sandbox_testkit::e2b_sdk::run_script;
@@ -49,17 +48,8 @@ async fn the_older_python_sdk_creates_runs_reads_and_kills_through_the_legacy_ro
     let python = older_python();
     let serve = E2bServe::start("te2bold").await;
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2b/older/scenario.py");
-    let mut run = Command::new(&python);
-    run.arg(&script)
-        .env("E2B_API_KEY", &serve.key_a)
-        .env("E2B_API_URL", &serve.e2b)
-        .env("E2B_SANDBOX_URL", &serve.e2b)
-        .env_remove("E2B_DEBUG")
-        .env_remove("E2B_DOMAIN")
-        .env_remove("E2B_ACCESS_TOKEN")
-        // Loopback only, whatever proxy the machine's environment names.
-        .env("NO_PROXY", "127.0.0.1,localhost")
-        .env("no_proxy", "127.0.0.1,localhost");
+    let mut run = serve.sdk_command(&python);
+    run.arg(&script);
     let context = || serve.context();
     // The scenario blocks; the service is another process, so nothing here needs the runtime.
     let stdout = tokio::task::block_in_place(|| run_script(run, SCENARIO_DEADLINE, &context));

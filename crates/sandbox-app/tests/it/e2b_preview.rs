@@ -17,7 +17,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Test binary: a failed unwrap is a failed test.
 
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use sandbox_testkit::e2b_sdk::{run_script, venv_python};
@@ -42,18 +41,9 @@ async fn a_python_http_server_answers_through_its_preview_host_with_the_traffic_
     };
     let serve = E2bServe::start_with("te2bprev", options).await;
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2b/preview.py");
-    let mut run = Command::new(&python);
+    let mut run = serve.sdk_command(&python);
     run.arg(&script)
-        .env("E2B_API_KEY", &serve.key_a)
-        .env("E2B_API_URL", &serve.e2b)
-        .env("E2B_SANDBOX_URL", &serve.e2b)
-        .env("SANDBOX_PREVIEW_BOUND", BOUND.to_string())
-        .env_remove("E2B_DEBUG")
-        .env_remove("E2B_DOMAIN")
-        .env_remove("E2B_ACCESS_TOKEN")
-        // Loopback only, whatever proxy the machine's environment names.
-        .env("NO_PROXY", "127.0.0.1,localhost")
-        .env("no_proxy", "127.0.0.1,localhost");
+        .env("SANDBOX_PREVIEW_BOUND", BOUND.to_string());
     let context = || serve.context();
     let stdout = tokio::task::block_in_place(|| run_script(run, SCRIPT_DEADLINE, &context));
     println!("{stdout}");

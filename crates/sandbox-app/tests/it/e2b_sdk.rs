@@ -28,7 +28,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Test binary: a failed unwrap is a failed test.
 
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -68,18 +67,8 @@ async fn the_official_python_sdk_passes_its_scenario_against_the_e2b_api() {
     let python = venv_python();
     let serve = E2bServe::start("te2bsdk").await;
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2b/scenario.py");
-    let mut run = Command::new(&python);
-    run.arg(&script)
-        .env("E2B_API_KEY", &serve.key_a)
-        .env("E2B_API_URL", &serve.e2b)
-        .env("E2B_SANDBOX_URL", &serve.e2b)
-        .env_remove("E2B_DEBUG")
-        .env_remove("E2B_DOMAIN")
-        .env_remove("E2B_ACCESS_TOKEN")
-        .env_remove("SANDBOX_SCENARIO_STEPS")
-        // Loopback only, whatever proxy the machine's environment names.
-        .env("NO_PROXY", "127.0.0.1,localhost")
-        .env("no_proxy", "127.0.0.1,localhost");
+    let mut run = serve.sdk_command(&python);
+    run.arg(&script).env_remove("SANDBOX_SCENARIO_STEPS");
     let context = || serve.context();
     // The scenario blocks; the service is another process, so nothing here needs the runtime.
     let stdout = tokio::task::block_in_place(|| run_script(run, SCENARIO_DEADLINE, &context));

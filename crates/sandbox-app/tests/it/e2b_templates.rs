@@ -76,18 +76,10 @@ async fn the_official_python_sdk_builds_boots_and_deletes_a_template_from_a_loca
     let serve = E2bServe::start_with("te2btpl", options).await;
     let _cleanup = TemplateImages(serve.namespace.clone());
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2b/templates.py");
-    let mut run = Command::new(&python);
+    let mut run = serve.sdk_command(&python);
     run.arg(&script)
-        .env("E2B_API_KEY", &serve.key_a)
-        .env("E2B_API_URL", &serve.e2b)
-        .env("E2B_SANDBOX_URL", &serve.e2b)
         .env("SANDBOX_TEMPLATES_IMAGE", &image)
-        .env("SANDBOX_TEMPLATES_ABSENT", &absent)
-        .env_remove("E2B_DEBUG")
-        .env_remove("E2B_DOMAIN")
-        .env_remove("E2B_ACCESS_TOKEN")
-        .env("NO_PROXY", "127.0.0.1,localhost")
-        .env("no_proxy", "127.0.0.1,localhost");
+        .env("SANDBOX_TEMPLATES_ABSENT", &absent);
     let context = || serve.context();
     let stdout = tokio::task::block_in_place(|| run_script(run, SCRIPT_DEADLINE, &context));
     println!("{stdout}");

@@ -188,6 +188,25 @@ impl Drop for E2bServe {
 }
 
 impl E2bServe {
+    /// `program` set up as an E2B SDK client of this service: tenant A's key, both planes at
+    /// the E2B listener, none of the environment's E2B or proxy settings (so it reaches
+    /// loopback only, in normal, non-debug mode).
+    pub(crate) fn sdk_command(
+        &self,
+        program: impl AsRef<std::ffi::OsStr>,
+    ) -> std::process::Command {
+        let mut run = std::process::Command::new(program);
+        run.env("E2B_API_KEY", &self.key_a)
+            .env("E2B_API_URL", &self.e2b)
+            .env("E2B_SANDBOX_URL", &self.e2b)
+            .env_remove("E2B_DEBUG")
+            .env_remove("E2B_DOMAIN")
+            .env_remove("E2B_ACCESS_TOKEN")
+            .env("NO_PROXY", "127.0.0.1,localhost")
+            .env("no_proxy", "127.0.0.1,localhost");
+        run
+    }
+
     /// The service with the memory store and nothing added.
     pub(crate) async fn start(prefix: &str) -> E2bServe {
         Self::start_with(prefix, E2bOptions::default()).await
