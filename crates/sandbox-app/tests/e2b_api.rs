@@ -1366,12 +1366,37 @@ async fn api_keys_and_tokens_never_reach_the_logs() {
     )
     .await;
 
+    // A closed sandbox's traffic token, on a preview port with and without it.
+    let closed = create(
+        &h,
+        KEY_A,
+        json!({"templateID": "base", "network": {"allowPublicTraffic": false}}),
+    )
+    .await;
+    let closed_id = closed["sandboxID"].as_str().unwrap().to_owned();
+    let traffic = closed["trafficAccessToken"].as_str().unwrap().to_owned();
+    for t in [Some(traffic.as_str()), Some("et1.1.forged.mac"), None] {
+        let mut headers = vec![("host", format!("8000-{closed_id}.sbx.test"))];
+        if let Some(t) = t {
+            headers.push(("e2b-traffic-access-token", t.to_owned()));
+        }
+        let headers: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        call(&h, "GET", "/index.html", &headers, None).await;
+    }
+
     let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
     // The log did see these requests: the create, the kill and the refused key.
     for seen in ["sandbox created", "sandbox killed", "no valid API key"] {
         assert!(text.contains(seen), "{seen} not logged:\n{text}");
     }
-    for secret in [KEY_A, KEY_B, "e2b_not_a_key_of_anyone", token.as_str()] {
+    for secret in [
+        KEY_A,
+        KEY_B,
+        "e2b_not_a_key_of_anyone",
+        token.as_str(),
+        traffic.as_str(),
+        traffic.rsplit('.').next().unwrap(),
+    ] {
         assert!(!text.contains(secret), "{secret} was logged:\n{text}");
     }
     // The token's MAC is what makes it secret: not even that part appears.
