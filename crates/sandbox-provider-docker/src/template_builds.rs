@@ -9,7 +9,7 @@
 //! it, so a ready template survives a restart and every replica on the engine sees it.
 //!
 //! A create naming a tag of this repository boots it only for the tenant its image's labels
-//! name, by the image ID that was checked ([`DockerProvider::bootable_template`]); any other
+//! name, by the image ID that was checked (`DockerProvider::bootable_template`); any other
 //! name of a template image (its ID, say) is refused. Missing and foreign answer alike.
 
 use std::collections::HashMap;

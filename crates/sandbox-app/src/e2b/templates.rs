@@ -9,7 +9,7 @@
 //! Where things live: a finished build is the backend's (for Docker an image with labels and
 //! one tag per template tag), so ready templates survive a restart and every replica sees
 //! them. A template created by `POST /v3/templates` whose build has not finished, and a
-//! failed build's status and reason, are kept in this process only ([`Records`], bounded):
+//! failed build's status and reason, are kept in this process only (`Records`, bounded):
 //! after a restart, or on another replica, such a build is unknown (404).
 //!
 //! A template belongs to its tenant: every lookup is by the caller's tenant, and another
