@@ -80,9 +80,9 @@ pub use process::{
 };
 pub use provider::{Provider, SandboxType};
 pub use sandbox::{
-    ConnectRequest, CreateRequest, IdleTimeout, ListCursor, ListFilter, ListOrder, ListPage,
-    Metadata, NetworkField, NetworkFields, NetworkPolicy, SandboxHandle, SandboxPage, SandboxState,
-    SandboxSummary, SandboxUser, TimeoutAction, TimeoutPolicy, VolumeMount,
+    ConnectRequest, CreateRequest, E2bHostRule, IdleTimeout, ListCursor, ListFilter, ListOrder,
+    ListPage, Metadata, NetworkField, NetworkFields, NetworkPolicy, SandboxHandle, SandboxPage,
+    SandboxState, SandboxSummary, SandboxUser, TimeoutAction, TimeoutPolicy, VolumeMount,
 };
 pub use secret::Secret;
 pub use template::{
