@@ -20,8 +20,13 @@ fn options() -> CallOptions {
     CallOptions::new().timeout(FILE_TIMEOUT)
 }
 
-/// An envd entry's kind: a symlink (as older envd reports it) is `Other`.
+/// An envd entry's own kind: a symlink is `Other` whatever it points at (newer envd reports
+/// the target's type with `is_symlink`, older envd a symlink type, and a target either way),
+/// so a read never follows a link the sandbox planted.
 pub(crate) fn kind_of(entry: &EntryInfo) -> EntryKind {
+    if entry.is_symlink || entry.symlink_target.is_some() {
+        return EntryKind::Other;
+    }
     match entry.r#type {
         FileType::File => EntryKind::File,
         FileType::Directory => EntryKind::Dir,
@@ -191,6 +196,13 @@ mod tests {
         e.r#type = FileType::Symlink;
         assert_eq!(kind_of(&e), EntryKind::Other);
         e.r#type = FileType::Unspecified;
+        assert_eq!(kind_of(&e), EntryKind::Other);
+        // Newer envd: the target's type, flagged as a link.
+        e.r#type = FileType::File;
+        e.is_symlink = true;
+        assert_eq!(kind_of(&e), EntryKind::Other);
+        e.is_symlink = false;
+        e.symlink_target = Some("/etc/shadow".to_owned());
         assert_eq!(kind_of(&e), EntryKind::Other);
         e.size = -5;
         assert_eq!(size_of(&e), 0);
