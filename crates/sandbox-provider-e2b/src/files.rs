@@ -34,6 +34,13 @@ pub(crate) fn kind_of(entry: &EntryInfo) -> EntryKind {
     }
 }
 
+/// An entry's modification time, to the nanosecond envd reports (none when it reports none).
+fn modified_of(entry: &EntryInfo) -> Option<time::OffsetDateTime> {
+    let t = entry.modified_time?;
+    let nanos = i128::from(t.seconds) * 1_000_000_000 + i128::from(t.nanos);
+    time::OffsetDateTime::from_unix_timestamp_nanos(nanos).ok()
+}
+
 fn size_of(entry: &EntryInfo) -> u64 {
     u64::try_from(entry.size).unwrap_or(0)
 }
@@ -45,7 +52,7 @@ fn dir_entry(op: Operation, entry: &EntryInfo) -> Result<DirEntry, Error> {
         path,
         kind: kind_of(entry),
         size: size_of(entry),
-        modified: None,
+        modified: modified_of(entry),
     })
 }
 
@@ -174,7 +181,7 @@ pub(crate) async fn stat(
             path: path.clone(),
             kind: kind_of(&entry),
             size: size_of(&entry),
-            modified: None,
+            modified: modified_of(&entry),
         }),
         Err(e) => Err(fail(provider, sandbox, op, e).await),
     }
@@ -206,5 +213,10 @@ mod tests {
         assert_eq!(kind_of(&e), EntryKind::Other);
         e.size = -5;
         assert_eq!(size_of(&e), 0);
+        assert_eq!(modified_of(&e), None);
+        e.modified_time = Some(sandbox_envd::Timestamp::new(1_700_000_000, 5).unwrap());
+        let t = modified_of(&e).unwrap();
+        assert_eq!(t.unix_timestamp(), 1_700_000_000);
+        assert_eq!(t.nanosecond(), 5);
     }
 }
