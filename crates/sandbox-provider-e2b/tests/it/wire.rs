@@ -529,3 +529,23 @@ async fn pausing_a_paused_sandbox_is_a_coded_conflict() {
     assert_eq!(e.code(), Some(sandbox_core::ErrorCode::SandboxPaused));
     assert_eq!(e.message(), "sandbox 'i1' is already paused");
 }
+
+/// An answer over the bound fails the call instead of being buffered whole.
+#[tokio::test]
+async fn an_oversized_answer_is_refused_not_buffered() {
+    let rec = Recorder::start().await;
+    let huge = "x".repeat(sandbox_provider_e2b::control::ANSWER_LIMIT + 1);
+    rec.on(
+        "GET",
+        "/sandboxes/i1",
+        vec![Reply::ok(200, json!({"sandboxID": "i1", "padding": huge}))],
+    );
+    let p = provider(&rec);
+    let e = p.get(&id("i1")).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    assert!(!e.can_replace_binding());
+    assert!(
+        e.message().contains("reading the control plane's answer"),
+        "{e}"
+    );
+}
