@@ -208,6 +208,16 @@ pub const ADAPTERS: &[Adapter] = &[
         services: &[],
         variants: &[],
     },
+    // E2B's cloud cannot run here: the adapter speaks to this workspace's own E2B-compatible
+    // API (`sandbox serve` with `[e2b]`, agent mode, the Debian image as template `base`), which
+    // each case of the test binary spawns; hence the package, which builds that binary.
+    Adapter {
+        name: "e2b",
+        package: "sandbox-app",
+        test_target: "conformance_e2b",
+        services: &[Service::DockerEngine, Service::DebianImage, Service::Agent],
+        variants: &[],
+    },
     // The store must behave the same on one server and on a cluster (keys of one binding in one
     // hash slot), so the suite runs against both.
     Adapter {
@@ -589,6 +599,17 @@ mod tests {
             Service::Agent.env_var(),
             Some(crate::agent_build::ENV_AGENT_BIN)
         );
+    }
+
+    #[test]
+    fn e2b_runs_against_the_e2b_api_with_its_image_and_agent() {
+        let e2b = find("e2b").unwrap();
+        assert_eq!(e2b.package, "sandbox-app");
+        assert_eq!(e2b.test_target, "conformance_e2b");
+        assert_eq!(e2b.runs().len(), 1);
+        for s in [Service::DockerEngine, Service::DebianImage, Service::Agent] {
+            assert!(e2b.services.contains(&s), "{s:?}");
+        }
     }
 
     #[test]

@@ -34,7 +34,7 @@ const HERMETIC_FILTER: &str = "not binary(conformance) and not (package(sandbox-
 /// The tests that need the Docker engine beyond conformance, run by the docker stage: the
 /// adapter's engine, registry and `tcp://` TLS modules (egress runs in a stage of its own), the
 /// session manager over the real adapter and the service's engine tests.
-const DOCKER_ENGINE_FILTER: &str = "(package(sandbox-provider-docker) and binary(it) and not test(/^egress::/) and not test(/^tcp_guard::/) and not test(/^sdk_channel::/)) | (package(sandbox-session) and binary(it)) | (package(sandbox-app) and binary(it) and not test(/^e2b_sdk::/) and not test(/^e2b_expiry::/) and not test(/^e2b_no_leaks::/) and not test(/^e2b_templates::/) and not test(/^e2b_preview::/) and not test(/^e2b_js::/) and not test(/^e2b_older::/)) | (package(sandbox-agent) and binary(it) and test(/^pid1_docker::/))";
+const DOCKER_ENGINE_FILTER: &str = "(package(sandbox-provider-docker) and binary(it) and not test(/^egress::/) and not test(/^tcp_guard::/) and not test(/^sdk_channel::/)) | (package(sandbox-session) and binary(it)) | (package(sandbox-app) and binary(it) and not test(/^e2b_sdk::/) and not test(/^e2b_expiry::/) and not test(/^e2b_no_leaks::/) and not test(/^e2b_templates::/) and not test(/^e2b_preview::/) and not test(/^e2b_js::/) and not test(/^e2b_older::/) and not test(/^e2b_snapshots::/) and not test(/^e2b_provider_e2e::/) and not test(/^e2b_provider_faults::/)) | (package(sandbox-agent) and binary(it) and test(/^pid1_docker::/))";
 
 /// The tests that need the Redis fixtures beyond conformance, run by the redis stage: the Redis
 /// store's `it` binary and xtask's own check of the fixtures.
@@ -49,8 +49,9 @@ const SERVE_FILTER: &str = "package(xtask) and binary(it) and test(/^serve_docke
 /// The official E2B Python SDK's scenario against the agent, on the host and as PID 1 of a
 /// container of the Debian image, and through the Docker adapter's agent channel (a Debian
 /// sandbox in agent mode behind a loopback router), and the service's E2B API in normal mode
-/// (`sandbox serve` with `[e2b]` on, Debian sandboxes), run by the e2b sdk stage.
-const SDK_FILTER: &str = "(package(sandbox-agent) and binary(it) and (test(/^sdk::/) | test(/^sdk_debian::/))) | (package(sandbox-provider-docker) and binary(it) and test(/^sdk_channel::/)) | (package(sandbox-app) and binary(it) and (test(/^e2b_sdk::/) | test(/^e2b_expiry::/) | test(/^e2b_no_leaks::/) | test(/^e2b_templates::/) | test(/^e2b_preview::/) | test(/^e2b_js::/) | test(/^e2b_older::/)))";
+/// (`sandbox serve` with `[e2b]` on, Debian sandboxes), with the E2B adapter's snapshot,
+/// end-to-end and fault tests against that API, run by the e2b sdk stage.
+const SDK_FILTER: &str = "(package(sandbox-agent) and binary(it) and (test(/^sdk::/) | test(/^sdk_debian::/))) | (package(sandbox-provider-docker) and binary(it) and test(/^sdk_channel::/)) | (package(sandbox-app) and binary(it) and (test(/^e2b_sdk::/) | test(/^e2b_expiry::/) | test(/^e2b_no_leaks::/) | test(/^e2b_templates::/) | test(/^e2b_preview::/) | test(/^e2b_js::/) | test(/^e2b_older::/) | test(/^e2b_snapshots::/) | test(/^e2b_provider_e2e::/) | test(/^e2b_provider_faults::/)))";
 
 /// The agent's `/files` on real filesystems it mounts in a namespace of its own (root only),
 /// run by the agent filesystems stage.
@@ -416,6 +417,10 @@ const APP_FEATURE_SETS: &[(&str, &[&str])] = &[
     (
         "sandbox-app, redis alone",
         &["--no-default-features", "--features", "sandbox-app/redis"],
+    ),
+    (
+        "sandbox-app, e2b alone",
+        &["--no-default-features", "--features", "sandbox-app/e2b"],
     ),
     (
         "sandbox-app, e2b-api alone",
@@ -1003,6 +1008,32 @@ mod tests {
                 DOCKER_ENGINE_FILTER,
                 "crates/sandbox-app/tests/it",
                 "e2b_older",
+            ),
+            (SDK_FILTER, "crates/sandbox-app/tests/it", "e2b_snapshots"),
+            (
+                DOCKER_ENGINE_FILTER,
+                "crates/sandbox-app/tests/it",
+                "e2b_snapshots",
+            ),
+            (
+                SDK_FILTER,
+                "crates/sandbox-app/tests/it",
+                "e2b_provider_e2e",
+            ),
+            (
+                DOCKER_ENGINE_FILTER,
+                "crates/sandbox-app/tests/it",
+                "e2b_provider_e2e",
+            ),
+            (
+                SDK_FILTER,
+                "crates/sandbox-app/tests/it",
+                "e2b_provider_faults",
+            ),
+            (
+                DOCKER_ENGINE_FILTER,
+                "crates/sandbox-app/tests/it",
+                "e2b_provider_faults",
             ),
             (AGENT_FS_FILTER, "crates/sandbox-agent/tests/it", "fs_edges"),
             (

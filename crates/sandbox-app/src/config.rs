@@ -27,12 +27,19 @@ pub struct ServiceConfig {
     pub listen: SocketAddr,
     /// `memory` (one process) or `redis` (shared by every replica; see `redis`).
     pub store: String,
+    /// Which backend sessions' sandboxes run on: `docker` (the `[docker]` section) or `e2b`
+    /// (an E2B control plane, the `[e2b_provider]` section).
+    pub provider: Backend,
     /// The Redis binding store (`store = "redis"`); absent until configured.
     #[cfg(feature = "redis")]
     pub redis: Option<sandbox_store_redis::RedisStoreConfig>,
     /// The Docker backend's operator settings.
     #[cfg(feature = "docker")]
     pub docker: sandbox_provider_docker::DockerConfig,
+    /// The E2B backend's operator settings (`provider = "e2b"`). Not the `[e2b]` section, which
+    /// is this service's own E2B-compatible API.
+    #[cfg(feature = "e2b")]
+    pub e2b_provider: sandbox_provider_e2b::E2bConfig,
     pub limits: Limits,
     /// How the listener treats connections (timeouts, caps, shutdown).
     pub server: ServerSection,
@@ -51,6 +58,36 @@ pub struct ServiceConfig {
     /// The E2B-compatible API (its own listener; off unless enabled).
     #[cfg(feature = "e2b-api")]
     pub e2b: E2bSection,
+}
+
+/// The backend sessions' sandboxes run on.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// The Docker engine (`[docker]`).
+    #[default]
+    Docker,
+    /// An E2B control plane (`[e2b_provider]`): E2B's cloud, a self-hosted plane, or another
+    /// `sandbox serve`'s E2B-compatible API.
+    E2b,
+}
+
+impl Backend {
+    /// The name the config spells, and the cargo feature that builds the backend in.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Docker => "docker",
+            Backend::E2b => "e2b",
+        }
+    }
+
+    /// Whether this build has the backend.
+    pub fn built(self) -> bool {
+        match self {
+            Backend::Docker => cfg!(feature = "docker"),
+            Backend::E2b => cfg!(feature = "e2b"),
+        }
+    }
 }
 
 /// The E2B-compatible API: the control plane the official E2B SDKs call, and the envd router
@@ -220,10 +257,13 @@ impl Default for ServiceConfig {
         ServiceConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             store: "memory".to_owned(),
+            provider: Backend::Docker,
             #[cfg(feature = "redis")]
             redis: None,
             #[cfg(feature = "docker")]
             docker: sandbox_provider_docker::DockerConfig::default(),
+            #[cfg(feature = "e2b")]
+            e2b_provider: sandbox_provider_e2b::E2bConfig::default(),
             limits: Limits::default(),
             server: ServerSection::default(),
             quotas: Quotas::default(),
@@ -375,6 +415,7 @@ impl ServiceConfig {
         }
         #[cfg(feature = "e2b-api")]
         self.validate_e2b()?;
+        self.validate_backend()?;
         let s = &self.server;
         if s.header_read_timeout_seconds == 0
             || s.body_idle_timeout_seconds == 0
@@ -405,6 +446,24 @@ impl ServiceConfig {
             })
             .unwrap_or_else(std::env::temp_dir)
             .join("sandbox")
+    }
+
+    /// The chosen backend must be built in, and the E2B backend's section complete (every
+    /// missing key named at once).
+    fn validate_backend(&self) -> Result<(), ConfigError> {
+        if !self.provider.built() {
+            return Err(ConfigError(format!(
+                "provider = \"{0}\": this build has no {0} backend; rebuild with the `{0}` feature",
+                self.provider.name()
+            )));
+        }
+        #[cfg(feature = "e2b")]
+        if self.provider == Backend::E2b {
+            self.e2b_provider
+                .validate()
+                .map_err(|e| ConfigError(e.message().to_owned()))?;
+        }
+        Ok(())
     }
 
     #[cfg(feature = "e2b-api")]
@@ -517,6 +576,7 @@ const FEATURE_SECTIONS: &[(&str, &str, bool)] = &[
     ("docker", "docker", cfg!(feature = "docker")),
     ("redis", "redis", cfg!(feature = "redis")),
     ("e2b", "e2b-api", cfg!(feature = "e2b-api")),
+    ("e2b_provider", "e2b", cfg!(feature = "e2b")),
 ];
 
 /// Refuses a section of `table` whose feature this build lacks, naming the feature and, when
@@ -684,6 +744,13 @@ pub const ENV_VARS: &[EnvVar] = &[
         "binding store: `memory` (one process) or `redis` (shared by replicas)",
     ),
     var(
+        "SANDBOX_PROVIDER",
+        "provider",
+        Text,
+        "docker",
+        "the backend sandboxes run on: `docker` (`[docker]`) or `e2b` (an E2B control plane, `[e2b_provider]`)",
+    ),
+    var(
         "SANDBOX_DEV_TOKEN_FILE",
         "dev_token_file",
         Text,
@@ -759,6 +826,83 @@ pub const ENV_VARS: &[EnvVar] = &[
         Count,
         "16",
         "the most requests to one E2B sandbox's preview ports (`<port>-<id>` hosts) in flight at once (429 with `Retry-After: 1` beyond)",
+    ),
+    var(
+        "SANDBOX_E2B_PROVIDER_API_URL",
+        "e2b_provider.api_url",
+        Text,
+        "https://api.e2b.app",
+        "the E2B control plane: E2B's cloud, a self-hosted plane, or another `sandbox serve`'s `[e2b]` listener",
+    ),
+    var(
+        "SANDBOX_E2B_PROVIDER_API_KEY",
+        "e2b_provider.api_key",
+        Text,
+        "",
+        "sent as `X-API-Key` (a secret: never logged or returned)",
+    ),
+    var(
+        "SANDBOX_E2B_PROVIDER_SANDBOX_DOMAIN",
+        "e2b_provider.sandbox_domain",
+        Text,
+        "e2b.app",
+        "the domain of sandbox hosts: envd of sandbox `<id>` is `49983-<id>.<domain>`",
+    ),
+    var(
+        "SANDBOX_E2B_PROVIDER_PROXY_URL",
+        "e2b_provider.proxy_url",
+        Text,
+        "",
+        "a gateway every data-plane request is dialled at, routed by `Host` (self-hosted planes; unset: sandbox hosts resolved by DNS)",
+    ),
+    var(
+        "SANDBOX_E2B_PROVIDER_TEMPLATE",
+        "e2b_provider.template",
+        Text,
+        "",
+        "the template sessions' sandboxes boot (required with `provider = \"e2b\"`)",
+    ),
+    var(
+        "SANDBOX_E2B_PROVIDER_TTL_SECONDS",
+        "e2b_provider.ttl_seconds",
+        Seconds,
+        "300",
+        "a sandbox's idle lifetime on the plane",
+    ),
+    var(
+        "SANDBOX_E2B_PROVIDER_ALLOW_PRIVATE_ENDPOINTS",
+        "e2b_provider.allow_private_endpoints",
+        Flag,
+        "false",
+        "let the plane, gateway and envd resolve to private or loopback addresses (link-local and metadata addresses stay refused)",
+    ),
+    var(
+        "SANDBOX_E2B_PROVIDER_HTTP_TIMEOUT_SECONDS",
+        "e2b_provider.http_timeout_seconds",
+        Seconds,
+        "30",
+        "the bound of a control-plane call without a route deadline of its own",
+    ),
+    var(
+        "SANDBOX_E2B_PROVIDER_CREATE_TIMEOUT_SECONDS",
+        "e2b_provider.create_timeout_seconds",
+        Seconds,
+        "60",
+        "the bound of a create (never resent after it passes)",
+    ),
+    var(
+        "SANDBOX_E2B_PROVIDER_CONNECT_TIMEOUT_SECONDS",
+        "e2b_provider.connect_timeout_seconds",
+        Seconds,
+        "130",
+        "the bound of a connect or resume",
+    ),
+    var(
+        "SANDBOX_E2B_PROVIDER_SNAPSHOT_TIMEOUT_SECONDS",
+        "e2b_provider.snapshot_timeout_seconds",
+        Seconds,
+        "250",
+        "the bound of a snapshot",
     ),
     var(
         "SANDBOX_REDIS_URL",
@@ -1480,7 +1624,10 @@ mod tests {
                 row.name
             );
         }
-        let sections = ["redis", "docker", "limits", "server", "quotas", "e2b"];
+        let mut sections = vec!["redis", "docker", "limits", "server", "quotas", "e2b"];
+        if cfg!(feature = "e2b") {
+            sections.push("e2b_provider");
+        }
         for key in expected_keys(None) {
             if sections.contains(&key.as_str()) || key == "tenants" {
                 continue;
@@ -1578,5 +1725,69 @@ mod tests {
         panic!(
             "README.md's environment table differs from ENV_VARS; rerun with UPDATE_README=1, or paste:\n{expected}"
         );
+    }
+}
+
+#[cfg(all(test, feature = "e2b"))]
+mod e2b_backend_tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    /// `provider = "e2b"` needs its section complete, and the refusal names every missing key
+    /// by its file key, so one start shows the whole fix.
+    #[test]
+    fn the_e2b_backend_names_every_missing_key() {
+        let err = ServiceConfig::load(None, &env(&[("SANDBOX_PROVIDER", "e2b")])).unwrap_err();
+        assert!(err.0.contains("e2b_provider.api_key"), "{err}");
+        assert!(err.0.contains("e2b_provider.template"), "{err}");
+        // The Docker default needs neither.
+        let docker = ServiceConfig::load(None, &BTreeMap::new()).unwrap();
+        assert_eq!(docker.provider, Backend::Docker);
+    }
+
+    /// Every `SANDBOX_E2B_PROVIDER_*` variable lands in the adapter's config; the key is a
+    /// `Secret` that never shows in the config's debug form.
+    #[test]
+    fn the_e2b_section_comes_from_the_environment() {
+        let config = ServiceConfig::load(
+            None,
+            &env(&[
+                ("SANDBOX_PROVIDER", "e2b"),
+                ("SANDBOX_E2B_PROVIDER_API_URL", "http://127.0.0.1:3000"),
+                ("SANDBOX_E2B_PROVIDER_API_KEY", "e2b_secret_value_1234"),
+                ("SANDBOX_E2B_PROVIDER_TEMPLATE", "base"),
+                ("SANDBOX_E2B_PROVIDER_SANDBOX_DOMAIN", "localhost"),
+                ("SANDBOX_E2B_PROVIDER_PROXY_URL", "http://127.0.0.1:3000"),
+                ("SANDBOX_E2B_PROVIDER_ALLOW_PRIVATE_ENDPOINTS", "true"),
+                ("SANDBOX_E2B_PROVIDER_TTL_SECONDS", "900"),
+                ("SANDBOX_E2B_PROVIDER_CREATE_TIMEOUT_SECONDS", "5"),
+            ]),
+        )
+        .unwrap();
+        let e = &config.e2b_provider;
+        assert_eq!(config.provider, Backend::E2b);
+        assert_eq!(e.api_url, "http://127.0.0.1:3000");
+        assert_eq!(e.api_key.expose(), "e2b_secret_value_1234");
+        assert_eq!(e.template, "base");
+        assert_eq!(e.sandbox_domain, "localhost");
+        assert_eq!(e.proxy_url, "http://127.0.0.1:3000");
+        assert!(e.allow_private_endpoints);
+        assert_eq!(e.ttl_seconds, 900);
+        assert_eq!(e.create_timeout_seconds, 5);
+        assert!(!format!("{config:?}").contains("e2b_secret_value_1234"));
+    }
+
+    /// A backend name that is neither is refused at load, not taken for Docker.
+    #[test]
+    fn an_unknown_backend_is_refused() {
+        let err =
+            ServiceConfig::load(None, &env(&[("SANDBOX_PROVIDER", "firecracker")])).unwrap_err();
+        assert!(err.0.contains("firecracker"), "{err}");
     }
 }

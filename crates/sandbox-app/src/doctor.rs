@@ -5,7 +5,7 @@
 
 use std::fmt::Write as _;
 
-use crate::config::ServiceConfig;
+use crate::config::{Backend, ServiceConfig};
 
 /// The outcome of one check.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,7 +40,7 @@ impl Check {
             fix: fix.into(),
         }
     }
-    #[cfg_attr(not(feature = "docker"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "docker", feature = "e2b")), allow(dead_code))]
     fn warn(name: &'static str, detail: impl Into<String>, fix: impl Into<String>) -> Self {
         Check {
             name,
@@ -116,8 +116,126 @@ async fn redis_check(section: &sandbox_store_redis::RedisStoreConfig) -> Check {
     }
 }
 
-#[cfg(feature = "docker")]
+/// The chosen backend's checks.
 async fn backend(config: &ServiceConfig) -> Vec<Check> {
+    match config.provider {
+        #[cfg(feature = "docker")]
+        Backend::Docker => docker_backend(config).await,
+        #[cfg(feature = "e2b")]
+        Backend::E2b => e2b_backend(config).await,
+        #[allow(unreachable_patterns, reason = "a build without every backend")]
+        other => vec![Check::fail(
+            "backend",
+            format!("this build has no {} backend", other.name()),
+            format!("build with the `{}` feature", other.name()),
+        )],
+    }
+}
+
+/// How long the doctor's probe sandbox may live if its delete is lost: the plane reclaims it.
+#[cfg(feature = "e2b")]
+const E2B_PROBE_TTL: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The E2B backend: the control plane answers and accepts the key (a one-item list), then one
+/// envd round trip in a short-lived sandbox of the configured template (create, `true`,
+/// delete), so a wrong sandbox domain, gateway or template shows here rather than at the first
+/// session.
+#[cfg(feature = "e2b")]
+async fn e2b_backend(config: &ServiceConfig) -> Vec<Check> {
+    use sandbox_core::{
+        CreateRequest, ExecRequest, IdleTimeout, SandboxProvider as _, TimeoutAction, TimeoutPolicy,
+    };
+    let section = &config.e2b_provider;
+    let mut out = Vec::new();
+    let provider = match crate::serve::connect_e2b(config) {
+        Ok(p) => p,
+        Err(e) => {
+            out.push(Check::fail(
+                "e2b control plane",
+                e,
+                "complete the [e2b_provider] section (SANDBOX_E2B_PROVIDER_*)",
+            ));
+            return out;
+        }
+    };
+    if let Err(e) = provider.health().await {
+        let fix = match e.kind() {
+            sandbox_core::ErrorKind::Authentication => {
+                "set a valid key in e2b_provider.api_key (SANDBOX_E2B_PROVIDER_API_KEY)"
+            }
+            _ => {
+                "check e2b_provider.api_url and that this host reaches it (a private address needs e2b_provider.allow_private_endpoints)"
+            }
+        };
+        out.push(Check::fail("e2b control plane", e.to_string(), fix));
+        return out;
+    }
+    out.push(Check::pass(
+        "e2b control plane",
+        format!("{} answers and accepts the key", section.api_url),
+    ));
+    let template = match sandbox_core::TemplateId::new(section.template.trim()) {
+        Ok(t) => t,
+        Err(e) => {
+            out.push(Check::fail(
+                "e2b envd",
+                e.to_string(),
+                "set e2b_provider.template",
+            ));
+            return out;
+        }
+    };
+    let mut request = CreateRequest::new(template);
+    if let Ok(idle) = IdleTimeout::after(E2B_PROBE_TTL) {
+        request.timeout = TimeoutPolicy {
+            idle,
+            on_timeout: TimeoutAction::Kill,
+            auto_resume: false,
+        };
+    }
+    let handle = match provider.create(request).await {
+        Ok(h) => h,
+        Err(e) => {
+            out.push(Check::fail(
+                "e2b envd",
+                format!("cannot create a sandbox of {}: {e}", section.template),
+                "check that e2b_provider.template names a template the key may use",
+            ));
+            return out;
+        }
+    };
+    let ran = provider
+        .exec(&handle, ExecRequest::argv("true", Vec::<String>::new()))
+        .await;
+    let deleted = provider.delete(handle.id()).await;
+    match ran {
+        Ok(result) if result.success() => out.push(Check::pass(
+            "e2b envd",
+            format!("a command ran in sandbox {} through envd", handle.id()),
+        )),
+        Ok(result) => out.push(Check::fail(
+            "e2b envd",
+            format!("`true` exited {} in sandbox {}", result.exit_code, handle.id()),
+            "the template's image lacks a working userland",
+        )),
+        Err(e) => out.push(Check::fail(
+            "e2b envd",
+            format!("envd of sandbox {} did not answer: {e}", handle.id()),
+            "check e2b_provider.sandbox_domain and e2b_provider.proxy_url (a self-hosted plane routes by Host at its gateway)",
+        )),
+    }
+    if let Err(e) = deleted {
+        out.push(Check::warn(
+            "e2b envd",
+            format!("the probe sandbox {} was not deleted: {e}", handle.id()),
+            "the plane reclaims it after its 60 s timeout",
+        ));
+    }
+    out
+}
+
+#[cfg(feature = "docker")]
+async fn docker_backend(config: &ServiceConfig) -> Vec<Check> {
     let section = &config.docker;
     if !section.enabled {
         return vec![Check::fail(
@@ -341,15 +459,6 @@ fn missing_image(section: &sandbox_provider_docker::DockerConfig) -> Check {
         what,
         "load or build that image, or set docker.image / SANDBOX_DOCKER_IMAGE to sandbox-busybox:<tag>, which `sandbox serve` builds locally from Debian's busybox-static",
     )
-}
-
-#[cfg(not(feature = "docker"))]
-async fn backend(_config: &ServiceConfig) -> Vec<Check> {
-    vec![Check::fail(
-        "backend",
-        "this build has no backend",
-        "build with the `docker` feature",
-    )]
 }
 
 /// The report printed by `sandbox doctor`.

@@ -13,7 +13,7 @@ use sandbox_session::memory_store::MemoryBindingStore;
 use sandbox_session::quota::{QuotaGate, Quotas, TenantQuota};
 
 use crate::auth::{TenantAuth, digest, hex};
-use crate::config::ServiceConfig;
+use crate::config::{Backend, ServiceConfig};
 use crate::http::body::InflightBudget;
 use crate::http::metrics::Metrics;
 use crate::http::{AppState, StoreInfo};
@@ -99,15 +99,31 @@ type EnvdPlaneOf = Option<Arc<dyn crate::e2b::EnvdPlane>>;
 #[cfg(not(feature = "e2b-api"))]
 type EnvdPlaneOf = ();
 
-/// The image the default config's sandboxes boot, and their idle TTL.
-#[cfg(feature = "docker")]
+/// The template the default config's sandboxes boot, and their idle TTL: the chosen
+/// backend's.
 fn default_template(config: &ServiceConfig) -> Result<(TemplateId, Duration), String> {
-    Ok((config.docker.image.clone(), config.docker.idle_ttl))
+    match config.provider {
+        #[cfg(feature = "docker")]
+        Backend::Docker => Ok((config.docker.image.clone(), config.docker.idle_ttl)),
+        #[cfg(feature = "e2b")]
+        Backend::E2b => {
+            let section = &config.e2b_provider;
+            let template = TemplateId::new(section.template.trim())
+                .map_err(|e| format!("e2b_provider.template: {}", e.message()))?;
+            Ok((template, Duration::from_secs(section.ttl_seconds)))
+        }
+        #[allow(unreachable_patterns, reason = "a build without every backend")]
+        other => Err(not_built(other)),
+    }
 }
 
-#[cfg(not(feature = "docker"))]
-fn default_template(_config: &ServiceConfig) -> Result<(TemplateId, Duration), String> {
-    Err("this build has no backend: enable the `docker` feature".to_owned())
+/// Why a backend the config names cannot run (validation refuses it earlier; this is the
+/// wiring's own guard).
+fn not_built(backend: Backend) -> String {
+    format!(
+        "this build has no {0} backend: rebuild with the `{0}` feature",
+        backend.name()
+    )
 }
 
 /// The config's quotas in the session layer's terms: `[quotas]` for every tenant, each
@@ -287,17 +303,60 @@ fn write_private(path: &std::path::Path, token: &str) -> Result<(), String> {
 
 /// The configured backend provider, connected and checked, with nothing set up (what `doctor`
 /// inspects).
-#[cfg(feature = "docker")]
 pub async fn backend(
     config: &ServiceConfig,
 ) -> Result<Arc<dyn sandbox_core::SandboxProvider>, String> {
-    Ok(Arc::new(connect_docker(config).await?))
+    match config.provider {
+        #[cfg(feature = "docker")]
+        Backend::Docker => Ok(Arc::new(connect_docker(config).await?)),
+        #[cfg(feature = "e2b")]
+        Backend::E2b => Ok(Arc::new(connect_e2b(config)?)),
+        #[allow(unreachable_patterns, reason = "a build without every backend")]
+        other => Err(not_built(other)),
+    }
 }
 
-/// The backend the service runs on: [`backend`], its agent channels reporting to `metrics`,
-/// plus the image made present; and its envd plane (agent mode's channels).
-#[cfg(feature = "docker")]
+/// The backend the service runs on, and its envd plane for the E2B API's router.
 async fn serving_backend(
+    config: &ServiceConfig,
+    metrics: &Arc<Metrics>,
+) -> Result<(Arc<dyn sandbox_core::SandboxProvider>, EnvdPlaneOf), String> {
+    match config.provider {
+        #[cfg(feature = "docker")]
+        Backend::Docker => serving_docker(config, metrics).await,
+        // The E2B API's router relays to an agent this process reaches itself; an E2B backend's
+        // envd belongs to its own plane, so this service's `[e2b]` listener serves the control
+        // plane only.
+        #[cfg(feature = "e2b")]
+        Backend::E2b => Ok((backend(config).await?, no_envd_plane())),
+        #[allow(unreachable_patterns, reason = "a build without every backend")]
+        other => {
+            let _ = metrics;
+            Err(not_built(other))
+        }
+    }
+}
+
+/// A backend without an envd plane of this process's own.
+#[cfg(feature = "e2b")]
+fn no_envd_plane() -> EnvdPlaneOf {
+    // `None` with the E2B API built in, `()` without it.
+    EnvdPlaneOf::default()
+}
+
+/// The E2B provider the config describes (`[e2b_provider]`), checked: nothing is dialled
+/// until the first call.
+#[cfg(feature = "e2b")]
+pub(crate) fn connect_e2b(
+    config: &ServiceConfig,
+) -> Result<sandbox_core::Checked<sandbox_provider_e2b::E2bProvider>, String> {
+    sandbox_provider_e2b::E2bProvider::new(config.e2b_provider.clone()).map_err(|e| e.to_string())
+}
+
+/// The Docker backend: [`backend`], its agent channels reporting to `metrics`, plus the image
+/// made present; and its envd plane (agent mode's channels).
+#[cfg(feature = "docker")]
+async fn serving_docker(
     config: &ServiceConfig,
     metrics: &Arc<Metrics>,
 ) -> Result<(Arc<dyn sandbox_core::SandboxProvider>, EnvdPlaneOf), String> {
@@ -318,18 +377,19 @@ async fn serving_backend(
     Ok((Arc::new(provider), envd))
 }
 
-/// The `data_plane` label of the configured backend's calls.
-#[cfg(feature = "docker")]
+/// The `data_plane` label of the configured backend's calls: Docker's plane, `envd` for E2B.
 fn data_plane_label(config: &ServiceConfig) -> &'static str {
-    match config.docker.data_plane {
-        sandbox_provider_docker::DataPlane::Agent => "agent",
-        sandbox_provider_docker::DataPlane::Exec => "exec",
+    match config.provider {
+        #[cfg(feature = "docker")]
+        Backend::Docker => match config.docker.data_plane {
+            sandbox_provider_docker::DataPlane::Agent => "agent",
+            sandbox_provider_docker::DataPlane::Exec => "exec",
+        },
+        #[cfg(feature = "e2b")]
+        Backend::E2b => "envd",
+        #[allow(unreachable_patterns, reason = "a build without every backend")]
+        _ => crate::http::metrics::NO_DATA_PLANE,
     }
-}
-
-#[cfg(not(feature = "docker"))]
-fn data_plane_label(_config: &ServiceConfig) -> &'static str {
-    crate::http::metrics::NO_DATA_PLANE
 }
 
 /// The Docker provider the config describes, connected (what `doctor` also inspects).
@@ -381,26 +441,6 @@ async fn prepare_image(
         "the sandbox image is built"
     );
     Ok(())
-}
-
-#[cfg(not(feature = "docker"))]
-async fn serving_backend(
-    config: &ServiceConfig,
-    _metrics: &Arc<Metrics>,
-) -> Result<(Arc<dyn sandbox_core::SandboxProvider>, EnvdPlaneOf), String> {
-    #[cfg(feature = "e2b-api")]
-    let envd: EnvdPlaneOf = None;
-    #[cfg(not(feature = "e2b-api"))]
-    let envd: EnvdPlaneOf = ();
-    Ok((backend(config).await?, envd))
-}
-
-/// The configured backend provider.
-#[cfg(not(feature = "docker"))]
-pub async fn backend(
-    _config: &ServiceConfig,
-) -> Result<Arc<dyn sandbox_core::SandboxProvider>, String> {
-    Err("this build has no backend: enable the `docker` feature".to_owned())
 }
 
 /// Serves until SIGINT/SIGTERM, then drains in-flight requests for at most the configured

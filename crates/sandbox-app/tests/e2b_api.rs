@@ -245,8 +245,11 @@ async fn create_answers_201_with_a_token_and_the_agents_envd_version() {
     assert_eq!(stamped["sandbox.api"], "e2b");
     assert_eq!(stamped["sandbox.e2b.id"], id);
     assert_eq!(stamped["sandbox.tenant"], "1");
+    // The tenant's ownership key (snapshots of it are the tenant's), and no session key: the
+    // session layer's recovery never adopts an E2B sandbox.
+    assert_eq!(stamped[sandbox_core::owner_metadata::TENANT], "1");
     assert!(
-        stamped.keys().all(|k| !k.starts_with("sandbox_")),
+        !stamped.contains_key(sandbox_core::owner_metadata::SESSION),
         "no session ownership metadata: {stamped:?}"
     );
 }

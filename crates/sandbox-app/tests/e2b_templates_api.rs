@@ -246,6 +246,14 @@ async fn a_build_from_a_backend_image_boots_by_name_tag_and_id() {
     );
     let (status, alias) = call(&app, "GET", "/templates/aliases/free-name", KEY_A, None).await;
     assert_error(status, &alias, StatusCode::NOT_FOUND, "free-name");
+    // The operator's template is every tenant's public one, under its default tag only.
+    for key in [KEY_A, KEY_B] {
+        let (status, alias) = call(&app, "GET", "/templates/aliases/base", key, None).await;
+        assert_eq!(status, StatusCode::OK, "{alias}");
+        assert_eq!(alias, json!({"templateID": "base", "public": true}));
+    }
+    let (status, alias) = call(&app, "GET", "/templates/aliases/base:v2", KEY_A, None).await;
+    assert_error(status, &alias, StatusCode::NOT_FOUND, "base:v2");
 
     // A second request with the same name is a new build of the same template.
     let (again, second) = request_build(&app, KEY_A, "my-env").await;

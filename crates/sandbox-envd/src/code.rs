@@ -163,19 +163,19 @@ impl Code {
         match self {
             Code::NotFound => ErrorKind::NotFound,
             Code::Unauthenticated | Code::PermissionDenied => ErrorKind::Authentication,
-            Code::InvalidArgument | Code::OutOfRange | Code::FailedPrecondition => {
-                ErrorKind::InvalidRequest
-            }
+            Code::InvalidArgument | Code::OutOfRange => ErrorKind::InvalidRequest,
             Code::Unimplemented => ErrorKind::Unsupported,
             Code::ResourceExhausted => ErrorKind::Capacity,
-            Code::DeadlineExceeded => ErrorKind::Timeout,
+            // `canceled` from envd means its side of the call was torn down before it ended
+            // (its own deadline, or shutdown): the caller's wait ran out as surely as with
+            // `deadline_exceeded`. A caller that canceled on purpose never reads this error,
+            // and neither kind lets a binding be replaced.
+            Code::DeadlineExceeded | Code::Canceled => ErrorKind::Timeout,
             Code::Unavailable => ErrorKind::Unavailable,
-            Code::Aborted | Code::AlreadyExists => ErrorKind::Conflict,
-            // `canceled` from envd means its side of the call was torn down (the client went
-            // away, or envd is shutting down); nothing about it is the caller's fault or
-            // retryable as such, so it stays unclassified like `unknown`, `internal` and
-            // `data_loss`. A caller that canceled on purpose never reads this error anyway.
-            Code::Canceled | Code::Unknown | Code::Internal | Code::DataLoss => ErrorKind::Internal,
+            // The state of the sandbox (a symlink loop, a process in the wrong state) refused
+            // the call, not its arguments: the caller's request clashes with what is there.
+            Code::Aborted | Code::AlreadyExists | Code::FailedPrecondition => ErrorKind::Conflict,
+            Code::Unknown | Code::Internal | Code::DataLoss => ErrorKind::Internal,
         }
     }
 }
@@ -231,7 +231,7 @@ mod tests {
             assert_eq!(ErrorKind::from(code), kind);
         };
         use ErrorKind as K;
-        check(Code::Canceled, "canceled", 499, K::Internal);
+        check(Code::Canceled, "canceled", 499, K::Timeout);
         check(Code::Unknown, "unknown", 500, K::Internal);
         check(
             Code::InvalidArgument,
@@ -258,7 +258,7 @@ mod tests {
             Code::FailedPrecondition,
             "failed_precondition",
             400,
-            K::InvalidRequest,
+            K::Conflict,
         );
         check(Code::Aborted, "aborted", 409, K::Conflict);
         check(Code::OutOfRange, "out_of_range", 400, K::InvalidRequest);

@@ -25,6 +25,9 @@ pub const META_PREFIX: &str = "sandbox.meta.";
 pub const SNAPSHOT: &str = "sandbox.snapshot";
 /// The container a snapshot image was committed from.
 pub const SNAPSHOT_SOURCE: &str = "sandbox.snapshot-source";
+/// On snapshot images: the name the snapshot was taken with, as given (its tag holds only a
+/// sanitized form); empty when it was given none. Written at every commit, like [`TENANT`].
+pub const SNAPSHOT_NAME: &str = "sandbox.snapshot-name";
 /// On snapshot images: the tenant whose sandbox the snapshot was taken from, copied at commit
 /// from the source's ownership metadata (`sandbox.meta.sandbox_tenant_id`); empty when that
 /// named none. Written at every commit, so the value a restore is judged by never comes from a

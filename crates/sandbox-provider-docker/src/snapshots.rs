@@ -79,6 +79,12 @@ fn random_hex() -> Result<String, Error> {
     Ok(raw.iter().map(|b| format!("{b:02x}")).collect())
 }
 
+/// Whether a snapshot name is kept in its label: bounded and without control characters (a
+/// name that is not is still folded, sanitized, into the tag).
+fn label_safe(name: &str) -> bool {
+    name.len() <= 512 && !name.chars().any(char::is_control)
+}
+
 /// The one answer to a restore of anything but this tenant's snapshot in this namespace:
 /// missing, foreign, another deployment's and not-a-snapshot alike, naming nothing, so it is
 /// no oracle for which images exist.
@@ -225,6 +231,12 @@ impl Snapshots for DockerProvider {
                 sandbox.as_str().to_owned(),
             ),
             (labels::TENANT.to_owned(), tenant.clone()),
+            (
+                labels::SNAPSHOT_NAME.to_owned(),
+                name.filter(|n| label_safe(n))
+                    .unwrap_or_default()
+                    .to_owned(),
+            ),
         ]);
         let config = ContainerConfig {
             labels: Some(image_labels),
@@ -313,7 +325,11 @@ impl Snapshots for DockerProvider {
             {
                 out.push(SnapshotRef {
                     id: SnapshotId::new(tag.clone())?,
-                    name: None,
+                    name: image
+                        .labels
+                        .get(labels::SNAPSHOT_NAME)
+                        .filter(|n| !n.is_empty())
+                        .cloned(),
                     source: image
                         .labels
                         .get(labels::SNAPSHOT_SOURCE)

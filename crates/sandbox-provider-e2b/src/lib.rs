@@ -14,7 +14,12 @@
 //! - `metadata.rs`: metadata key escaping, states, the server-side list pair;
 //! - `envd.rs`: each sandbox's envd client;
 //! - `errors.rs`: the one mapping onto `sandbox_core::Error`;
-//! - `exec.rs`, `files.rs`: commands and file operations through envd.
+//! - `exec.rs`, `files.rs`: commands and file operations (whole and streamed) through envd;
+//! - `watch.rs`: directory watches through envd's `WatchDir` stream.
+//! - `process.rs`, `terminal.rs`: background processes and terminals (PTYs) through envd's
+//!   process service.
+//! - `snapshots.rs`: snapshots (`/sandboxes/{id}/snapshots`, `/snapshots`, deleted as the
+//!   templates they are) and the template catalog (`/templates`).
 
 pub mod config;
 pub mod control;
@@ -23,7 +28,11 @@ pub mod errors;
 pub mod exec;
 mod files;
 pub mod metadata;
+mod process;
 pub mod provider;
+mod snapshots;
+mod terminal;
+mod watch;
 pub mod wire;
 
 pub use config::E2bConfig;

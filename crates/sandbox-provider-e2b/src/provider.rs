@@ -81,6 +81,13 @@ pub fn e2b_capabilities() -> Capabilities {
         Capability::KeepAlive,
         Capability::FsEnumeration,
         Capability::PosixShell,
+        Capability::Processes,
+        Capability::Pty,
+        Capability::TerminalReattach,
+        Capability::StreamedFiles,
+        Capability::Watch,
+        Capability::Snapshots,
+        Capability::TemplateCatalog,
     ])
 }
 
@@ -145,6 +152,11 @@ impl E2bProvider {
     /// The adapter's config.
     pub fn config(&self) -> &E2bConfig {
         &self.config
+    }
+
+    /// The control-plane client (for the capability files beside this one).
+    pub(crate) fn control(&self) -> &Control {
+        &self.control
     }
 
     /// The gateway data-plane requests are dialled at, if any.
@@ -489,6 +501,9 @@ impl SandboxProvider for E2bProvider {
     }
 
     async fn create(&self, request: CreateRequest) -> Result<SandboxHandle, Error> {
+        if request.from_snapshot {
+            self.check_restore(&request).await?;
+        }
         let marker = marker();
         let body = self.new_sandbox(&request, &marker)?;
         let mut attempt = 1;
@@ -590,6 +605,16 @@ impl SandboxProvider for E2bProvider {
         crate::files::read(self, sandbox, path).await
     }
 
+    async fn read_file_stream(
+        &self,
+        sandbox: &SandboxHandle,
+        path: &SandboxPath,
+        max_bytes: u64,
+    ) -> Result<sandbox_core::ReadStream, Error> {
+        let stream = crate::files::read_stream(self, sandbox, path, max_bytes).await?;
+        Ok(Box::new(stream))
+    }
+
     async fn list_dir(
         &self,
         sandbox: &SandboxHandle,
@@ -619,6 +644,34 @@ impl SandboxProvider for E2bProvider {
     }
 
     fn as_pause_resume(&self) -> Option<&dyn PauseResume> {
+        Some(self)
+    }
+
+    fn as_processes(&self) -> Option<&dyn sandbox_core::Processes> {
+        Some(self)
+    }
+
+    fn as_terminals(&self) -> Option<&dyn sandbox_core::Terminals> {
+        Some(self)
+    }
+
+    fn as_terminal_reattach(&self) -> Option<&dyn sandbox_core::TerminalReattach> {
+        Some(self)
+    }
+
+    fn as_streamed_files(&self) -> Option<&dyn sandbox_core::StreamedFiles> {
+        Some(self)
+    }
+
+    fn as_watch(&self) -> Option<&dyn sandbox_core::Watch> {
+        Some(self)
+    }
+
+    fn as_snapshots(&self) -> Option<&dyn sandbox_core::Snapshots> {
+        Some(self)
+    }
+
+    fn as_template_catalog(&self) -> Option<&dyn sandbox_core::TemplateCatalog> {
         Some(self)
     }
 }

@@ -134,6 +134,63 @@ pub struct SnapshotInfo {
     pub names: Vec<String>,
 }
 
+/// `GET /templates/aliases/{alias}`: the template a name resolves to, and whether it is the
+/// plane's own public one.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+pub struct TemplateAlias {
+    #[serde(rename = "templateID")]
+    pub template_id: String,
+    #[serde(default)]
+    pub public: bool,
+}
+
+/// `Template` of `GET /templates`: the part the catalog reads.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TemplateListed {
+    #[serde(rename = "templateID")]
+    pub template_id: String,
+    #[serde(rename = "buildID", default)]
+    pub build_id: String,
+    #[serde(default)]
+    pub names: Vec<String>,
+    #[serde(default)]
+    pub aliases: Vec<String>,
+    #[serde(default)]
+    pub build_status: String,
+}
+
+/// `TemplateWithBuilds` of `GET /templates/{id}`: the part the catalog reads.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TemplateDetail {
+    #[serde(rename = "templateID")]
+    pub template_id: String,
+    #[serde(default)]
+    pub names: Vec<String>,
+    #[serde(default)]
+    pub aliases: Vec<String>,
+    #[serde(default)]
+    pub builds: Vec<TemplateBuild>,
+}
+
+/// `TemplateBuild`, one build of a template.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+pub struct TemplateBuild {
+    #[serde(rename = "buildID")]
+    pub build_id: String,
+    #[serde(default)]
+    pub status: String,
+}
+
+/// `TemplateTag` of `GET /templates/{id}/tags`: which build a tag names.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+pub struct TemplateTag {
+    pub tag: String,
+    #[serde(rename = "buildID")]
+    pub build_id: String,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

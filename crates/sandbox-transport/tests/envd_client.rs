@@ -1318,3 +1318,120 @@ async fn get_json_reads_a_bounded_typed_answer() {
         assert_eq!(e.kind(), ErrorKind::InvalidRequest);
     }
 }
+
+/// A source of `chunks`, then an error instead of the end when `fail` is set.
+struct Chunks(std::collections::VecDeque<&'static [u8]>, bool);
+
+#[async_trait]
+impl sandbox_core::ByteStream for Chunks {
+    async fn next_chunk(&mut self) -> Option<Result<Vec<u8>, sandbox_core::Error>> {
+        match self.0.pop_front() {
+            Some(chunk) => Some(Ok(chunk.to_vec())),
+            None if std::mem::take(&mut self.1) => Some(Err(sandbox_core::Error::unavailable(
+                sandbox_core::Operation::new("upload"),
+                "the caller went away",
+            ))),
+            None => None,
+        }
+    }
+}
+
+fn chunks(parts: &[&'static [u8]], fail: bool) -> sandbox_core::ReadStream {
+    Box::new(Chunks(parts.iter().copied().collect(), fail))
+}
+
+#[tokio::test]
+async fn an_atomic_upload_replaces_the_target_only_when_its_source_ends_cleanly() {
+    use sandbox_transport::envd::StagedUploadError;
+    let server = Server::start().await;
+    for http in BOTH {
+        let client = client(&server, http);
+        let dir = format!("/atomic/{http:?}");
+        let target = sandbox_core::SandboxPath::new(&format!("{dir}/t.bin")).unwrap();
+        client
+            .write_file(target.as_str(), "old", CallOptions::new())
+            .await
+            .unwrap();
+        let names = || async {
+            let mut names: Vec<String> = client
+                .list_dir(&dir, 1, CallOptions::new())
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|e| e.name)
+                .collect();
+            names.sort();
+            names
+        };
+        let read = || client.read_file(target.as_str(), 1 << 20, CallOptions::new());
+
+        // A source that fails: its own error, the old content, no sibling left.
+        let failed = client
+            .upload_atomic(
+                &target,
+                chunks(&[b"new ", b"half"], true),
+                1 << 20,
+                CallOptions::new(),
+                CallOptions::new(),
+            )
+            .await
+            .unwrap_err();
+        let StagedUploadError::Source(e) = failed else {
+            panic!("{http:?}: expected the source's error, got {failed:?}");
+        };
+        assert!(e.message().contains("went away"), "{e}");
+        assert_eq!(&read().await.unwrap()[..], b"old");
+        assert_eq!(names().await, ["t.bin"], "{http:?}");
+
+        // Past the bound: file_too_large, the old content, no sibling left.
+        let over = client
+            .upload_atomic(
+                &target,
+                chunks(&[b"0123", b"4567", b"89"], false),
+                9,
+                CallOptions::new(),
+                CallOptions::new(),
+            )
+            .await
+            .unwrap_err();
+        let StagedUploadError::Refused(e) = over else {
+            panic!("{http:?}: expected the bound's refusal, got {over:?}");
+        };
+        assert_eq!(e.code(), Some(ErrorCode::FileTooLarge), "{e}");
+        assert_eq!(&read().await.unwrap()[..], b"old");
+        assert_eq!(names().await, ["t.bin"], "{http:?}");
+
+        // A clean source: the new content, its length, no sibling left.
+        let written = client
+            .upload_atomic(
+                &target,
+                chunks(&[b"new ", b"content"], false),
+                11,
+                CallOptions::new(),
+                CallOptions::new(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(written, 11);
+        assert_eq!(&read().await.unwrap()[..], b"new content");
+        assert_eq!(names().await, ["t.bin"], "{http:?}");
+
+        // `/` has no sibling to stage in.
+        let root = client
+            .upload_atomic(
+                &sandbox_core::SandboxPath::root(),
+                chunks(&[b"x"], false),
+                1,
+                CallOptions::new(),
+                CallOptions::new(),
+            )
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&root, StagedUploadError::Refused(e) if e.kind() == ErrorKind::InvalidRequest),
+            "{root:?}"
+        );
+    }
+    // The move went through the filesystem service, after each clean upload only.
+    assert_eq!(server.state.seen("/filesystem.Filesystem/Move").len(), 2);
+}

@@ -66,6 +66,9 @@ async fn handle(
             }
             Response::new(boxed(Full::new(Bytes::from(text))))
         }
+        "/sandbox-agent/processes" => {
+            Response::new(boxed(Full::new(Bytes::from_static(b"{\"processes\":[]}"))))
+        }
         "/trailers" => {
             let mut trailers = HeaderMap::new();
             trailers.insert("grpc-status", HeaderValue::from_static("0"));
@@ -316,6 +319,24 @@ async fn the_callers_token_passes_when_none_is_configured() {
     );
 }
 
+/// The one extension forwarded: the agent's read-only process listing, as a `GET` spelt
+/// exactly so (every other spelling and method is refused in
+/// `refused_forms_never_reach_the_server`).
+#[tokio::test]
+async fn the_process_listing_is_the_one_extension_forwarded() {
+    let state = Arc::new(State::default());
+    let client = client(&state, None);
+    let request = Request::builder()
+        .uri(sandbox_transport::envd::AGENT_PROCESS_LISTING)
+        .body(Empty::<Bytes>::new())
+        .unwrap();
+    let response = client.forward(request).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"{\"processes\":[]}");
+    assert_eq!(state.requests.load(Ordering::SeqCst), 1);
+}
+
 #[tokio::test]
 async fn trailers_come_back() {
     let state = Arc::new(State::default());
@@ -400,6 +421,28 @@ async fn refused_forms_never_reach_the_server() {
         (
             Method::GET,
             "/files/../sandbox-agent/tunnel/80",
+            Version::HTTP_11,
+            StatusCode::NOT_FOUND,
+            "not_found",
+        ),
+        // The process listing passes only as a GET spelt exactly so.
+        (
+            Method::POST,
+            "/sandbox-agent/processes",
+            Version::HTTP_11,
+            StatusCode::NOT_FOUND,
+            "not_found",
+        ),
+        (
+            Method::GET,
+            "/Sandbox-Agent/processes",
+            Version::HTTP_11,
+            StatusCode::NOT_FOUND,
+            "not_found",
+        ),
+        (
+            Method::GET,
+            "/sandbox-agent/processes/../tunnel/22",
             Version::HTTP_11,
             StatusCode::NOT_FOUND,
             "not_found",

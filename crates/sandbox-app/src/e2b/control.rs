@@ -61,7 +61,7 @@ async fn body_of(request: Request) -> Result<axum::body::Bytes, ApiError> {
 }
 
 /// A JSON body of `T`, or `T::default()` for an empty one (the routes whose body is optional).
-async fn optional_json<T: for<'de> Deserialize<'de> + Default>(
+pub(crate) async fn optional_json<T: for<'de> Deserialize<'de> + Default>(
     request: Request,
 ) -> Result<T, ApiError> {
     let body = body_of(request).await?;
@@ -135,7 +135,7 @@ async fn create(
             "autoPause: this server's backend cannot pause sandboxes",
         ));
     }
-    let (image, built) = resolve_template(inner, tenant, &new.template).await?;
+    let (image, booted) = resolve_template(inner, tenant, &new.template).await?;
 
     let id = E2bId::generate().map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e))?;
     let _reserved = reserve(&api, tenant, &id).await?;
@@ -159,14 +159,34 @@ async fn create(
             meta::ON_TIMEOUT_PAUSE.to_owned(),
         );
     }
-    if let Some(template_id) = built {
-        create
-            .metadata
-            .insert(super::templates::BUILT_TEMPLATE.to_owned(), template_id);
-        create.metadata.insert(
-            sandbox_core::TEMPLATE_TENANT.to_owned(),
-            tenant.get().to_string(),
-        );
+    match booted {
+        Booted::Image => {}
+        Booted::Built(template_id) => {
+            create
+                .metadata
+                .insert(super::templates::BUILT_TEMPLATE.to_owned(), template_id);
+            create.metadata.insert(
+                sandbox_core::TEMPLATE_TENANT.to_owned(),
+                tenant.get().to_string(),
+            );
+        }
+        Booted::Snapshot => {
+            // The backend restores only a snapshot of the tenant the ownership metadata
+            // (stamped above) names. A restored sandbox may inherit the source's metadata
+            // (Docker: the image's labels), so every flag this API reads is written out,
+            // and none of the source's settings carries over unasked.
+            create.from_snapshot = true;
+            for (key, value) in [
+                (meta::ON_TIMEOUT, meta::ON_TIMEOUT_KILL),
+                (meta::PUBLIC, "true"),
+                (meta::INTERNET, "true"),
+            ] {
+                create
+                    .metadata
+                    .entry(key.to_owned())
+                    .or_insert_with(|| value.to_owned());
+            }
+        }
     }
     create.env = new.env;
     // Their own timeout engine owns them (and pauses the ones that pause): the backend's idle
@@ -227,14 +247,24 @@ async fn create(
     Ok((StatusCode::CREATED, Json(answer)).into_response())
 }
 
+/// What a create's template is, beyond the backend's template it names.
+enum Booted {
+    /// An image of `[e2b.templates]`.
+    Image,
+    /// The tenant's built template of this ID.
+    Built(String),
+    /// One of the tenant's snapshots.
+    Snapshot,
+}
+
 /// The image a create's `templateID` boots: the operator's `[e2b.templates]` first (a name,
 /// with or without `:default`), then the tenant's own built templates (by name, `name:tag` or
-/// template ID), with the built template's ID. Anything else is 404.
+/// template ID), then the tenant's snapshots (by snapshot ID). Anything else is 404.
 async fn resolve_template(
     inner: &Inner,
     tenant: sandbox_core::TenantId,
     template: &str,
-) -> Result<(sandbox_core::TemplateId, Option<String>), ApiError> {
+) -> Result<(sandbox_core::TemplateId, Booted), ApiError> {
     let name = template.to_ascii_lowercase();
     let configured = inner
         .settings
@@ -248,10 +278,13 @@ async fn resolve_template(
         })
         .cloned();
     if let Some(image) = configured {
-        return Ok((image, None));
+        return Ok((image, Booted::Image));
     }
     if let Some((image, template_id)) = super::templates::resolve(inner, tenant, template).await? {
-        return Ok((image, Some(template_id)));
+        return Ok((image, Booted::Built(template_id)));
+    }
+    if let Some(snapshot) = super::snapshots::resolve(inner, tenant, template).await? {
+        return Ok((snapshot, Booted::Snapshot));
     }
     let shown: String = template.chars().take(128).collect();
     Err(ApiError::new(
@@ -662,7 +695,7 @@ async fn kill(
 }
 
 /// Checks `id` is `tenant`'s live sandbox, answering 404 when it is gone.
-async fn live_owned(
+pub(crate) async fn live_owned(
     inner: &Inner,
     tenant: sandbox_core::TenantId,
     id: &str,

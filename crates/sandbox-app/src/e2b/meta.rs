@@ -92,14 +92,22 @@ pub fn stamped(
     out.insert(TENANT.to_owned(), tenant.get().to_string());
     out.insert(DEADLINE.to_owned(), deadline_unix.to_string());
     out.insert(TEMPLATE.to_owned(), template.to_owned());
+    // The tenant under the ownership key as well: it is what a backend records on a snapshot
+    // of the sandbox and checks on a restore (`[snapshot.tenant]`, `[create.snapshot_owner]`),
+    // so snapshots stay their tenant's. No session key is written: no session owns it.
+    out.insert(
+        sandbox_core::owner_metadata::TENANT.to_owned(),
+        tenant.get().to_string(),
+    );
     out
 }
 
-/// The caller's own pairs of a sandbox's metadata.
+/// The caller's own pairs of a sandbox's metadata (never a key of the reserved prefix: ours,
+/// and the ownership tenant).
 pub fn caller_view(metadata: &Metadata) -> Metadata {
     metadata
         .iter()
-        .filter(|(k, _)| !k.starts_with("sandbox."))
+        .filter(|(k, _)| !k.starts_with("sandbox.") && !k.starts_with("sandbox_"))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect()
 }

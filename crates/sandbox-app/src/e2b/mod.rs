@@ -16,6 +16,9 @@
 //!   sandbox carries through the port's metadata; [`wire`]: the JSON.
 //! - [`deadlines`] and [`expiry`]: each sandbox's deadline, kept in the store (or a file under
 //!   the data directory), and the engine that kills at expiry.
+//! - [`templates`]: template builds (`/v3/templates`, `/templates/...`); [`snapshots`]:
+//!   `POST /sandboxes/{id}/snapshots` and `GET /snapshots` over the port's `Snapshots`, a
+//!   snapshot being a template a create boots and `DELETE /templates/{id}` deletes.
 //!
 //! This module never names a backend adapter (tidy rule `e2b-api-port-only`): the composition
 //! root hands it a provider and an [`EnvdPlane`].
@@ -28,6 +31,7 @@ pub mod ids;
 pub mod meta;
 pub mod preview;
 pub mod serve;
+pub mod snapshots;
 pub mod templates;
 pub mod wire;
 
@@ -358,6 +362,7 @@ pub const MAX_BODY_BYTES: usize = 256 * 1024;
 pub fn router(api: E2bApi, metrics: Arc<Metrics>) -> Router {
     let control = control::routes()
         .merge(templates::routes())
+        .merge(snapshots::routes())
         .layer(middleware::from_fn_with_state(api.clone(), authenticate))
         .route("/health", axum::routing::get(health))
         .layer(middleware::from_fn(tag_route))

@@ -759,6 +759,14 @@ async fn alias(
     Extension(Caller(tenant)): Extension<Caller>,
     Path(alias): Path<String>,
 ) -> Result<Response, ApiError> {
+    // The operator's templates (`[e2b.templates]`) are every tenant's, ready as configured:
+    // public templates, as a plane's own are. Their tag is the default one only.
+    if let Ok((name, tag)) = split_reference(&alias)
+        && tag.as_deref().is_none_or(|t| t == DEFAULT_TAG)
+        && api.inner.settings.templates.contains_key(&name)
+    {
+        return Ok(Json(json!({"templateID": name, "public": true})).into_response());
+    }
     // Names are per tenant: another tenant's is free for this one (404, never 403).
     let (view, _) = view_of(&api.inner, tenant, &alias).await?;
     if view.name != split_reference(&alias)?.0 {
@@ -861,6 +869,10 @@ async fn delete(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let inner = &api.inner;
+    // A snapshot is a template on this API, deleted by this route too.
+    if let Some(deleted) = super::snapshots::delete_owned(inner, tenant, &id).await? {
+        return Ok(deleted);
+    }
     let (view, _) = view_of(inner, tenant, &id).await?;
     if let Some(sandbox) = in_use_by(inner, tenant, &view.template_id).await? {
         return Err(ApiError::new(

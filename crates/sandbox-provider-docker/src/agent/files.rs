@@ -33,7 +33,7 @@ use sandbox_core::{
     DirEntry, EntryKind, Error, ErrorCode, ErrorKind, Operation, Provider, SandboxPath, StatEntry,
 };
 use sandbox_envd::filesystem::{EntryInfo, FileType};
-use sandbox_transport::envd::{CallOptions, Download};
+use sandbox_transport::envd::{CallOptions, Download, StagedUploadError};
 use time::OffsetDateTime;
 
 use crate::channel::{Channel, Lease};
@@ -123,111 +123,39 @@ pub(crate) async fn write(
     Ok(())
 }
 
-/// A streamed write (`StreamedFiles::write_stream`): the caller's source is uploaded, as it is
-/// pulled, to a hidden sibling of the target, which is renamed over the target once the source
-/// ended cleanly within `max_bytes`. So a reader of the target sees the old file or the new one,
-/// never a part; a failed upload removes the sibling. (A call dropped mid-upload can leave the
-/// sibling, `.<name>.sandbox-upload-<random>`, behind; never a partial target.)
-///
-/// A source that fails or passes `max_bytes` ends the upload's body cleanly instead of
-/// resetting its stream: the agent then answers only once its writer has closed the sibling,
-/// so the removal that follows cannot run before the agent creates the file (after a reset the
-/// agent's writer may still be opening it, and a removal sent at once finds nothing and leaves
-/// the sibling behind).
+/// A streamed write (`StreamedFiles::write_stream`): the envd client's staged upload
+/// (`EnvdClient::upload_atomic`): the caller's source is uploaded, as it is pulled, to a hidden
+/// sibling of the target, which is renamed over the target once the source ended cleanly within
+/// `max_bytes`. So a reader of the target sees the old file or the new one, never a part; a
+/// failed upload removes the sibling. (A call dropped mid-upload can leave the sibling,
+/// `.<name>.sandbox-upload-<random>`, behind; never a partial target.)
 pub(crate) async fn write_stream(
     channel: &Arc<Channel>,
     path: &SandboxPath,
-    mut source: sandbox_core::ReadStream,
+    source: sandbox_core::ReadStream,
     max_bytes: u64,
 ) -> Result<u64, Error> {
     let op = Operation::WRITE_FILE_STREAM;
     check_path(op, path)?;
-    let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+    if path.is_root() {
         return Err(Error::invalid_request(op, "/: is a directory").with_provider(Provider::Docker));
-    };
-    let staging = parent
-        .join(&format!(
-            ".{name}.sandbox-upload-{:016x}",
-            fastrand::u64(..)
-        ))
-        .map_err(|e| e.with_operation(op).with_provider(Provider::Docker))?;
-    let lease = lease(channel, op).await?;
-    // The source's own failure (or the cap), kept as the caller's error.
-    let source_failure: std::sync::Mutex<Option<Error>> = std::sync::Mutex::new(None);
-    let fail = |e: Error| {
-        if let Ok(mut slot) = source_failure.lock() {
-            slot.get_or_insert(e);
-        }
-    };
-    let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<Bytes>>(UPLOAD_QUEUE);
-    let body = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|chunk| (chunk, rx))
-    });
-    let upload = lease.client().upload_stream(
-        staging.as_str(),
-        body,
-        max_bytes,
-        CallOptions::new().timeout(crate::files::STREAM_TIMEOUT),
-    );
-    let sent = std::sync::atomic::AtomicU64::new(0);
-    let (counted, fail) = (&sent, &fail);
-    // Owns the sender: returning drops it, which ends the body.
-    let feed = async move {
-        while let Some(chunk) = source.next_chunk().await {
-            match chunk {
-                Ok(bytes) => {
-                    let len = bytes.len() as u64;
-                    let total = counted.fetch_add(len, std::sync::atomic::Ordering::Relaxed) + len;
-                    if total > max_bytes {
-                        fail(
-                            Error::invalid_request(
-                                op,
-                                format!("the upload is over the limit of {max_bytes} bytes"),
-                            )
-                            .with_code(ErrorCode::FileTooLarge)
-                            .with_provider(Provider::Docker),
-                        );
-                        return;
-                    }
-                    // A closed queue means the upload ended early; its result says why.
-                    if tx.send(Ok(Bytes::from(bytes))).await.is_err() {
-                        return;
-                    }
-                }
-                Err(e) => {
-                    fail(e);
-                    return;
-                }
-            }
-        }
-        // Returning drops the sender, which ends the body (after a failure too: see above).
-    };
-    tokio::pin!(upload, feed);
-    let mut fed = false;
-    let uploaded = loop {
-        tokio::select! {
-            result = &mut upload => break result,
-            () = &mut feed, if !fed => fed = true,
-        }
-    };
-    let failure = source_failure.lock().ok().and_then(|mut f| f.take());
-    let outcome = match (uploaded, failure) {
-        (_, Some(cause)) => Err(cause.with_operation(op)),
-        (Err(e), None) => Err(classify(op, e)),
-        (Ok(_), None) => lease
-            .client()
-            .rename(staging.as_str(), path.as_str(), options())
-            .await
-            .map(drop)
-            .map_err(|e| classify(op, e)),
-    };
-    if outcome.is_err() {
-        // Best effort: the sibling is hidden and never the target, so a failed removal leaves
-        // litter, not a wrong file.
-        let _ = lease.client().remove(staging.as_str(), options()).await;
     }
-    outcome?;
-    Ok(sent.load(std::sync::atomic::Ordering::Relaxed))
+    let lease = lease(channel, op).await?;
+    lease
+        .client()
+        .upload_atomic(
+            path,
+            source,
+            max_bytes,
+            CallOptions::new().timeout(crate::files::STREAM_TIMEOUT),
+            options(),
+        )
+        .await
+        .map_err(|e| match e {
+            StagedUploadError::Envd(e) => classify(op, e),
+            // The source's own failure (or the bound) is the caller's error as it is.
+            other => other.into_error().with_operation(op),
+        })
 }
 
 /// A rename (`StreamedFiles::rename_path`), with the port's rules checked before the agent's

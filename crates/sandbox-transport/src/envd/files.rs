@@ -1,5 +1,7 @@
 //! envd's `/files` endpoints: multipart upload and streamed download (`docs/envd.md`, "HTTP
-//! endpoints").
+//! endpoints"), and the staged upload every adapter's atomic streamed write is
+//! ([`EnvdClient::upload_atomic`]: an octet-stream upload to a hidden sibling, then
+//! `Filesystem/Move` over the target).
 
 use std::sync::{Arc, Mutex};
 
@@ -10,7 +12,7 @@ use hyper::body::{Frame, Incoming};
 use hyper::header::{self, HeaderValue};
 use hyper::{Response, StatusCode};
 use hyper_util::client::legacy::connect::Connect;
-use sandbox_core::{Error, ErrorCode, Operation, Provider};
+use sandbox_core::{Error, ErrorCode, Operation, Provider, ReadStream, SandboxPath};
 use sandbox_envd::files::{self, WriteInfo};
 
 use super::call::{
@@ -271,6 +273,57 @@ where
         deadline.bound(op, call).await.map_err(|e| self.tag(e))
     }
 
+    /// Writes `path` atomically from `source`, pulled as the upload is sent, and returns the
+    /// bytes written: the bytes go to a hidden sibling ([`staging_path`]) through
+    /// [`upload_stream`](Self::upload_stream) with `upload`'s deadline, and once the source
+    /// ended cleanly within `max_bytes` the sibling is moved over `path` (`Filesystem/Move`,
+    /// with `calls`' deadline). A reader of `path` sees the old file or the new one, never a
+    /// part. Any failure after the upload began removes the sibling (best effort: it is hidden
+    /// and never the target, so a failed removal leaves litter, not a wrong file); a call
+    /// dropped mid-upload can leave it behind, never a partial `path`.
+    ///
+    /// A source that fails or passes `max_bytes` ends the upload's body cleanly instead of
+    /// resetting its stream: envd then answers only once its writer has closed the sibling, so
+    /// the removal that follows cannot run before envd creates the file (after a reset envd's
+    /// writer may still be opening it, and a removal sent at once finds nothing and leaves the
+    /// sibling behind).
+    pub async fn upload_atomic(
+        &self,
+        path: &SandboxPath,
+        source: ReadStream,
+        max_bytes: u64,
+        upload: CallOptions,
+        calls: CallOptions,
+    ) -> Result<u64, StagedUploadError> {
+        let staging = staging_path(path).map_err(|e| StagedUploadError::Refused(self.tag(e)))?;
+        let failure: Arc<Mutex<Option<StagedUploadError>>> = Arc::default();
+        let sent = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let body = source_body(source, max_bytes, Arc::clone(&sent), Arc::clone(&failure));
+        let uploaded = self
+            .upload_stream(staging.as_str(), body, max_bytes, upload)
+            .await;
+        let cause = failure.lock().ok().and_then(|mut f| f.take());
+        let outcome = match (uploaded, cause) {
+            // The source's failure (or the bound) is the cause of whatever envd answered.
+            (_, Some(StagedUploadError::Refused(e))) => {
+                Err(StagedUploadError::Refused(self.tag(e)))
+            }
+            (_, Some(cause)) => Err(cause),
+            (Err(e), None) => Err(StagedUploadError::Envd(e)),
+            (Ok(_), None) => self
+                .rename(staging.as_str(), path.as_str(), calls)
+                .await
+                .map(drop)
+                .map_err(StagedUploadError::Envd),
+        };
+        if outcome.is_err() {
+            // Best effort; see the doc comment.
+            let _ = self.remove(staging.as_str(), calls).await;
+        }
+        outcome?;
+        Ok(sent.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
     /// Opens a download of `path`. The deadline covers reading the whole file.
     pub async fn download(&self, path: &str, options: CallOptions) -> Result<Download, Error> {
         let op = OP_DOWNLOAD;
@@ -325,6 +378,93 @@ where
             format!("{}?{query}", files::PATH)
         }
     }
+}
+
+/// Why [`EnvdClient::upload_atomic`] failed. The target is as it was in every case.
+#[derive(Debug)]
+pub enum StagedUploadError {
+    /// The source passed the byte bound (`file_too_large`, the client's provider's), or the
+    /// path cannot be staged (`/`): nothing about the sandbox.
+    Refused(Error),
+    /// The source's own error, untouched: whoever made it keeps it.
+    Source(Error),
+    /// envd refused or failed the upload, or the move: the adapter classifies it.
+    Envd(Error),
+}
+
+impl StagedUploadError {
+    /// The error, whichever side it came from.
+    pub fn into_error(self) -> Error {
+        match self {
+            StagedUploadError::Refused(e)
+            | StagedUploadError::Source(e)
+            | StagedUploadError::Envd(e) => e,
+        }
+    }
+}
+
+/// The hidden sibling a staged upload of `path` is written to first:
+/// `.<name>.sandbox-upload-<64 random bits>` in `path`'s directory, so the move over `path`
+/// stays on one filesystem, and two uploads of one path never share a sibling. `/` has none
+/// (`invalid_request`).
+pub fn staging_path(path: &SandboxPath) -> Result<SandboxPath, Error> {
+    let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(transported(Error::invalid_request(
+            OP_UPLOAD,
+            format!("{path}: is a directory"),
+        )));
+    };
+    parent
+        .join(&format!(
+            ".{name}.sandbox-upload-{:016x}",
+            fastrand::u64(..)
+        ))
+        .map_err(transported)
+}
+
+/// `source` as an upload body: its chunks as they are pulled, counted into `sent`. The body
+/// ends cleanly (see [`EnvdClient::upload_atomic`]) when the source fails or passes
+/// `max_bytes`, the reason left in `failure`.
+fn source_body(
+    source: ReadStream,
+    max_bytes: u64,
+    sent: Arc<std::sync::atomic::AtomicU64>,
+    failure: Arc<Mutex<Option<StagedUploadError>>>,
+) -> impl Stream<Item = std::io::Result<Bytes>> + Send + 'static {
+    futures_util::stream::unfold(source, move |mut source| {
+        let sent = Arc::clone(&sent);
+        let failure = Arc::clone(&failure);
+        async move {
+            let fail = |cause: StagedUploadError| {
+                if let Ok(mut slot) = failure.lock() {
+                    slot.get_or_insert(cause);
+                }
+            };
+            match source.next_chunk().await? {
+                Ok(chunk) => {
+                    let len = u64::try_from(chunk.len()).unwrap_or(u64::MAX);
+                    let total = sent
+                        .fetch_add(len, std::sync::atomic::Ordering::Relaxed)
+                        .saturating_add(len);
+                    if total > max_bytes {
+                        fail(StagedUploadError::Refused(transported(
+                            Error::invalid_request(
+                                OP_UPLOAD,
+                                format!("the upload is over the limit of {max_bytes} bytes"),
+                            )
+                            .with_code(ErrorCode::FileTooLarge),
+                        )));
+                        return None;
+                    }
+                    Some((Ok(Bytes::from(chunk)), source))
+                }
+                Err(e) => {
+                    fail(StagedUploadError::Source(e));
+                    None
+                }
+            }
+        }
+    })
 }
 
 /// `data` as a request body that fails once more than `max_bytes` have passed, with the error

@@ -21,7 +21,11 @@
 //!   may open, and no envd client (the SDKs included) ever asks for them. A router exposing
 //!   them would hand the caller a way around that policy, so they answer 404 here, also when
 //!   spelt with percent-escapes, a different case or dot segments, so the agent's literal
-//!   matching cannot be reached around.
+//!   matching cannot be reached around. One is read-only and reveals nothing a caller who may
+//!   run commands cannot see with `ps`: `GET` [`AGENT_PROCESS_LISTING`] (the processes with
+//!   their output counts and exit statuses), which an envd client of this workspace's own
+//!   (the E2B adapter) reads to attach exactly and list ended processes. It passes, spelt
+//!   exactly so and with no other method.
 //! - **Credentials.** The caller's headers pass (its `Authorization` picks the Unix user, as
 //!   envd defines). When this client has an access token or edge routing headers configured,
 //!   they replace whatever the caller sent: the router decided the caller may reach this
@@ -54,6 +58,10 @@ pub type ForwardBody = UnsyncBoxBody<Bytes, BoxError>;
 
 /// The path prefix of the agent's own endpoints, which are never forwarded (module docs).
 pub const AGENT_EXTENSION_PREFIX: &str = "/sandbox-agent/";
+
+/// The agent's process listing: the one extension forwarded (`GET`, this exact spelling; module
+/// docs).
+pub const AGENT_PROCESS_LISTING: &str = "/sandbox-agent/processes";
 
 /// Headers that describe one connection, not the message: never forwarded, either way.
 pub const HOP_BY_HOP: [HeaderName; 8] = [
@@ -175,7 +183,8 @@ fn origin_form<B>(request: &Request<B>) -> Result<String, Error> {
             printable(target.as_str())
         )));
     }
-    if reaches_agent_extension(path) {
+    let listing = request.method() == Method::GET && path == AGENT_PROCESS_LISTING;
+    if reaches_agent_extension(path) && !listing {
         return Err(transported(Error::not_found(
             OP_FORWARD,
             format!(

@@ -43,10 +43,10 @@ mod tunnel;
 
 pub use call::{CallOptions, ClientStream, EnvdClient};
 pub use config::{ENVD_PORT, EnvdConfig, HttpVersion};
-pub use files::{Download, UploadFile};
+pub use files::{Download, StagedUploadError, UploadFile, staging_path};
 pub use forward::{
-    AGENT_EXTENSION_PREFIX, ForwardBody, HOP_BY_HOP, OP_FORWARD, error_response, status_and_code,
-    strip_hop_by_hop,
+    AGENT_EXTENSION_PREFIX, AGENT_PROCESS_LISTING, ForwardBody, HOP_BY_HOP, OP_FORWARD,
+    error_response, status_and_code, strip_hop_by_hop,
 };
 pub use services::{InputStream, REPLAY_OFFSET_HEADER};
 pub use stream::ServerStream;

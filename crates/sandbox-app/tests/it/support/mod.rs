@@ -6,6 +6,7 @@
 
 pub(crate) mod agent_mode;
 pub(crate) mod e2b;
+pub(crate) mod e2b_backend;
 pub(crate) mod redis;
 pub(crate) mod serve;
 
