@@ -34,7 +34,7 @@ const HERMETIC_FILTER: &str = "not binary(conformance) and not (package(sandbox-
 /// The tests that need the Docker engine beyond conformance, run by the docker stage: the
 /// adapter's engine, registry and `tcp://` TLS modules (egress runs in a stage of its own), the
 /// session manager over the real adapter and the service's engine tests.
-const DOCKER_ENGINE_FILTER: &str = "(package(sandbox-provider-docker) and binary(it) and not test(/^egress::/) and not test(/^tcp_guard::/) and not test(/^sdk_channel::/)) | (package(sandbox-session) and binary(it)) | (package(sandbox-app) and binary(it) and not test(/^e2b_sdk::/) and not test(/^e2b_expiry::/) and not test(/^e2b_no_leaks::/) and not test(/^e2b_templates::/) and not test(/^e2b_preview::/) and not test(/^e2b_js::/) and not test(/^e2b_older::/) and not test(/^e2b_snapshots::/) and not test(/^e2b_provider_e2e::/) and not test(/^e2b_provider_faults::/)) | (package(sandbox-agent) and binary(it) and test(/^pid1_docker::/))";
+const DOCKER_ENGINE_FILTER: &str = "(package(sandbox-provider-docker) and binary(it) and not test(/^egress::/) and not test(/^tcp_guard::/) and not test(/^sdk_channel::/)) | (package(sandbox-session) and binary(it)) | (package(sandbox-app) and binary(it) and not test(/^e2b_sdk::/) and not test(/^e2b_expiry::/) and not test(/^e2b_no_leaks::/) and not test(/^e2b_templates::/) and not test(/^e2b_preview::/) and not test(/^e2b_js::/) and not test(/^e2b_older::/) and not test(/^e2b_snapshots::/) and not test(/^e2b_provider_e2e::/) and not test(/^e2b_provider_faults::/) and not test(/^e2b_standard_template::/)) | (package(sandbox-agent) and binary(it) and test(/^pid1_docker::/))";
 
 /// The tests that need the Redis fixtures beyond conformance, run by the redis stage: the Redis
 /// store's `it` binary and xtask's own check of the fixtures.
@@ -51,7 +51,7 @@ const SERVE_FILTER: &str = "package(xtask) and binary(it) and test(/^serve_docke
 /// sandbox in agent mode behind a loopback router), and the service's E2B API in normal mode
 /// (`sandbox serve` with `[e2b]` on, Debian sandboxes), with the E2B adapter's snapshot,
 /// end-to-end and fault tests against that API, run by the e2b sdk stage.
-const SDK_FILTER: &str = "(package(sandbox-agent) and binary(it) and (test(/^sdk::/) | test(/^sdk_debian::/))) | (package(sandbox-provider-docker) and binary(it) and test(/^sdk_channel::/)) | (package(sandbox-app) and binary(it) and (test(/^e2b_sdk::/) | test(/^e2b_expiry::/) | test(/^e2b_no_leaks::/) | test(/^e2b_templates::/) | test(/^e2b_preview::/) | test(/^e2b_js::/) | test(/^e2b_older::/) | test(/^e2b_snapshots::/) | test(/^e2b_provider_e2e::/) | test(/^e2b_provider_faults::/)))";
+const SDK_FILTER: &str = "(package(sandbox-agent) and binary(it) and (test(/^sdk::/) | test(/^sdk_debian::/))) | (package(sandbox-provider-docker) and binary(it) and test(/^sdk_channel::/)) | (package(sandbox-app) and binary(it) and (test(/^e2b_sdk::/) | test(/^e2b_expiry::/) | test(/^e2b_no_leaks::/) | test(/^e2b_templates::/) | test(/^e2b_preview::/) | test(/^e2b_js::/) | test(/^e2b_older::/) | test(/^e2b_snapshots::/) | test(/^e2b_provider_e2e::/) | test(/^e2b_provider_faults::/) | test(/^e2b_standard_template::/)))";
 
 /// The agent's `/files` on real filesystems it mounts in a namespace of its own (root only),
 /// run by the agent filesystems stage.
@@ -1034,6 +1034,16 @@ mod tests {
                 DOCKER_ENGINE_FILTER,
                 "crates/sandbox-app/tests/it",
                 "e2b_provider_faults",
+            ),
+            (
+                SDK_FILTER,
+                "crates/sandbox-app/tests/it",
+                "e2b_standard_template",
+            ),
+            (
+                DOCKER_ENGINE_FILTER,
+                "crates/sandbox-app/tests/it",
+                "e2b_standard_template",
             ),
             (AGENT_FS_FILTER, "crates/sandbox-agent/tests/it", "fs_edges"),
             (

@@ -863,6 +863,20 @@ pub const ENV_VARS: &[EnvVar] = &[
         "the template sessions' sandboxes boot (required with `provider = \"e2b\"`)",
     ),
     var(
+        "SANDBOX_E2B_PROVIDER_TEMPLATE_FROM_IMAGE",
+        "e2b_provider.template_from_image",
+        Text,
+        "",
+        "the image the standard template is built from (E2B's `fromImage`) when the plane lacks a ready build of its tag (unset: only checked, never built)",
+    ),
+    var(
+        "SANDBOX_E2B_PROVIDER_TEMPLATE_BUILD_TIMEOUT_SECONDS",
+        "e2b_provider.template_build_timeout_seconds",
+        Seconds,
+        "600",
+        "the bound of one build of the standard template, from its request until it is ready",
+    ),
+    var(
         "SANDBOX_E2B_PROVIDER_TTL_SECONDS",
         "e2b_provider.ttl_seconds",
         Seconds,

@@ -5,7 +5,7 @@
 
 use std::fmt::Write as _;
 
-use crate::config::{Backend, ServiceConfig};
+use crate::config::ServiceConfig;
 
 /// The outcome of one check.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -120,9 +120,9 @@ async fn redis_check(section: &sandbox_store_redis::RedisStoreConfig) -> Check {
 async fn backend(config: &ServiceConfig) -> Vec<Check> {
     match config.provider {
         #[cfg(feature = "docker")]
-        Backend::Docker => docker_backend(config).await,
+        crate::config::Backend::Docker => docker_backend(config).await,
         #[cfg(feature = "e2b")]
-        Backend::E2b => e2b_backend(config).await,
+        crate::config::Backend::E2b => e2b_backend(config).await,
         #[allow(unreachable_patterns, reason = "a build without every backend")]
         other => vec![Check::fail(
             "backend",

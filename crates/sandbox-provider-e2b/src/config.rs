@@ -26,6 +26,9 @@ pub const DEFAULT_CREATE_TIMEOUT: Duration = Duration::from_secs(60);
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(130);
 /// Snapshot: the control plane pauses, uploads and resumes before it answers.
 pub const DEFAULT_SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(250);
+/// A build of the standard template, from its request until the plane calls it ready: an
+/// image build on the plane takes minutes, not seconds.
+pub const DEFAULT_TEMPLATE_BUILD_TIMEOUT: Duration = Duration::from_secs(600);
 /// The Unix account commands and files act as when a call names none: root, as session
 /// sandboxes on every backend run, and envd's own default.
 pub const DEFAULT_USER: &str = "root";
@@ -47,6 +50,13 @@ pub struct E2bConfig {
     /// The template a create boots when the request names none... and the one
     /// `ensure_standard_template` keeps built.
     pub template: String,
+    /// The build spec of the standard template: the image it is built from (E2B's
+    /// `fromImage`). Empty: the adapter holds no build spec, so it only checks that the plane
+    /// has the template ready and never builds it.
+    pub template_from_image: String,
+    /// The bound of one build of the standard template, from its request until it is ready,
+    /// in seconds.
+    pub template_build_timeout_seconds: u64,
     /// A sandbox's lifetime when a create asks for the server default, in seconds.
     pub ttl_seconds: u64,
     /// Lets the control plane, the gateway and envd resolve to private and loopback addresses
@@ -71,6 +81,8 @@ impl Default for E2bConfig {
             sandbox_domain: DEFAULT_SANDBOX_DOMAIN.to_owned(),
             proxy_url: String::new(),
             template: String::new(),
+            template_from_image: String::new(),
+            template_build_timeout_seconds: DEFAULT_TEMPLATE_BUILD_TIMEOUT.as_secs(),
             ttl_seconds: DEFAULT_TTL.as_secs(),
             allow_private_endpoints: false,
             http_timeout_seconds: DEFAULT_HTTP_TIMEOUT.as_secs(),
@@ -138,6 +150,10 @@ impl E2bConfig {
             ("create_timeout_seconds", self.create_timeout_seconds),
             ("connect_timeout_seconds", self.connect_timeout_seconds),
             ("snapshot_timeout_seconds", self.snapshot_timeout_seconds),
+            (
+                "template_build_timeout_seconds",
+                self.template_build_timeout_seconds,
+            ),
         ] {
             seconds(field, value)?;
         }
@@ -182,6 +198,10 @@ impl E2bConfig {
         config.proxy_url = section.proxy_url.trim().to_owned();
         config.api_key = section.api_key.clone();
         config.template = section.template_id.trim().to_owned();
+        // The operator's build spec describes the operator's standard template; a record that
+        // names its own plane and template decides what boots, so its template is checked,
+        // never built from an image the operator chose for another template.
+        config.template_from_image = String::new();
         if let Some(ttl) = section.ttl_seconds {
             config.ttl_seconds = ttl;
         }
@@ -210,6 +230,14 @@ impl E2bConfig {
     /// See [`E2bConfig::snapshot_timeout_seconds`].
     pub fn snapshot_timeout(&self) -> Duration {
         Duration::from_secs(self.snapshot_timeout_seconds.max(1))
+    }
+    /// See [`E2bConfig::template_build_timeout_seconds`].
+    pub fn template_build_timeout(&self) -> Duration {
+        Duration::from_secs(self.template_build_timeout_seconds.max(1))
+    }
+    /// The image the standard template is built from, when the config holds a build spec.
+    pub fn template_build_image(&self) -> Option<&str> {
+        Some(self.template_from_image.trim()).filter(|image| !image.is_empty())
     }
 }
 
@@ -247,6 +275,15 @@ mod tests {
                 .to_string()
                 .contains("create_timeout_seconds")
         );
+        let zero_build = E2bConfig {
+            template_build_timeout_seconds: 0,
+            ..ok.clone()
+        };
+        let err = zero_build.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("e2b_provider.template_build_timeout_seconds"),
+            "{err}"
+        );
         let bad_domain = E2bConfig {
             sandbox_domain: "a/b".into(),
             ..ok
@@ -270,6 +307,8 @@ mod tests {
         tenant.allow_private_endpoints = true;
         let operator = E2bConfig {
             create_timeout_seconds: 7,
+            template_build_timeout_seconds: 9,
+            template_from_image: "img:1".into(),
             ..E2bConfig::default()
         };
         let c = E2bConfig::from_tenant(&tenant, &operator).unwrap();
@@ -280,6 +319,9 @@ mod tests {
         assert_eq!(c.proxy_url, "http://gw:3000");
         assert_eq!(c.ttl_seconds, 600);
         assert_eq!(c.create_timeout_seconds, 7);
+        assert_eq!(c.template_build_timeout_seconds, 9);
+        // The operator's build spec is the operator's template's, not the record's.
+        assert_eq!(c.template_build_image(), None);
         // The operator did not allow private endpoints, so the tenant's ask is not enough.
         assert!(!c.allow_private_endpoints);
         let open = E2bConfig {

@@ -110,6 +110,9 @@ pub struct E2bProvider {
     pool: Arc<GatewayPool<Full<Bytes>>>,
     gateway: Option<GatewayTarget>,
     envds: Envds,
+    /// Held across one `ensure_standard_template`, so two callers of this process never both
+    /// build the standard template: the second finds the first's build.
+    ensuring: tokio::sync::Mutex<()>,
 }
 
 impl E2bProvider {
@@ -146,12 +149,18 @@ impl E2bProvider {
             pool,
             gateway,
             envds,
+            ensuring: tokio::sync::Mutex::new(()),
         }))
     }
 
     /// The adapter's config.
     pub fn config(&self) -> &E2bConfig {
         &self.config
+    }
+
+    /// The lock one `ensure_standard_template` holds (see the field).
+    pub(crate) async fn ensuring(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.ensuring.lock().await
     }
 
     /// The control-plane client (for the capability files beside this one).

@@ -20,10 +20,33 @@
 //!   standard template; an untagged, unfinished or failed build never is. A name that is not
 //!   the team's may be the plane's public template (`GET /templates/aliases/{name}` says
 //!   `public`), which the plane builds and keeps ready: it is the standard template under the
-//!   default tag. The adapter has no
-//!   build spec of its own (E2B builds from a template definition it does not hold), so a
-//!   template without such a build is `unsupported`, naming what is missing, and nothing is
-//!   built or deleted.
+//!   default tag, and nothing is built for it.
+//! - **Building it.** With a build spec (`e2b_provider.template_from_image`, E2B's
+//!   `fromImage`), a team template that is missing, whose tag names no build, or whose tagged
+//!   build failed is rebuilt: one `POST /v3/templates` under the template's name with the
+//!   tag (never resent: a second one would be a second build), one start of that build from
+//!   the image (`POST /v2/templates/{id}/builds/{build}`, never resent either), then its
+//!   status polled (`GET /templates/{id}/builds/{build}/status`, the interval growing from
+//!   [`POLL_FIRST`] to [`POLL_MAX`]) until `ready` or `error`, within
+//!   `e2b_provider.template_build_timeout_seconds`. A tagged build still `waiting` or
+//!   `building` (another caller's) is waited for within the same bound first, and rebuilt only
+//!   if it fails or is still unfinished then. A build ending in `error`, or not ready in time,
+//!   is an error and never the standard template; a ready one is returned only once the tag is
+//!   read back naming a ready build. Without a build spec nothing is built: such a template
+//!   is `unsupported`, naming the missing key. One process ensures once at a time, so its
+//!   callers never build twice; two processes ensuring at once may each build, and then the
+//!   later ready build carries the tag and the other is superseded.
+//! - **Superseded builds.** Once the new build is ready it carries the tag, so the builds the
+//!   tag named before (and failed builds of the template) are superseded: no tag of the
+//!   standard template names them. The plane offers no delete of one build (`DELETE
+//!   /templates/{id}` removes the whole template, the new build with it), so the adapter
+//!   deletes nothing and leaves them to the plane: this workspace's own E2B API removes a
+//!   build no tag names whenever a build, tag or untag of the template ends (an image a
+//!   sandbox still runs from stays until the next one), and keeps failed builds' records only
+//!   in memory, bounded; another plane keeps them as long as it keeps untagged builds. A
+//!   build another tag still names is not superseded and stays usable under that tag.
+
+use std::time::Duration;
 
 use async_trait::async_trait;
 use hyper::Method;
@@ -33,6 +56,7 @@ use sandbox_core::{
     Template, TemplateCatalog, TenantId,
 };
 use time::OffsetDateTime;
+use tokio::time::Instant;
 
 use crate::control::{Call, segment};
 use crate::errors::{self, provider_error};
@@ -46,6 +70,12 @@ pub(crate) const SNAPSHOT_PAGE: u32 = 100;
 pub(crate) const MAX_SNAPSHOT_PAGES: usize = 1000;
 /// The tag a template reference without one means.
 pub(crate) const DEFAULT_TAG: &str = "default";
+/// The first wait between two polls of a build's status: a build on a local engine can be
+/// ready within a second.
+pub(crate) const POLL_FIRST: Duration = Duration::from_millis(250);
+/// The longest wait between two polls: image builds on a plane take minutes, and a status
+/// call every few seconds is enough to notice the end without loading the plane.
+pub(crate) const POLL_MAX: Duration = Duration::from_secs(2);
 /// How a snapshot name taken here begins; the tenant's number (none for a source without an
 /// ownership tenant), then `-`, then the caller's name follow.
 const OWNER_PREFIX: &str = "sbx-t";
@@ -234,6 +264,15 @@ impl E2bProvider {
     /// that name (E2B's `base`), which the plane builds and keeps ready itself, so its word
     /// that the name resolves is the whole check. Only its default tag is the public one.
     async fn public_standard(&self, name: &str, tag: &str) -> Result<Template, Error> {
+        match self.public_lookup(name, tag).await? {
+            Public::Ready(template) => Ok(template),
+            Public::Absent => Err(self.missing_standard("is not on the plane")),
+            Public::Refused(why) => Err(self.missing_standard(why)),
+        }
+    }
+
+    /// What the alias lookup says of `name`: see [`public_standard`](Self::public_standard).
+    async fn public_lookup(&self, name: &str, tag: &str) -> Result<Public, Error> {
         let op = Operation::ENSURE_TEMPLATE;
         let call = Call::new(
             op,
@@ -244,34 +283,289 @@ impl E2bProvider {
         .idempotent();
         let alias: wire::TemplateAlias = match self.control().send(&call).await?.expect(&[200]) {
             Ok(answer) => answer.decode()?,
-            Err(e) if e.kind() == ErrorKind::NotFound => {
-                return Err(self.missing_standard("is not on the plane"));
-            }
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Public::Absent),
             Err(e) => return Err(e),
         };
         if !alias.public || tag != DEFAULT_TAG {
-            return Err(self.missing_standard(format!(
+            return Ok(Public::Refused(format!(
                 "is not the team's, and {name:?} names no public template under the tag {tag:?}"
             )));
         }
-        Ok(Template {
+        Ok(Public::Ready(Template {
             name: name.to_owned(),
             id: alias.template_id,
             status: "ready".to_owned(),
             standard: true,
             ..Template::default()
-        })
+        }))
     }
 
+    /// The refusal of a standard template that is not ready: without a build spec, or under
+    /// a name the plane holds as a template that is not the team's.
     fn missing_standard(&self, why: impl std::fmt::Display) -> Error {
+        let remedy = if self.config().template_build_image().is_some() {
+            "this adapter builds only the team's own templates, and the plane holds this name otherwise; name another template"
+        } else {
+            "this adapter holds no build spec to build it from (e2b_provider.template_from_image is empty): set it, or build it on the plane (E2B's template build) and tag the ready build"
+        };
         provider_error(Error::unsupported(
             Operation::ENSURE_TEMPLATE,
             format!(
-                "the standard template {:?} (e2b_provider.template) {why}; this adapter holds no build spec to build it from, so build it on the plane (E2B's template build) and tag the ready build",
+                "the standard template {:?} (e2b_provider.template) {why}; {remedy}",
                 self.config().template
             ),
         ))
     }
+
+    /// The team's template `reference` (a name or an ID), or `None` when the team has none.
+    async fn team_template(&self, reference: &str) -> Result<Option<wire::TemplateDetail>, Error> {
+        let call = Call::new(
+            Operation::ENSURE_TEMPLATE,
+            Method::GET,
+            format!("/templates/{}", segment(reference)),
+            self.config().http_timeout(),
+        )
+        .idempotent();
+        match self.control().send(&call).await?.expect(&[200]) {
+            Ok(answer) => Ok(Some(answer.decode()?)),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Where the team's template stands under `tag`: the build the tag names (its tags read
+    /// from the plane), and that build's status in `detail`.
+    async fn standing(&self, detail: &wire::TemplateDetail, tag: &str) -> Result<Standing, Error> {
+        let call = Call::new(
+            Operation::ENSURE_TEMPLATE,
+            Method::GET,
+            format!("/templates/{}/tags", segment(&detail.template_id)),
+            self.config().http_timeout(),
+        )
+        .idempotent();
+        let tags: Vec<wire::TemplateTag> =
+            self.control().send(&call).await?.expect(&[200])?.decode()?;
+        let Some(tagged) = tags.iter().find(|t| t.tag == tag) else {
+            return Ok(Standing::Unusable(format!("has no build tagged {tag:?}")));
+        };
+        Ok(
+            match detail.builds.iter().find(|b| b.build_id == tagged.build_id) {
+                Some(build) if build.status == "ready" => Standing::Ready(Template {
+                    name: shown_name(&detail.template_id, &detail.names, &detail.aliases),
+                    id: detail.template_id.clone(),
+                    status: "ready".to_owned(),
+                    standard: true,
+                    ..Template::default()
+                }),
+                Some(build) if matches!(build.status.as_str(), "waiting" | "building") => {
+                    Standing::Unfinished(build.build_id.clone())
+                }
+                Some(build) => Standing::Unusable(format!(
+                    "has build {} tagged {tag:?}, whose status is {:?}, not ready",
+                    tagged.build_id, build.status
+                )),
+                None => Standing::Unusable(format!(
+                    "names build {} under the tag {tag:?}, which its builds do not list",
+                    tagged.build_id
+                )),
+            },
+        )
+    }
+
+    /// Polls build `build` of template `template` until it is `ready` or `error`, or until
+    /// `deadline`. A poll the plane fails to answer (unavailable, timed out, over capacity)
+    /// is tried again at the next interval: the build goes on regardless.
+    async fn await_build(
+        &self,
+        template: &str,
+        build: &str,
+        deadline: Instant,
+    ) -> Result<Built, Error> {
+        let op = Operation::ENSURE_TEMPLATE;
+        let path = format!(
+            "/templates/{}/builds/{}/status",
+            segment(template),
+            segment(build)
+        );
+        let mut wait = POLL_FIRST;
+        let mut last = String::from("no status read yet");
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(Built::Unfinished(last));
+            }
+            let call = Call::new(
+                op,
+                Method::GET,
+                path.clone(),
+                self.config().http_timeout().min(left),
+            )
+            .idempotent();
+            let answer = match self.control().send(&call).await {
+                Ok(answer) => answer.expect(&[200]),
+                Err(e) => Err(e),
+            };
+            match answer.and_then(|a| a.decode::<wire::TemplateBuildInfo>()) {
+                Ok(info) => match info.status.as_str() {
+                    "ready" => return Ok(Built::Ready),
+                    "error" => {
+                        let reason = info
+                            .reason
+                            .map(|r| r.message)
+                            .filter(|m| !m.trim().is_empty())
+                            .unwrap_or_else(|| "the plane gave no reason".to_owned());
+                        return Ok(Built::Failed(reason));
+                    }
+                    // `waiting`, `building`, and any word a newer plane adds for a build
+                    // that has not ended.
+                    other => last = format!("status {other:?}"),
+                },
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        ErrorKind::Unavailable | ErrorKind::Timeout | ErrorKind::Capacity
+                    ) =>
+                {
+                    last = e.to_string();
+                }
+                Err(e) => return Err(e),
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            tokio::time::sleep(wait.min(left)).await;
+            wait = (wait * 2).min(POLL_MAX);
+        }
+    }
+
+    /// One new build of the standard template from `image` (module docs): requested, started,
+    /// awaited, and returned once the tag names a ready build.
+    async fn build_standard(
+        &self,
+        name: &str,
+        tag: &str,
+        image: &str,
+        why: &str,
+    ) -> Result<Template, Error> {
+        let op = Operation::ENSURE_TEMPLATE;
+        let timeout = self.config().template_build_timeout();
+        let deadline = Instant::now() + timeout;
+        tracing::info!(
+            template = name,
+            tag,
+            image,
+            why,
+            "e2b: building the standard template"
+        );
+        // Neither call is marked idempotent: each one sent again could make a second build.
+        let call = Call::new(
+            op,
+            Method::POST,
+            "/v3/templates",
+            self.config().http_timeout(),
+        )
+        .json(&wire::TemplateBuildRequest {
+            name: name.to_owned(),
+            tags: vec![tag.to_owned()],
+        })?;
+        let requested: wire::TemplateBuildRequested = self
+            .control()
+            .send(&call)
+            .await?
+            .expect(&[200, 201, 202])?
+            .decode()?;
+        if requested.template_id.is_empty() || requested.build_id.is_empty() {
+            return Err(errors::unreadable(
+                op,
+                "a build request answered without a template or build ID",
+            ));
+        }
+        let (template_id, build_id) = (requested.template_id, requested.build_id);
+        let call = Call::new(
+            op,
+            Method::POST,
+            format!(
+                "/v2/templates/{}/builds/{}",
+                segment(&template_id),
+                segment(&build_id)
+            ),
+            self.config().http_timeout(),
+        )
+        .json(&wire::TemplateBuildStart {
+            from_image: image.to_owned(),
+        })?;
+        self.control()
+            .send(&call)
+            .await?
+            .expect(&[200, 201, 202, 204])?;
+        match self.await_build(&template_id, &build_id, deadline).await? {
+            Built::Ready => {}
+            Built::Failed(reason) => {
+                return Err(provider_error(Error::internal(
+                    op,
+                    format!(
+                        "the build {build_id} of the standard template {name:?} from {image} failed, so it is not used: {reason}"
+                    ),
+                )));
+            }
+            Built::Unfinished(last) => {
+                return Err(provider_error(Error::timeout(
+                    op,
+                    format!(
+                        "the build {build_id} of the standard template {name:?} from {image} was not ready within {timeout:?} (e2b_provider.template_build_timeout_seconds; last: {last}), so it is not used"
+                    ),
+                )));
+            }
+        }
+        // Ready is not enough: a create boots what the tag names, so the tag is read back.
+        let detail = self.team_template(&template_id).await?.ok_or_else(|| {
+            provider_error(Error::unavailable(
+                op,
+                format!("the template {template_id} of the ready build {build_id} is gone"),
+            ))
+        })?;
+        match self.standing(&detail, tag).await? {
+            Standing::Ready(template) => {
+                tracing::info!(template = name, tag, build = %build_id, "e2b: the standard template is built");
+                Ok(template)
+            }
+            Standing::Unfinished(_) | Standing::Unusable(_) => {
+                Err(provider_error(Error::internal(
+                    op,
+                    format!(
+                        "the build {build_id} of the standard template {name:?} is ready, but the tag {tag:?} names no ready build"
+                    ),
+                )))
+            }
+        }
+    }
+}
+
+/// What the alias lookup says of a template name that is not the team's.
+enum Public {
+    /// The plane's public template, ready under the default tag.
+    Ready(Template),
+    /// No template of that name.
+    Absent,
+    /// A name the lookup knows, but not as a public template under the tag asked for.
+    Refused(String),
+}
+
+/// Where the team's template stands under the configured tag.
+enum Standing {
+    /// The tag names a ready build: the standard template.
+    Ready(Template),
+    /// The tag names a build that has not ended (its ID).
+    Unfinished(String),
+    /// No usable build under the tag, and why.
+    Unusable(String),
+}
+
+/// How a build awaited ended.
+enum Built {
+    Ready,
+    /// Status `error`, with the plane's reason.
+    Failed(String),
+    /// Not ended by the deadline; the last thing read.
+    Unfinished(String),
 }
 
 #[async_trait]
@@ -372,56 +666,56 @@ impl TemplateCatalog for E2bProvider {
     }
 
     async fn ensure_standard_template(&self) -> Result<Template, Error> {
-        let op = Operation::ENSURE_TEMPLATE;
+        let _one_at_a_time = self.ensuring().await;
         let (name, tag) = split_template(&self.config().template);
-        let call = Call::new(
-            op,
-            Method::GET,
-            format!("/templates/{}", segment(name)),
-            self.config().http_timeout(),
-        )
-        .idempotent();
-        let detail: wire::TemplateDetail = match self.control().send(&call).await?.expect(&[200]) {
-            Ok(answer) => answer.decode()?,
-            Err(e) if e.kind() == ErrorKind::NotFound => {
-                return self.public_standard(name, tag).await;
-            }
-            Err(e) => return Err(e),
+        let image = self.config().template_build_image();
+        let Some(detail) = self.team_template(name).await? else {
+            return match (self.public_lookup(name, tag).await?, image) {
+                (Public::Ready(template), _) => Ok(template),
+                (Public::Absent, Some(image)) => {
+                    self.build_standard(name, tag, image, "the team has no such template")
+                        .await
+                }
+                (Public::Absent, None) => Err(self.missing_standard("is not on the plane")),
+                (Public::Refused(why), _) => Err(self.missing_standard(why)),
+            };
         };
-        let call = Call::new(
-            op,
-            Method::GET,
-            format!("/templates/{}/tags", segment(&detail.template_id)),
-            self.config().http_timeout(),
-        )
-        .idempotent();
-        let tags: Vec<wire::TemplateTag> =
-            self.control().send(&call).await?.expect(&[200])?.decode()?;
-        let Some(tagged) = tags.iter().find(|t| t.tag == tag) else {
-            return Err(self.missing_standard(format!("has no build tagged {tag:?}")));
+        let why = match self.standing(&detail, tag).await? {
+            Standing::Ready(template) => return Ok(template),
+            Standing::Unusable(why) => why,
+            Standing::Unfinished(build) => {
+                let Some(image) = image else {
+                    return Err(self.missing_standard(format!(
+                        "has build {build} tagged {tag:?}, which has not finished"
+                    )));
+                };
+                // Another caller's build: waited for, and used once the tag names it ready.
+                let deadline = Instant::now() + self.config().template_build_timeout();
+                let why = match self
+                    .await_build(&detail.template_id, &build, deadline)
+                    .await?
+                {
+                    Built::Ready => match self.team_template(&detail.template_id).await? {
+                        Some(detail) => match self.standing(&detail, tag).await? {
+                            Standing::Ready(template) => return Ok(template),
+                            Standing::Unfinished(_) | Standing::Unusable(_) => format!(
+                                "its build {build} is ready, but the tag {tag:?} names no ready build"
+                            ),
+                        },
+                        None => format!("its template went away while build {build} ran"),
+                    },
+                    Built::Failed(reason) => format!("its tagged build {build} failed: {reason}"),
+                    Built::Unfinished(last) => {
+                        format!("its tagged build {build} did not finish in time ({last})")
+                    }
+                };
+                return self.build_standard(name, tag, image, &why).await;
+            }
         };
-        match detail.builds.iter().find(|b| b.build_id == tagged.build_id) {
-            Some(build) if build.status == "ready" => {}
-            Some(build) => {
-                return Err(self.missing_standard(format!(
-                    "has build {} tagged {tag:?}, whose status is {:?}, not ready",
-                    tagged.build_id, build.status
-                )));
-            }
-            None => {
-                return Err(self.missing_standard(format!(
-                    "names build {} under the tag {tag:?}, which its builds do not list",
-                    tagged.build_id
-                )));
-            }
+        match image {
+            Some(image) => self.build_standard(name, tag, image, &why).await,
+            None => Err(self.missing_standard(why)),
         }
-        Ok(Template {
-            name: shown_name(&detail.template_id, &detail.names, &detail.aliases),
-            id: detail.template_id,
-            status: "ready".to_owned(),
-            standard: true,
-            ..Template::default()
-        })
     }
 }
 

@@ -191,6 +191,47 @@ pub struct TemplateTag {
     pub build_id: String,
 }
 
+/// `POST /v3/templates` (`TemplateBuildRequestV3`): a new build of the template named `name`
+/// (a new template when the team has none of that name), to carry `tags` once ready.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct TemplateBuildRequest {
+    pub name: String,
+    pub tags: Vec<String>,
+}
+
+/// The answer of `POST /v3/templates`: the part the catalog reads.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+pub struct TemplateBuildRequested {
+    #[serde(rename = "templateID")]
+    pub template_id: String,
+    #[serde(rename = "buildID")]
+    pub build_id: String,
+}
+
+/// `POST /v2/templates/{id}/builds/{build}` (`TemplateBuildStartV2`): the build's one source.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct TemplateBuildStart {
+    #[serde(rename = "fromImage")]
+    pub from_image: String,
+}
+
+/// `GET /templates/{id}/builds/{build}/status` (`TemplateBuildInfo`): the part the catalog
+/// reads.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+pub struct TemplateBuildInfo {
+    #[serde(default)]
+    pub status: String,
+    #[serde(default)]
+    pub reason: Option<BuildReason>,
+}
+
+/// Why a build failed (`BuildStatusReason`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+pub struct BuildReason {
+    #[serde(default)]
+    pub message: String,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -231,5 +272,31 @@ mod tests {
             serde_json::from_str(r#"{"sandboxID":"i2","state":"paused","metadata":null}"#).unwrap();
         assert_eq!(l.state, "paused");
         assert_eq!(l.metadata, None);
+    }
+
+    #[test]
+    fn template_build_bodies_name_only_what_the_routes_take() {
+        let request = TemplateBuildRequest {
+            name: "std".into(),
+            tags: vec!["default".into()],
+        };
+        assert_eq!(
+            serde_json::to_value(&request).unwrap(),
+            serde_json::json!({"name": "std", "tags": ["default"]})
+        );
+        let start = TemplateBuildStart {
+            from_image: "img:1".into(),
+        };
+        assert_eq!(
+            serde_json::to_value(&start).unwrap(),
+            serde_json::json!({"fromImage": "img:1"})
+        );
+        let info: TemplateBuildInfo = serde_json::from_str(
+            r#"{"templateID":"t","buildID":"b","status":"error","logs":[],
+                "reason":{"message":"no such image","logEntries":[]}}"#,
+        )
+        .unwrap();
+        assert_eq!(info.status, "error");
+        assert_eq!(info.reason.unwrap().message, "no such image");
     }
 }

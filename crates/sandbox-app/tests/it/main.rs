@@ -18,6 +18,7 @@ mod e2b_provider_e2e;
 mod e2b_provider_faults;
 mod e2b_sdk;
 mod e2b_snapshots;
+mod e2b_standard_template;
 mod e2b_templates;
 mod engine_fault_docker;
 mod hardening_docker;
