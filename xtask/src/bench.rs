@@ -112,6 +112,16 @@ pub const SUITES: &[Suite] = &[
         bench: "e2b",
         also: &[],
     },
+    // The E2B adapter against `sandbox serve`'s E2B API: exec of `true` and a 1 MiB file round
+    // trip through the adapter, against the same envd requests on a plain hyper client and
+    // against the official Python SDK, in one run. Built and named like `e2b` (`bench_cmd.rs`);
+    // the engine must be running.
+    Suite {
+        name: "e2b-provider",
+        package: "sandbox-provider-e2b",
+        bench: "e2b_provider",
+        also: &[],
+    },
 ];
 
 pub fn find(name: &str) -> Option<&'static Suite> {

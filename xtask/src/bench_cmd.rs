@@ -99,7 +99,8 @@ pub(crate) fn run(ctx: &Ctx, suite: &Suite, smoke_flag: bool) -> ExitCode {
 /// suites measure agent mode next to exec mode: they get the static agent, built as the
 /// pipeline builds it (reused when up to date). The agent suite runs that agent in the Debian
 /// image and drives it with the SDK: the same build, image and venv the pipeline makes. The e2b
-/// suite drives `sandbox serve` with the SDK: those three, and the service built in release.
+/// and e2b-provider suites drive `sandbox serve` with the SDK (the latter with the E2B adapter
+/// too): those three, and the service built in release.
 fn suite_env(ctx: &Ctx, suite: &Suite) -> Result<Vec<(&'static str, String)>, String> {
     if !needs_agent(suite) {
         return Ok(Vec::new());
@@ -113,19 +114,19 @@ fn suite_env(ctx: &Ctx, suite: &Suite) -> Result<Vec<(&'static str, String)>, St
         xtask::agent_build::ENV_AGENT_BIN,
         built.path.display().to_string(),
     )];
-    if matches!(suite.name, "agent" | "e2b") {
+    if matches!(suite.name, "agent" | "e2b" | "e2b-provider") {
         let image = crate::debian::ensure(&ctx.target.join("xtask"))?;
         let python = crate::sdk_venv::ensure(&ctx.root, &ctx.target)?;
         env.push((xtask::debian_image::ENV_IMAGE, image));
         env.push((xtask::e2b_sdk::ENV_PYTHON, python.display().to_string()));
     }
-    if suite.name == "e2b" {
+    if matches!(suite.name, "e2b" | "e2b-provider") {
         env.push((ENV_SANDBOX_BIN, build_service(ctx)?.display().to_string()));
     }
     Ok(env)
 }
 
-/// Names the `sandbox` binary to the e2b suite.
+/// Names the `sandbox` binary to the e2b and e2b-provider suites.
 const ENV_SANDBOX_BIN: &str = "SANDBOX_BENCH_SANDBOX_BIN";
 /// A release build of the service, from cold, on a busy 2-core machine.
 const SERVICE_BUILD_DEADLINE: Duration = Duration::from_secs(3600);
@@ -156,7 +157,10 @@ fn build_service(ctx: &Ctx) -> Result<std::path::PathBuf, String> {
 
 /// The suites whose bench binary runs the static agent (`SANDBOX_AGENT_BIN`).
 fn needs_agent(suite: &Suite) -> bool {
-    matches!(suite.name, "agent" | "docker" | "api" | "e2b")
+    matches!(
+        suite.name,
+        "agent" | "docker" | "api" | "e2b" | "e2b-provider"
+    )
 }
 
 /// A clear error when the suite's package or bench target does not exist (yet).
@@ -202,7 +206,7 @@ mod tests {
 
     #[test]
     fn the_suites_that_measure_agent_mode_get_the_agent() {
-        for name in ["agent", "docker", "api", "e2b"] {
+        for name in ["agent", "docker", "api", "e2b", "e2b-provider"] {
             let suite = xtask::bench::find(name).unwrap();
             assert!(needs_agent(suite), "{name}");
         }

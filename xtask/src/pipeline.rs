@@ -29,7 +29,7 @@ const DOCTEST_DEADLINE: Duration = Duration::from_secs(1800);
 /// adapter's `it` also holds the hermetic `tcp_guard` module, which runs here. `sandbox-app`'s
 /// `failover_docker` stays a binary of its own: it needs the store's failpoints, a feature set
 /// of its own, and would otherwise rebuild the whole `it` binary a second time.
-const HERMETIC_FILTER: &str = "not binary(conformance) and not (package(sandbox-provider-docker) and binary(it) and not test(/^tcp_guard::/)) and not (package(sandbox-session) and binary(it)) and not (package(sandbox-app) and (binary(it) | binary(failover_docker))) and not (package(sandbox-store-redis) and binary(it)) and not (package(xtask) and binary(it)) and not (package(sandbox-agent) and binary(it))";
+const HERMETIC_FILTER: &str = "not binary(conformance) and not binary(conformance_e2b) and not (package(sandbox-provider-docker) and binary(it) and not test(/^tcp_guard::/)) and not (package(sandbox-session) and binary(it)) and not (package(sandbox-app) and (binary(it) | binary(failover_docker))) and not (package(sandbox-store-redis) and binary(it)) and not (package(xtask) and binary(it)) and not (package(sandbox-agent) and binary(it))";
 
 /// The tests that need the Docker engine beyond conformance, run by the docker stage: the
 /// adapter's engine, registry and `tcp://` TLS modules (egress runs in a stage of its own), the
@@ -894,6 +894,10 @@ mod tests {
                 (
                     "sandbox-app, redis alone",
                     format!("{app} --no-default-features --features sandbox-app/redis {tail}")
+                ),
+                (
+                    "sandbox-app, e2b alone",
+                    format!("{app} --no-default-features --features sandbox-app/e2b {tail}")
                 ),
                 (
                     "sandbox-app, e2b-api alone",
