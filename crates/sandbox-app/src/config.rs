@@ -80,14 +80,6 @@ impl Backend {
             Backend::E2b => "e2b",
         }
     }
-
-    /// Whether this build has the backend.
-    pub fn built(self) -> bool {
-        match self {
-            Backend::Docker => cfg!(feature = "docker"),
-            Backend::E2b => cfg!(feature = "e2b"),
-        }
-    }
 }
 
 /// The E2B-compatible API: the control plane the official E2B SDKs call, and the envd router
@@ -448,15 +440,10 @@ impl ServiceConfig {
             .join("sandbox")
     }
 
-    /// The chosen backend must be built in, and the E2B backend's section complete (every
-    /// missing key named at once).
+    /// The E2B backend's section must be complete (every missing key named at once). A
+    /// backend this build lacks is not refused here: `doctor` reports it as a failed check and
+    /// `serve` refuses to start, each naming the feature that adds it.
     fn validate_backend(&self) -> Result<(), ConfigError> {
-        if !self.provider.built() {
-            return Err(ConfigError(format!(
-                "provider = \"{0}\": this build has no {0} backend; rebuild with the `{0}` feature",
-                self.provider.name()
-            )));
-        }
         #[cfg(feature = "e2b")]
         if self.provider == Backend::E2b {
             self.e2b_provider

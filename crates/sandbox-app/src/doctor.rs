@@ -126,7 +126,10 @@ async fn backend(config: &ServiceConfig) -> Vec<Check> {
         #[allow(unreachable_patterns, reason = "a build without every backend")]
         other => vec![Check::fail(
             "backend",
-            format!("this build has no {} backend", other.name()),
+            format!(
+                "this build has no backend for provider = \"{}\"",
+                other.name()
+            ),
             format!("build with the `{}` feature", other.name()),
         )],
     }
