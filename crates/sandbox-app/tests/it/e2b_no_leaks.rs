@@ -113,13 +113,21 @@ async fn the_idle_sweeper_and_session_recovery_leave_e2b_sandboxes_alone() {
     assert_eq!(e2b_containers.len(), 1, "{e2b_containers:?}");
     let e2b_container = e2b_containers[0].clone();
     let e2b_labels = labels(&e2b_container).await;
+    // The tenant's ownership key (a snapshot of the sandbox is the tenant's), and no other:
+    // no session, binding or config key, so no session's recovery can adopt it.
     let ownership: Vec<&String> = e2b_labels
         .keys()
         .filter(|k| k.starts_with("sandbox.meta.sandbox_"))
+        .filter(|k| *k != "sandbox.meta.sandbox_tenant_id")
         .collect();
     assert!(
         ownership.is_empty(),
         "the E2B sandbox carries session ownership labels: {ownership:?}"
+    );
+    assert_eq!(
+        e2b_labels.get("sandbox.meta.sandbox_tenant_id"),
+        Some(&json!("1")),
+        "the E2B sandbox names its tenant: {e2b_labels:?}"
     );
     assert_eq!(
         e2b_labels.get("sandbox.idle-ttl-seconds"),
