@@ -34,6 +34,7 @@ pub mod ids;
 pub mod layers;
 pub mod ownership;
 pub mod path;
+pub mod patterns;
 pub mod policy;
 pub mod ports;
 pub mod process;

@@ -11,6 +11,7 @@
 //! [`errors`] holds the error statuses and codes each route family can answer, as data.
 
 pub mod errors;
+pub mod schema;
 
 use std::collections::BTreeMap;
 
@@ -70,11 +71,17 @@ pub enum HealthReason {
 
 /// The `{session}` path segment (documentation only: handlers read it with
 /// `crate::http::SessionPath`).
-#[derive(Debug, Clone, Deserialize, IntoParams)]
-#[into_params(parameter_in = Path)]
+#[derive(Debug, Clone, Deserialize)]
 pub struct SessionParam {
-    /// Percent-encoded; tenant-scoped; no braces or control characters, at most 512 bytes
     pub session: String,
+}
+
+impl IntoParams for SessionParam {
+    fn into_params(
+        _: impl Fn() -> Option<utoipa::openapi::path::ParameterIn>,
+    ) -> Vec<utoipa::openapi::path::Parameter> {
+        vec![schema::path_param("session", schema::session())]
+    }
 }
 
 /// `GET /v1/sessions/{session}`: the sandbox bound to the session.
@@ -110,22 +117,26 @@ pub struct ExecQuery {
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ExecSpec {
+    #[schema(schema_with = schema::program)]
     pub command: String,
     #[serde(default)]
+    #[schema(schema_with = schema::args_schema)]
     pub args: Vec<String>,
     #[serde(default)]
     pub shell: bool,
     #[serde(default)]
     pub stdin: Option<String>,
     #[serde(default)]
+    #[schema(schema_with = schema::env)]
     pub env: BTreeMap<String, String>,
-    /// Absolute, normalized sandbox path
     #[serde(default)]
+    #[schema(schema_with = schema::optional_path)]
     pub cwd: Option<String>,
     #[serde(default)]
+    #[schema(schema_with = schema::optional_user)]
     pub user: Option<String>,
     #[serde(default)]
-    #[schema(minimum = 1)]
+    #[schema(minimum = 1, maximum = 86_400_000)]
     pub timeout_ms: Option<i64>,
 }
 
@@ -269,17 +280,19 @@ pub struct ExecEnd {
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ScriptRequest {
-    /// One path segment; its extension (.sh, .py, .js, ...) picks the interpreter
+    #[schema(schema_with = schema::script_file_name)]
     pub file_name: String,
     pub content: String,
     #[serde(default)]
+    #[schema(schema_with = schema::args_schema)]
     pub args: Vec<String>,
     #[serde(default)]
     pub stdin: Option<String>,
     #[serde(default)]
+    #[schema(schema_with = schema::env)]
     pub env: BTreeMap<String, String>,
     #[serde(default)]
-    #[schema(minimum = 1)]
+    #[schema(minimum = 1, maximum = 86_400_000)]
     pub timeout_ms: Option<i64>,
 }
 
@@ -290,7 +303,7 @@ pub struct ScriptRequest {
 #[serde(deny_unknown_fields)]
 pub struct SnapshotRequest {
     #[serde(default)]
-    #[schema(max_length = 512)]
+    #[schema(schema_with = schema::optional_snapshot_name)]
     pub name: Option<String>,
 }
 
@@ -317,6 +330,7 @@ impl From<&sandbox_core::SnapshotRef> for SnapshotCreated {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RestoreRequest {
+    #[schema(schema_with = schema::snapshot_id)]
     pub snapshot_id: String,
 }
 
@@ -330,27 +344,38 @@ pub struct RestoreCreated {
 // ---- files -----------------------------------------------------------------------------------
 
 /// Query of the file routes that take one path.
-#[derive(Debug, Clone, Default, Deserialize, IntoParams)]
-#[into_params(parameter_in = Query)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PathQuery {
-    /// Absolute, normalized sandbox path (relative, `..` or missing: 400 `invalid_path`)
-    #[param(required = true)]
     pub path: Option<String>,
 }
 
+impl IntoParams for PathQuery {
+    fn into_params(
+        _: impl Fn() -> Option<utoipa::openapi::path::ParameterIn>,
+    ) -> Vec<utoipa::openapi::path::Parameter> {
+        vec![schema::query_param("path", true, schema::path())]
+    }
+}
+
 /// Query of the listing route.
-#[derive(Debug, Clone, Default, Deserialize, IntoParams)]
-#[into_params(parameter_in = Query)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ListQuery {
-    /// Absolute, normalized sandbox path (relative, `..` or missing: 400 `invalid_path`)
-    #[param(required = true)]
     pub path: Option<String>,
-    /// 1 (default) to 16
     // Kept as text so a malformed depth is `invalid_depth`, not a generic query error.
-    #[param(value_type = Option<u32>, nullable = false)]
     pub depth: Option<String>,
+}
+
+impl IntoParams for ListQuery {
+    fn into_params(
+        _: impl Fn() -> Option<utoipa::openapi::path::ParameterIn>,
+    ) -> Vec<utoipa::openapi::path::Parameter> {
+        vec![
+            schema::query_param("path", true, schema::path()),
+            schema::query_param("depth", false, schema::depth()),
+        ]
+    }
 }
 
 /// The kind of an entry, as seen without following a final symlink.
@@ -461,26 +486,30 @@ pub struct TerminalTicket {
 pub struct TerminalQuery {
     /// From POST …/terminal/ticket; used up by a successful upgrade
     #[serde(default)]
-    #[param(required = true, nullable = false)]
+    #[param(required = true, nullable = false, min_length = 1)]
     pub ticket: Option<String>,
     /// Let the open resume a paused sandbox
     #[serde(default)]
     pub resume: bool,
     /// Initial width (0 or absent: 80)
     #[serde(default)]
+    #[param(minimum = 0, maximum = 65535)]
     pub cols: u16,
     /// Initial height (0 or absent: 24)
     #[serde(default)]
+    #[param(minimum = 0, maximum = 65535)]
     pub rows: u16,
     /// Reattach to this running terminal of the session's sandbox (the pid of its `opened`
     /// frame) instead of opening a new one; `cwd`, `env` and `user` must then be absent
     #[serde(default)]
     pub pid: Option<u32>,
-    /// Working directory of a new terminal (absolute; absent: the workspace root)
+    /// Working directory of a new terminal (absent: the workspace root)
     #[serde(default)]
+    #[param(schema_with = schema::path)]
     pub cwd: Option<String>,
     /// Account of a new terminal (absent: the default exec user)
     #[serde(default)]
+    #[param(schema_with = schema::user)]
     pub user: Option<String>,
     /// Environment of a new terminal: a JSON object of strings, URL-encoded
     /// (`env=%7B%22A%22%3A%221%22%7D` for `{"A":"1"}`)
@@ -513,13 +542,21 @@ pub enum TerminalServerFrame {
 
 /// The `{session}` and `{process}` path segments of the process routes (documentation only:
 /// handlers read them with `crate::http::processes::ProcessPath`).
-#[derive(Debug, Clone, Deserialize, IntoParams)]
-#[into_params(parameter_in = Path)]
+#[derive(Debug, Clone, Deserialize)]
 pub struct ProcessParam {
-    /// Percent-encoded; tenant-scoped; no braces or control characters, at most 512 bytes
     pub session: String,
-    /// The process: its pid (digits) or the tag it was started with
     pub process: String,
+}
+
+impl IntoParams for ProcessParam {
+    fn into_params(
+        _: impl Fn() -> Option<utoipa::openapi::path::ParameterIn>,
+    ) -> Vec<utoipa::openapi::path::Parameter> {
+        vec![
+            schema::path_param("session", schema::session()),
+            schema::path_param("process", schema::process()),
+        ]
+    }
 }
 
 /// `POST /v1/sessions/{session}/processes`: what to start in the background. The command is
@@ -527,21 +564,24 @@ pub struct ProcessParam {
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ProcessStartRequest {
+    #[schema(schema_with = schema::program)]
     pub command: String,
     #[serde(default)]
+    #[schema(schema_with = schema::args_schema)]
     pub args: Vec<String>,
     #[serde(default)]
     pub shell: bool,
     #[serde(default)]
+    #[schema(schema_with = schema::env)]
     pub env: BTreeMap<String, String>,
-    /// Absolute, normalized sandbox path
     #[serde(default)]
+    #[schema(schema_with = schema::optional_path)]
     pub cwd: Option<String>,
     #[serde(default)]
+    #[schema(schema_with = schema::optional_user)]
     pub user: Option<String>,
-    /// The caller's name for it, unique among running processes: 1 to 64 of `[A-Za-z0-9._-]`,
-    /// starting with a letter or digit
     #[serde(default)]
+    #[schema(schema_with = schema::optional_tag)]
     pub tag: Option<String>,
     /// Keep stdin open for `POST …/stdin`; otherwise the process reads end of file at once
     #[serde(default)]
@@ -662,8 +702,7 @@ pub struct AttachQuery {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SignalRequest {
-    /// `HUP`, `INT`, `QUIT`, `KILL`, `USR1`, `USR2` or `TERM` (any case, `SIG` prefix allowed);
-    /// a backend may send only `TERM` and `KILL` (then 501 `unsupported` for the others)
+    #[schema(schema_with = schema::signal)]
     pub signal: String,
 }
 
@@ -728,23 +767,31 @@ pub struct StreamWritten {
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RenameRequest {
-    /// Absolute, normalized sandbox path
+    #[schema(schema_with = schema::path)]
     pub from: String,
-    /// Absolute, normalized sandbox path; its parents are created, an existing file replaced
+    /// Its parents are created, an existing file replaced
+    #[schema(schema_with = schema::path)]
     pub to: String,
 }
 
 /// Query of the watch route.
-#[derive(Debug, Clone, Default, Deserialize, IntoParams)]
-#[into_params(parameter_in = Query)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WatchQuery {
-    /// The directory: absolute, normalized sandbox path
-    #[param(required = true)]
     pub path: Option<String>,
-    /// Report changes below the directory's own entries too
     #[serde(default)]
     pub recursive: bool,
+}
+
+impl IntoParams for WatchQuery {
+    fn into_params(
+        _: impl Fn() -> Option<utoipa::openapi::path::ParameterIn>,
+    ) -> Vec<utoipa::openapi::path::Parameter> {
+        vec![
+            schema::query_param("path", true, schema::path()),
+            schema::query_param("recursive", false, schema::recursive()),
+        ]
+    }
 }
 
 /// What happened to a watched path.

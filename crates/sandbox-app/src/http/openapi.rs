@@ -321,4 +321,67 @@ mod tests {
             );
         }
     }
+
+    /// Every path segment is required and constrained, so a route added later states its
+    /// rules or fails here; and the rules are the validators' own patterns.
+    #[test]
+    fn parameters_and_bodies_carry_the_validators_patterns() {
+        use sandbox_core::patterns;
+        let doc = document();
+        for (method, path, op) in operations_of(&doc) {
+            for param in op["parameters"].as_array().into_iter().flatten() {
+                let name = &param["name"];
+                if param["in"] == "path" {
+                    assert_eq!(param["required"], true, "{method} {path} {name}");
+                    assert!(
+                        param["schema"]["pattern"].is_string(),
+                        "{method} {path}: path parameter {name} states no pattern"
+                    );
+                }
+                if param["in"] == "query" && name == "path" {
+                    assert_eq!(param["required"], true, "{method} {path}");
+                    assert_eq!(param["schema"]["pattern"], patterns::SANDBOX_PATH);
+                }
+                if name == "session" {
+                    assert_eq!(param["schema"]["pattern"], patterns::SESSION_ID);
+                }
+            }
+        }
+        let schemas = &doc["components"]["schemas"];
+        for (component, field, pattern) in [
+            ("ExecSpec", "command", patterns::PROGRAM),
+            ("ProcessStartRequest", "command", patterns::PROGRAM),
+            ("RenameRequest", "from", patterns::SANDBOX_PATH),
+            ("RenameRequest", "to", patterns::SANDBOX_PATH),
+            ("RestoreRequest", "snapshot_id", patterns::TEXT_ID),
+            ("ScriptRequest", "file_name", patterns::SCRIPT_FILE_NAME),
+        ] {
+            assert_eq!(
+                schemas[component]["properties"][field]["pattern"], pattern,
+                "{component}.{field}"
+            );
+        }
+        assert_eq!(
+            schemas["ExecSpec"]["properties"]["env"]["propertyNames"]["pattern"],
+            patterns::ENV_NAME
+        );
+        let terminal = &doc["paths"]["/v1/sessions/{session}/terminal"]["get"]["parameters"];
+        let headers: Vec<&Value> = terminal
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["in"] == "header" && p["required"] == true)
+            .map(|p| &p["name"])
+            .collect();
+        assert_eq!(
+            headers,
+            [
+                "Connection",
+                "Upgrade",
+                "Sec-WebSocket-Version",
+                "Sec-WebSocket-Key"
+            ],
+            "the upgrade's handshake headers"
+        );
+    }
 }

@@ -158,7 +158,15 @@ pub async fn issue_ticket(
     operation_id = "openTerminal",
     tag = "terminal",
     summary = "The interactive terminal over a WebSocket, authorised by a ticket (no bearer header); lookup-only",
-    params(api::SessionParam, api::TerminalQuery),
+    description = "A WebSocket upgrade (RFC 6455): the four handshake headers below are required, and a plain GET is refused with 4xx `websocket_upgrade_required` once its ticket is checked.",
+    params(
+        api::SessionParam,
+        api::TerminalQuery,
+        ("Connection" = String, Header, description = "`Upgrade`", pattern = "^[Uu][Pp][Gg][Rr][Aa][Dd][Ee]$"),
+        ("Upgrade" = String, Header, description = "`websocket`", pattern = "^[Ww][Ee][Bb][Ss][Oo][Cc][Kk][Ee][Tt]$"),
+        ("Sec-WebSocket-Version" = String, Header, description = "`13`", pattern = "^13$"),
+        ("Sec-WebSocket-Key" = String, Header, description = "16 random bytes, base64", pattern = "^[A-Za-z0-9+/]{22}==$"),
+    ),
     responses(
         (
             status = 101,

@@ -123,6 +123,15 @@ pub fn interpreter_for(script: &SandboxPath) -> Option<(&'static str, &'static [
     }
 }
 
+/// Whether `name` can name a script of `POST /v1/execute`: one path segment, not hidden (no
+/// leading `.`), a valid path component, with an extension [`interpreter_for`] knows.
+pub fn is_script_file_name(name: &str) -> bool {
+    !name.is_empty()
+        && !name.contains('/')
+        && !name.starts_with('.')
+        && SandboxPath::new(&format!("/{name}")).is_ok_and(|p| interpreter_for(&p).is_some())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
