@@ -44,6 +44,8 @@ pub enum Service {
     SdkVenv,
     /// The venv of the older E2B Python SDK (2.45.1) from its own hashed lock.
     SdkVenvOlder,
+    /// The venv of Schemathesis (4.32.5), the OpenAPI fuzzer, from its own hashed lock.
+    SchemathesisVenv,
     /// The E2B JS SDK installed by `npm ci` from its committed lock (see `js_sdk`).
     JsSdk,
     /// The static `sandbox-agent` (`agent_build`), built and checked; Docker's agent-mode run
@@ -61,6 +63,7 @@ impl Service {
             Self::DebianImage => "Debian sandbox image",
             Self::SdkVenv => "E2B Python SDK venv",
             Self::SdkVenvOlder => "older E2B Python SDK venv",
+            Self::SchemathesisVenv => "schemathesis venv",
             Self::JsSdk => "E2B JS SDK install",
             Self::Agent => "static sandbox-agent",
         }
@@ -78,7 +81,9 @@ impl Service {
             // The tag is a hash of the recipe, the venv's place the target directory's.
             Self::DebianImage => Some(crate::debian_image::ENV_IMAGE),
             Self::SdkVenv => Some(crate::e2b_sdk::ENV_PYTHON),
-            Self::SdkVenvOlder => Some(crate::e2b_sdk::OLDER.env_python),
+            Self::SdkVenvOlder => Some(crate::e2b_sdk::OLDER.env_var),
+            // Its `bin/schemathesis`, not its python.
+            Self::SchemathesisVenv => Some(crate::e2b_sdk::SCHEMATHESIS.env_var),
             Self::JsSdk => Some(crate::js_sdk::ENV_JS_DIR),
             Self::Agent => Some(crate::agent_build::ENV_AGENT_BIN),
         }
@@ -92,6 +97,7 @@ impl Service {
             | Self::RedisCluster
             | Self::SdkVenv
             | Self::SdkVenvOlder
+            | Self::SchemathesisVenv
             | Self::JsSdk
             | Self::Agent => &[],
             Self::TestImage | Self::DebianImage => &[Service::DockerEngine],
@@ -105,7 +111,7 @@ impl Service {
             Self::TestImage => &[Tool::Docker, Tool::Busybox],
             Self::Redis | Self::RedisCluster => &[Tool::Redis],
             Self::DebianImage => &[Tool::Docker, Tool::Debootstrap],
-            Self::SdkVenv | Self::SdkVenvOlder => &[Tool::Python],
+            Self::SdkVenv | Self::SdkVenvOlder | Self::SchemathesisVenv => &[Tool::Python],
             Self::JsSdk => &[Tool::Node],
             Self::Agent => &[Tool::StaticLibc],
         }
@@ -610,6 +616,15 @@ mod tests {
         for s in [Service::DockerEngine, Service::DebianImage, Service::Agent] {
             assert!(e2b.services.contains(&s), "{s:?}");
         }
+    }
+
+    #[test]
+    fn the_schemathesis_venv_gives_its_program_and_needs_python() {
+        let s = Service::SchemathesisVenv;
+        assert_eq!(s.name(), "schemathesis venv");
+        assert_eq!(s.env_var(), Some("SANDBOX_TEST_SCHEMATHESIS"));
+        assert_eq!(s.tools(), [Tool::Python]);
+        assert!(s.depends_on().is_empty());
     }
 
     #[test]

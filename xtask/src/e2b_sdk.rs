@@ -9,44 +9,69 @@
 //!
 //! Two SDK releases, each in a venv of its own because their dependency pins differ:
 //! [`CURRENT`] (2.63.0, the agent's and the E2B API's client) and [`OLDER`] (2.45.1, which
-//! creates through the legacy `POST /sandboxes`).
+//! creates through the legacy `POST /sandboxes`). The same machinery makes one venv that holds
+//! no SDK: [`SCHEMATHESIS`] (4.32.5), the fuzzer the HTTP API's OpenAPI document is checked with.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use sha2::{Digest as _, Sha256};
 
-/// One SDK release: its lock's directory, its venv's name, the variable naming its python.
+/// One Python package release in a venv of its own: the distribution and release its lock
+/// pins, the lock's directory, the venv's name, and the variable naming the venv's program the
+/// tests run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PySdk {
-    /// The `e2b` release the lock pins.
+    /// The distribution the lock must pin, also the module the venv's probe imports (`e2b`).
+    pub package: &'static str,
+    /// The release of [`PySdk::package`] the lock pins.
     pub version: &'static str,
     /// The lock, its input and the scenario, relative to the workspace root.
     pub dir: &'static str,
     /// The venv's directory under `<target>/xtask`.
     pub venv: &'static str,
-    /// Tells the tests which python to run: the venv's.
-    pub env_python: &'static str,
+    /// The executable in the venv's `bin/` the tests are given (`python` for the SDKs).
+    pub program: &'static str,
+    /// Tells the tests which program to run: the venv's [`PySdk::program`].
+    pub env_var: &'static str,
 }
 
 /// The SDK release the agent and the E2B API are proven against.
 pub const CURRENT: PySdk = PySdk {
+    package: "e2b",
     version: "2.63.0",
     dir: "crates/sandbox-agent/tests/sdk",
     venv: "e2b-sdk-venv",
-    env_python: "SANDBOX_TEST_E2B_PYTHON",
+    program: "python",
+    env_var: "SANDBOX_TEST_E2B_PYTHON",
 };
 
 /// An older release still in use, proven against the E2B API's legacy routes (issue 19).
 pub const OLDER: PySdk = PySdk {
+    package: "e2b",
     version: "2.45.1",
     dir: "crates/sandbox-app/tests/e2b/older",
     venv: "e2b-sdk-older-venv",
-    env_python: "SANDBOX_TEST_E2B_OLDER_PYTHON",
+    program: "python",
+    env_var: "SANDBOX_TEST_E2B_OLDER_PYTHON",
+};
+
+/// Schemathesis, the third-party fuzzer the HTTP API's OpenAPI document is checked with (issue
+/// 21). The tests are given its command-line program, `bin/schemathesis`, not the python.
+pub const SCHEMATHESIS: PySdk = PySdk {
+    package: "schemathesis",
+    version: "4.32.5",
+    dir: "crates/sandbox-app/tests/schemathesis",
+    venv: "schemathesis-venv",
+    program: "schemathesis",
+    env_var: "SANDBOX_TEST_SCHEMATHESIS",
 };
 
 /// Every SDK release xtask makes a venv for.
 pub const ALL: [PySdk; 2] = [CURRENT, OLDER];
+
+/// Every venv xtask makes (`cargo xtask sdk-venv`): the SDK releases, then Schemathesis.
+pub const VENVS: [PySdk; 3] = [CURRENT, OLDER, SCHEMATHESIS];
 
 /// [`CURRENT`]'s release.
 pub const SDK_VERSION: &str = CURRENT.version;
@@ -54,7 +79,7 @@ pub const SDK_VERSION: &str = CURRENT.version;
 pub const SDK_DIR: &str = CURRENT.dir;
 pub const LOCK_FILE: &str = "requirements.lock";
 /// [`CURRENT`]'s python variable.
-pub const ENV_PYTHON: &str = CURRENT.env_python;
+pub const ENV_PYTHON: &str = CURRENT.env_var;
 /// The file in the venv that holds the lock's digest.
 pub const STAMP_FILE: &str = "xtask-lock.sha256";
 
@@ -69,9 +94,23 @@ impl PySdk {
         target.join("xtask").join(self.venv)
     }
 
-    /// Checks the lock's shape for this release (see [`check_lock_for`]).
+    /// `<venv>/bin/<program>`: what [`PySdk::env_var`] names.
+    pub fn program_path(&self, venv: &Path) -> PathBuf {
+        venv.join("bin").join(self.program)
+    }
+
+    /// Checks the lock's shape for this release (see [`check_lock_pins`]).
     pub fn check_lock(&self, text: &str) -> Result<usize, String> {
-        check_lock_for(text, self.version)
+        check_lock_pins(text, self.package, self.version)
+    }
+
+    /// The python the venv's probe runs: prints the installed release of the distribution
+    /// after importing its module, so a venv whose package does not import fails too.
+    pub fn probe_script(&self) -> String {
+        format!(
+            "import importlib.metadata as m, {p}; print(m.version('{p}'))",
+            p = self.package
+        )
     }
 }
 
@@ -110,11 +149,16 @@ pub fn check_lock(text: &str) -> Result<usize, String> {
     check_lock_for(text, SDK_VERSION)
 }
 
+/// [`check_lock_pins`] for the `e2b` SDK at `sdk_version`.
+pub fn check_lock_for(text: &str, sdk_version: &str) -> Result<usize, String> {
+    check_lock_pins(text, "e2b", sdk_version)
+}
+
 /// Checks a lock's shape: every requirement pinned with `==` and at least one
-/// `--hash=sha256:`, the SDK at `sdk_version` among them. `pip --require-hashes` refuses a
+/// `--hash=sha256:`, `package` at `version` among them. `pip --require-hashes` refuses a
 /// lock that breaks the first rule too, but only after a venv was made; this says it at once,
 /// naming the line.
-pub fn check_lock_for(text: &str, sdk_version: &str) -> Result<usize, String> {
+pub fn check_lock_pins(text: &str, package: &str, version: &str) -> Result<usize, String> {
     // Logical lines: a requirement continues over lines ending in `\`.
     let mut logical = Vec::new();
     let mut current = String::new();
@@ -146,18 +190,31 @@ pub fn check_lock_for(text: &str, sdk_version: &str) -> Result<usize, String> {
                 "lock line `{spec} ...`: options do not belong in the lock"
             ));
         }
-        let Some((name, version)) = spec.split_once("==") else {
+        let Some((name, pinned)) = spec.split_once("==") else {
             return Err(format!("`{spec}` is not pinned with =="));
         };
         if !words.any(|w| w.starts_with("--hash=sha256:")) {
             return Err(format!("`{spec}` has no --hash=sha256:"));
         }
-        sdk |= name.eq_ignore_ascii_case("e2b") && version == sdk_version;
+        sdk |= same_distribution(name, package) && pinned == version;
     }
     if !sdk {
-        return Err(format!("the lock does not pin e2b=={sdk_version}"));
+        return Err(format!("the lock does not pin {package}=={version}"));
     }
     Ok(logical.len())
+}
+
+/// Whether two distribution names are one (PEP 503: case, `-`, `_` and `.` do not matter).
+fn same_distribution(a: &str, b: &str) -> bool {
+    let norm = |s: &str| -> String {
+        s.chars()
+            .map(|c| match c {
+                '_' | '.' => '-',
+                c => c.to_ascii_lowercase(),
+            })
+            .collect()
+    };
+    norm(a) == norm(b)
 }
 
 #[cfg(test)]
@@ -207,7 +264,59 @@ mod tests {
         // The reason for two venvs: some dependency is pinned differently.
         assert_ne!(pins[0], pins[1], "the two locks pin the same dependencies");
         assert_ne!(CURRENT.venv, OLDER.venv, "two releases in one venv");
-        assert_ne!(CURRENT.env_python, OLDER.env_python);
+        assert_ne!(CURRENT.env_var, OLDER.env_var);
+    }
+
+    #[test]
+    fn the_committed_schemathesis_lock_pins_schemathesis_and_hashes_everything() {
+        let root = crate::workspace::root();
+        let text = std::fs::read_to_string(SCHEMATHESIS.lock_path(&root)).unwrap();
+        let n = SCHEMATHESIS.check_lock(&text).unwrap();
+        assert!(n > 5, "{n} requirements");
+        let input =
+            std::fs::read_to_string(root.join(SCHEMATHESIS.dir).join("requirements.in")).unwrap();
+        assert!(input.contains("schemathesis==4.32.5"), "{input}");
+        // It is no SDK lock, and no SDK lock passes as it.
+        for sdk in ALL {
+            assert!(
+                sdk.check_lock(&text).is_err(),
+                "passes as e2b {}",
+                sdk.version
+            );
+            let sdk_text = std::fs::read_to_string(sdk.lock_path(&root)).unwrap();
+            assert!(SCHEMATHESIS.check_lock(&sdk_text).is_err());
+        }
+        let h = "--hash=sha256:0123";
+        let other = format!("schemathesis==4.32.4 {h}\n");
+        assert!(
+            SCHEMATHESIS
+                .check_lock(&other)
+                .unwrap_err()
+                .contains("does not pin schemathesis==4.32.5")
+        );
+        let spelled = format!("Schemathesis==4.32.5 {h}\n");
+        assert_eq!(SCHEMATHESIS.check_lock(&spelled), Ok(1));
+    }
+
+    #[test]
+    fn each_venv_has_its_own_place_variable_and_probe() {
+        let venvs: std::collections::BTreeSet<_> = VENVS.iter().map(|v| v.venv).collect();
+        let vars: std::collections::BTreeSet<_> = VENVS.iter().map(|v| v.env_var).collect();
+        assert_eq!((venvs.len(), vars.len()), (VENVS.len(), VENVS.len()));
+        assert_eq!(
+            CURRENT.probe_script(),
+            "import importlib.metadata as m, e2b; print(m.version('e2b'))"
+        );
+        assert_eq!(
+            SCHEMATHESIS.probe_script(),
+            "import importlib.metadata as m, schemathesis; print(m.version('schemathesis'))"
+        );
+        let venv = Path::new("/t/xtask/schemathesis-venv");
+        assert_eq!(
+            SCHEMATHESIS.program_path(venv),
+            Path::new("/t/xtask/schemathesis-venv/bin/schemathesis")
+        );
+        assert_eq!(CURRENT.program_path(venv), python(venv));
     }
 
     #[test]

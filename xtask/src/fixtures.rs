@@ -1,5 +1,5 @@
 //! Services the suites need: the Docker engine, the local test image, the Debian sandbox image,
-//! the E2B Python SDK's venv, and loopback Redis servers (one standalone, one cluster). Each is started at most once per run, remembered, and undone by
+//! the E2B Python SDKs' venvs, Schemathesis's venv, and loopback Redis servers (one standalone, one cluster). Each is started at most once per run, remembered, and undone by
 //! [`Fixtures::cleanup`] (what we started, we stop).
 
 use std::fs::File;
@@ -49,6 +49,8 @@ pub(crate) struct Fixtures {
     sdk_venv: Option<Result<PathBuf, String>>,
     /// The older SDK venv's python (the same, from its own lock).
     sdk_venv_older: Option<Result<PathBuf, String>>,
+    /// Schemathesis's venv program, `bin/schemathesis` (the same, from its own lock).
+    schemathesis_venv: Option<Result<PathBuf, String>>,
     /// The JS SDK's install directory (kept in the target directory, reused while its
     /// `package.json` and lock match).
     js_sdk: Option<Result<PathBuf, String>>,
@@ -88,6 +90,7 @@ impl Fixtures {
             debian: None,
             sdk_venv: None,
             sdk_venv_older: None,
+            schemathesis_venv: None,
             js_sdk: None,
             agent: None,
             root: root.to_path_buf(),
@@ -178,6 +181,18 @@ impl Fixtures {
                     _ => Ok(()),
                 }
             }
+            Service::SchemathesisVenv => {
+                if self.schemathesis_venv.is_none() {
+                    self.schemathesis_venv = Some(crate::sdk_venv::ensure_schemathesis(
+                        &self.root,
+                        &self.target,
+                    ));
+                }
+                match &self.schemathesis_venv {
+                    Some(Err(e)) => Err(e.clone()),
+                    _ => Ok(()),
+                }
+            }
             Service::JsSdk => {
                 if self.js_sdk.is_none() {
                     self.js_sdk = Some(crate::js_sdk_install::ensure(&self.root, &self.target));
@@ -214,6 +229,7 @@ impl Fixtures {
             || matches!(self.debian, Some(Err(_)))
             || matches!(self.sdk_venv, Some(Err(_)))
             || matches!(self.sdk_venv_older, Some(Err(_)))
+            || matches!(self.schemathesis_venv, Some(Err(_)))
             || matches!(self.js_sdk, Some(Err(_)))
             || matches!(self.agent, Some(Err(_)))
     }
@@ -247,6 +263,11 @@ impl Fixtures {
                     .map(|p| p.display().to_string()),
                 Service::SdkVenvOlder => self
                     .sdk_venv_older
+                    .as_ref()
+                    .and_then(|r| r.as_ref().ok())
+                    .map(|p| p.display().to_string()),
+                Service::SchemathesisVenv => self
+                    .schemathesis_venv
                     .as_ref()
                     .and_then(|r| r.as_ref().ok())
                     .map(|p| p.display().to_string()),

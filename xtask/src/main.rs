@@ -41,8 +41,9 @@ commands:
                            check it is static and under 5 MB, print its size and build time
   debian-image             build the Debian sandbox image (debootstrap from this machine's apt
                            mirror, then docker import) unless its recipe's tag exists; print it
-  sdk-venv                 make the E2B Python SDKs' venvs (2.63.0 and the older 2.45.1), each
-                           from its hashed lock unless it matches; print their pythons
+  sdk-venv                 make the E2B Python SDKs' venvs (2.63.0 and the older 2.45.1) and
+                           Schemathesis's (4.32.5), each from its hashed lock unless it
+                           matches; print their programs
   js-sdk                   install the E2B JS SDK with npm ci from its committed lock into the
                            target directory unless it matches; print the directory
   tidy                     check the architecture's dependency lines on this workspace

@@ -1,7 +1,7 @@
 //! The venvs of the official E2B Python SDKs (`xtask::e2b_sdk`: the current release and the
-//! older one, each with its own lock): made in the target directory from the hashed lock with
-//! `pip install --require-hashes`, and reused while the lock is unchanged. `cargo xtask
-//! sdk-venv` makes both and prints their pythons.
+//! older one, each with its own lock) and of Schemathesis: made in the target directory from
+//! the hashed lock with `pip install --require-hashes`, and reused while the lock is unchanged.
+//! `cargo xtask sdk-venv` makes all three and prints the programs they give the tests.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -26,9 +26,16 @@ pub(crate) fn ensure_older(root: &Path, target: &Path) -> Result<PathBuf, String
     ensure_sdk(root, target, e2b_sdk::OLDER)
 }
 
-/// `sdk`'s venv python, made first when the venv is missing or was made from another lock.
+/// Schemathesis's venv program, `bin/schemathesis` (see [`ensure_sdk`]).
+pub(crate) fn ensure_schemathesis(root: &Path, target: &Path) -> Result<PathBuf, String> {
+    ensure_sdk(root, target, e2b_sdk::SCHEMATHESIS)
+}
+
+/// `sdk`'s venv program ([`PySdk::program`]: the python for the SDKs), made first when the venv
+/// is missing or was made from another lock.
 pub(crate) fn ensure_sdk(root: &Path, target: &Path, sdk: PySdk) -> Result<PathBuf, String> {
     let version = sdk.version;
+    let package = sdk.package;
     let lock = sdk.lock_path(root);
     let bytes = std::fs::read(&lock).map_err(|e| format!("cannot read {}: {e}", lock.display()))?;
     let text = String::from_utf8_lossy(&bytes);
@@ -37,13 +44,14 @@ pub(crate) fn ensure_sdk(root: &Path, target: &Path, sdk: PySdk) -> Result<PathB
     let digest = e2b_sdk::lock_digest(&bytes);
     let venv = sdk.venv_dir(target);
     let python = e2b_sdk::python(&venv);
-    if e2b_sdk::venv_matches(&venv, &digest) {
+    let program = sdk.program_path(&venv);
+    if e2b_sdk::venv_matches(&venv, &digest) && program.is_file() {
         println!(
             "    {} matches the lock (sha256 {})",
             venv.display(),
             &digest[..12]
         );
-        return Ok(python);
+        return Ok(program);
     }
     let start = Instant::now();
     if venv.exists() {
@@ -86,41 +94,49 @@ pub(crate) fn ensure_sdk(root: &Path, target: &Path, sdk: PySdk) -> Result<PathB
     process::run_with_deadline(&mut install, INSTALL_DEADLINE, Output::Stream(&mut show))?
         .check()?;
 
-    let mut probe = process::command(
-        &python,
-        [
-            "-c",
-            "import importlib.metadata as m, e2b; print(m.version('e2b'))",
-        ],
-    );
+    let mut probe = process::command(&python, ["-c".to_owned(), sdk.probe_script()]);
     let out = process::run_with_deadline(&mut probe, VENV_DEADLINE, Output::Capture)?;
     out.check()?;
     if out.stdout.trim() != version {
         return Err(format!(
-            "the venv has e2b {:?}, not {version}",
+            "the venv has {package} {:?}, not {version}",
             out.stdout.trim()
+        ));
+    }
+    if !program.is_file() {
+        return Err(format!(
+            "installing {package} {version} left no {}",
+            program.display()
         ));
     }
     std::fs::write(venv.join(e2b_sdk::STAMP_FILE), format!("{digest}\n"))
         .map_err(|e| format!("cannot write the venv's stamp: {e}"))?;
     println!(
-        "    e2b {version} installed in {} in {}",
+        "    {package} {version} installed in {} in {}",
         venv.display(),
         secs(start.elapsed())
     );
-    Ok(python)
+    Ok(program)
 }
 
-/// `cargo xtask sdk-venv`: every SDK release's venv, each from its own hashed lock.
+/// `cargo xtask sdk-venv`: every SDK release's venv and Schemathesis's, each from its own
+/// hashed lock.
 pub(crate) fn run(ctx: &Ctx) -> ExitCode {
     let mut lines = Vec::new();
-    for sdk in e2b_sdk::ALL {
-        println!(
-            "xtask sdk-venv: the official E2B Python SDK {} from its hashed lock",
-            sdk.version
-        );
+    for sdk in e2b_sdk::VENVS {
+        if sdk.package == "e2b" {
+            println!(
+                "xtask sdk-venv: the official E2B Python SDK {} from its hashed lock",
+                sdk.version
+            );
+        } else {
+            println!(
+                "xtask sdk-venv: {} {} from its hashed lock",
+                sdk.package, sdk.version
+            );
+        }
         match ensure_sdk(&ctx.root, &ctx.target, sdk) {
-            Ok(python) => lines.push(format!("{}={}", sdk.env_python, python.display())),
+            Ok(program) => lines.push(format!("{}={}", sdk.env_var, program.display())),
             Err(e) => {
                 eprintln!("xtask sdk-venv: {e}");
                 return ExitCode::FAILURE;
